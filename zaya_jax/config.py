@@ -1,0 +1,129 @@
+"""Validated model configuration.
+
+The config files under configs/ are ml_collections ConfigDicts (the single source of
+hyper-parameters, overridable from the command line). `ModelConfig.from_config` turns the
+`model` section into a frozen dataclass and rejects invalid combinations with a message that
+names the offending field, before anything is built or compiled.
+
+Layouts (`model.layout`):
+  "base"   ZAYA1-base, Zyphra's original code: a token routed to the skip slot outputs p * x.
+  "native" ZAYA1-8B / HF transformers `ZayaForCausalLM`: a skip-routed token outputs 0.
+Both run the same maths otherwise; `residual_in_fp32`, `rope_theta` and `router_norm_eps`
+are separate fields that the config files set per layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+LAYOUTS = ("base", "native")
+COMPUTE_DTYPES = ("float32", "bfloat16")
+MOE_BACKENDS = ("auto", "dense", "capacity", "ragged", "tiles")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+KERNELS = ("auto", "xla", "pallas")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and numerics of one ZAYA1 model.
+
+    One decoder layer is a CCA attention block followed by a MoE block (ZAYA1-base: 40 layers,
+    i.e. the 80 alternating sub-layers of the original code).
+    """
+
+    vocab_size: int = 262_272
+    hidden_size: int = 2048
+    num_layers: int = 40
+    num_q_heads: int = 8
+    num_kv_heads: int = 2
+    head_dim: int = 128
+    num_experts: int = 16
+    moe_intermediate_size: int = 2048
+    router_hidden_size: int = 256
+    rope_theta: float = 1_000_000.0
+    partial_rotary_factor: float = 0.5
+    max_position_embeddings: int = 32_768
+    rms_norm_eps: float = 1e-5
+    router_norm_eps: float = 1e-5
+    layout: str = "base"
+    residual_in_fp32: bool = False
+    isolate_documents: bool = True
+    dtype: str = "float32"
+    scan_layers: bool = True
+    remat: str = "none"
+    moe_backend: str = "auto"
+    capacity_factor: float = 1.25
+    moe_tile_size: int = 64
+    attention_kernel: str = "auto"
+    moe_matmul_kernel: str = "auto"
+    init_std: float = 0.02
+    key_temperature_init: float = 1.0
+    pad_token_id: int = 0
+    bos_token_id: int = 2
+    eos_token_id: int = 1
+
+    def __post_init__(self):
+        _validate(self)
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any] | Any) -> "ModelConfig":
+        """Builds from the `model` section of a config (ConfigDict or mapping)."""
+        values = dict(section.items()) if hasattr(section, "items") else dict(section)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"model.{unknown[0]}: unknown field (known fields: {', '.join(sorted(known))})")
+        return cls(**values)
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def num_router_classes(self) -> int:
+        """Experts plus the skip (Mixture-of-Depths) slot."""
+        return self.num_experts + 1
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (GQA)."""
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def conv_channels(self) -> int:
+        """Packed q|k channels fed to the CCA convolutions."""
+        return (self.num_q_heads + self.num_kv_heads) * self.head_dim
+
+
+def _validate(c: ModelConfig) -> None:
+    positive = ("vocab_size", "hidden_size", "num_layers", "num_q_heads", "num_kv_heads", "head_dim",
+                "num_experts", "moe_intermediate_size", "router_hidden_size", "max_position_embeddings",
+                "moe_tile_size")
+    for name in positive:
+        value = getattr(c, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+    for name in ("rope_theta", "rms_norm_eps", "router_norm_eps", "capacity_factor", "init_std"):
+        if not getattr(c, name) > 0:
+            raise ValueError(f"model.{name} must be > 0, got {getattr(c, name)!r}")
+    if c.num_q_heads % c.num_kv_heads:
+        raise ValueError(f"model.num_q_heads ({c.num_q_heads}) must be a multiple of "
+                         f"model.num_kv_heads ({c.num_kv_heads})")
+    if c.num_kv_heads % 2:
+        raise ValueError(f"model.num_kv_heads ({c.num_kv_heads}) must be even: CCA's value shift takes "
+                         "half of the KV heads from the current token and half from the previous one")
+    if not 0 < c.partial_rotary_factor <= 1 or c.rotary_dim % 2:
+        raise ValueError(f"model.partial_rotary_factor ({c.partial_rotary_factor}) must give an even "
+                         f"number of rotary dims in (0, head_dim]; got {c.rotary_dim}")
+    for name, allowed in (("layout", LAYOUTS), ("dtype", COMPUTE_DTYPES), ("moe_backend", MOE_BACKENDS),
+                          ("remat", REMAT_POLICIES), ("attention_kernel", KERNELS),
+                          ("moe_matmul_kernel", KERNELS)):
+        if getattr(c, name) not in allowed:
+            raise ValueError(f"model.{name}={getattr(c, name)!r} does not exist; choose one of {allowed}")
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if not 0 <= getattr(c, name) < c.vocab_size:
+            raise ValueError(f"model.{name} ({getattr(c, name)}) must lie in [0, vocab_size={c.vocab_size})")

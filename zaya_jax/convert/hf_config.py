@@ -1,0 +1,139 @@
+"""HF `config.json` <-> ModelConfig, for both ZAYA checkpoint schemas.
+
+native   (transformers `ZayaConfig`, ZAYA1-8B): num_hidden_layers = decoder layers (CCA + MoE),
+         rope in `rope_parameters`, skip slot outputs 0, residual stream in fp32.
+original (Zyphra's ZAYA1-base): `zaya_layers` lists 2L alternating sub-layers ('a' = CCA,
+         an int = a MoE block with that many experts); `num_hidden_layers` is ignored (the
+         released config says 120); skip slot outputs p * x; router norm eps `layernorm_epsilon`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zaya_jax.config import ModelConfig
+
+
+def detect_schema(hf: dict[str, Any]) -> str:
+    if hf.get("model_type") != "zaya":
+        raise ValueError(f"config.json: model_type is {hf.get('model_type')!r}, expected 'zaya'")
+    return "original" if "zaya_layers" in hf else "native"
+
+
+def _require(hf: dict, key: str):
+    if key not in hf:
+        raise ValueError(f"config.json: missing required key {key!r}")
+    return hf[key]
+
+
+def _expect(hf: dict, key: str, allowed, default) -> None:
+    value = hf.get(key, default)
+    if value not in allowed:
+        raise ValueError(f"config.json: {key}={value!r} is not supported (supported: {allowed})")
+
+
+def _native_to_model(hf: dict) -> dict:
+    _expect(hf, "num_experts_per_tok", (1,), 1)
+    _expect(hf, "attention_bias", (False,), False)
+    _expect(hf, "lm_head_bias", (False,), False)
+    _expect(hf, "tie_word_embeddings", (True,), True)
+    _expect(hf, "cca_time0", (2,), 2)
+    _expect(hf, "cca_time1", (2,), 2)
+    layers = _require(hf, "num_hidden_layers")
+    layer_types = hf.get("layer_types") or ["hybrid"] * layers
+    if set(layer_types) - {"hybrid", "full_attention"}:
+        raise ValueError(f"config.json: layer_types {sorted(set(layer_types))} include sliding-window layers, "
+                         "which zaya_jax does not implement")
+    rope = (hf.get("rope_parameters") or {}).get(layer_types[0]) or {}
+    return dict(
+        vocab_size=_require(hf, "vocab_size"), hidden_size=_require(hf, "hidden_size"), num_layers=layers,
+        num_q_heads=_require(hf, "num_attention_heads"), num_kv_heads=_require(hf, "num_key_value_heads"),
+        head_dim=_require(hf, "head_dim"), num_experts=_require(hf, "num_experts"),
+        moe_intermediate_size=_require(hf, "moe_intermediate_size"),
+        router_hidden_size=hf.get("router_hidden_size", 256),
+        rope_theta=float(rope.get("rope_theta", 5_000_000.0)),
+        partial_rotary_factor=float(rope.get("partial_rotary_factor", 0.5)),
+        max_position_embeddings=hf.get("max_position_embeddings", 131_072),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-5), router_norm_eps=hf.get("rms_norm_eps", 1e-5),
+        layout="native", residual_in_fp32=True,
+        pad_token_id=hf.get("pad_token_id") or 0, bos_token_id=hf.get("bos_token_id", 2),
+        eos_token_id=_first(hf.get("eos_token_id", 106)),
+    )
+
+
+def _first(value):
+    return value[0] if isinstance(value, (list, tuple)) else value
+
+
+def _original_to_model(hf: dict) -> dict:
+    sub_layers = _require(hf, "zaya_layers")
+    if len(sub_layers) % 2 or any((s == "a") != (n % 2 == 0) for n, s in enumerate(sub_layers)):
+        raise ValueError("config.json: zaya_layers must alternate 'a' (CCA) and a MoE expert count, "
+                         f"starting with 'a'; got {sub_layers[:6]}...")
+    experts = {s for s in sub_layers[1::2]}
+    if len(experts) != 1:
+        raise ValueError(f"config.json: zaya_layers mixes expert counts {sorted(experts)}")
+    _expect(hf, "moe_router_topk", (1,), 1)
+    _expect(hf, "add_bias_linear", (False,), False)
+    _expect(hf, "zaya_use_mod", (True,), True)
+    _expect(hf, "zaya_use_eda", (True,), True)
+    _expect(hf, "scale_residual_merge", (True,), True)
+    _expect(hf, "tie_word_embeddings", (True,), True)
+    _expect(hf, "clamp_temp", (False,), False)
+    hidden = _require(hf, "hidden_size")
+    heads = _require(hf, "num_attention_heads")
+    head_dim = hf.get("kv_channels") or hidden // heads
+    kv_heads = hf.get("num_query_groups_list", [None])[0] or hf.get("num_key_value_heads", 2)
+    return dict(
+        vocab_size=_require(hf, "vocab_size"), hidden_size=hidden, num_layers=len(sub_layers) // 2,
+        num_q_heads=hf.get("cca_num_q_heads") or heads // 2, num_kv_heads=kv_heads, head_dim=head_dim,
+        num_experts=experts.pop(), moe_intermediate_size=_require(hf, "ffn_hidden_size") // 2,
+        router_hidden_size=hf.get("zaya_mlp_expansion", 256),
+        rope_theta=float(hf.get("rope_theta", 10_000.0)),
+        partial_rotary_factor=float(hf.get("partial_rotary_factor", 0.5)),
+        max_position_embeddings=hf.get("max_position_embeddings", 32_768),
+        rms_norm_eps=hf.get("norm_epsilon", 1e-5), router_norm_eps=hf.get("layernorm_epsilon", 1e-6),
+        layout="base", residual_in_fp32=bool(hf.get("residual_in_fp32", False)),
+        pad_token_id=hf.get("pad_token_id") or 0, bos_token_id=hf.get("bos_token_id", 2),
+        eos_token_id=_first(hf.get("eos_token_id", 1)),
+    )
+
+
+def model_config_from_hf(hf: dict[str, Any], **overrides) -> tuple[ModelConfig, str]:
+    """-> (ModelConfig, schema). `overrides` set non-architecture fields (dtype, moe_backend, ...)."""
+    schema = detect_schema(hf)
+    values = _original_to_model(hf) if schema == "original" else _native_to_model(hf)
+    return ModelConfig(**{**values, **overrides}), schema
+
+
+def hf_config_from_model(cfg: ModelConfig, schema: str) -> dict[str, Any]:
+    if schema == "original":
+        return {
+            "model_type": "zaya", "architectures": ["ZayaForCausalLM"],
+            "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+            "num_attention_heads": cfg.num_q_heads * 2, "cca_num_q_heads": cfg.num_q_heads,
+            "kv_channels": cfg.head_dim, "num_key_value_heads": cfg.num_kv_heads,
+            "num_query_groups_list": [cfg.num_kv_heads] * cfg.num_layers,
+            "num_hidden_layers": 2 * cfg.num_layers, "zaya_layers": ["a", cfg.num_experts] * cfg.num_layers,
+            "ffn_hidden_size": 2 * cfg.moe_intermediate_size, "zaya_mlp_expansion": cfg.router_hidden_size,
+            "rope_theta": cfg.rope_theta, "partial_rotary_factor": cfg.partial_rotary_factor,
+            "max_position_embeddings": cfg.max_position_embeddings, "norm_epsilon": cfg.rms_norm_eps,
+            "layernorm_epsilon": cfg.router_norm_eps, "residual_in_fp32": cfg.residual_in_fp32,
+            "moe_router_topk": 1, "zaya_use_mod": True, "zaya_use_eda": True, "scale_residual_merge": True,
+            "add_bias_linear": False, "tie_word_embeddings": True, "pad_token_id": cfg.pad_token_id,
+            "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        }
+    return {
+        "model_type": "zaya", "architectures": ["ZayaForCausalLM"],
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_q_heads, "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim, "num_experts": cfg.num_experts, "num_experts_per_tok": 1,
+        "moe_intermediate_size": cfg.moe_intermediate_size, "router_hidden_size": cfg.router_hidden_size,
+        "max_position_embeddings": cfg.max_position_embeddings, "rms_norm_eps": cfg.rms_norm_eps,
+        "layer_types": ["hybrid"] * cfg.num_layers,
+        "rope_parameters": {"hybrid": {"rope_type": "default", "rope_theta": cfg.rope_theta,
+                                       "partial_rotary_factor": cfg.partial_rotary_factor}},
+        "tie_word_embeddings": True, "attention_bias": False, "lm_head_bias": False,
+        "cca_time0": 2, "cca_time1": 2, "hidden_act": "silu",
+        "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+    }

@@ -1,0 +1,60 @@
+"""Writing a ZayaLM as an HF checkpoint directory, atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from flax import nnx
+
+from zaya_jax.convert.hf_config import hf_config_from_model
+from zaya_jax.convert.hf_names import ENTRIES
+from zaya_jax.convert.safetensors_io import write_sharded
+from zaya_jax.model.zaya import ZayaLM
+
+
+def hf_tensors(model: ZayaLM, schema: str):
+    """Yields (hf_name, np.ndarray float32), converting one tensor at a time."""
+    pure = nnx.to_pure_dict(nnx.state(model))
+    for entry in ENTRIES[schema](model.config):
+        parts = []
+        for path, index in entry.targets:
+            leaf = pure
+            for key in path:
+                leaf = leaf[key]
+            parts.append(np.asarray(leaf[index], np.float32))
+        yield entry.hf_name, entry.to_hf(*parts)
+
+
+def save_hf(model: ZayaLM, directory: str | os.PathLike, schema: str | None = None,
+            max_shard_bytes: int = 5 * 2**30) -> Path:
+    """Writes config.json + safetensors that `transformers.ZayaForCausalLM.from_pretrained` loads.
+
+    schema: "native" (transformers names) or "original" (Zyphra's ZAYA1-base names); by default
+    it follows the model's layout. The directory appears whole or not at all (written to a
+    temporary sibling, then renamed); an existing non-empty directory is refused.
+    """
+    cfg = model.config
+    schema = schema or ("original" if cfg.layout == "base" else "native")
+    if schema not in ENTRIES:
+        raise ValueError(f"schema={schema!r} does not exist; choose one of {sorted(ENTRIES)}")
+    target = Path(directory)
+    if target.exists() and any(target.iterdir()):
+        raise FileExistsError(f"{target}: exists and is not empty; refusing to overwrite")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        write_sharded(staging, hf_tensors(model, schema), max_shard_bytes)
+        config = {**hf_config_from_model(cfg, schema), "torch_dtype": "float32"}
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        if target.exists():
+            target.rmdir()
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target

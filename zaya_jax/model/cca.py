@@ -1,0 +1,105 @@
+"""Compressed Convolutional Attention, CCGQA variant (zaya1-spec section 1.3).
+
+Shapes: B batch, S seq, D hidden, N query heads, K KV heads, H head dim, C = N + K packed heads.
+
+  q0 = x Wq [B,S,N,H], k0 = x Wk [B,S,K,H], P = q0|k0 [B,S,C,H]
+  two causal convolutions of kernel 2 along S, padded once (conv0's bias reaches conv1 at t=0):
+    Y[t] = w0[0] P[t-1] + w0[1] P[t] + b0              (depthwise)
+    Z[t] = W1[0] Y[t-1] + W1[1] Y[t] + b1,  Y[-1] = b0  (grouped: one group per head)
+  q = Z_q + (q0 + k0 repeated)/2, k = Z_k + group mean of that (the qk-mean skip)
+  L2 norm to sqrt(H), keys times a linear per-KV-head temperature, partial NeoX RoPE
+  v: KV heads [0, K/2) from the current token, [K/2, K) from the previous one (value shift)
+  o = softmax(q k^T / sqrt(H), causal) v, out = o Wo
+
+With `isolate_documents`, the convolutions and the value shift treat each packed document as
+if it started the sequence (exactly what the document alone computes); attention never
+crosses documents whenever segment ids are given.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from zaya_jax.config import ModelConfig
+from zaya_jax.model.params import constant, normal, param
+from zaya_jax.model.rope import apply_partial_rope
+
+
+def continues_previous_token(segment_ids: jax.Array | None, batch: int, seq: int) -> jax.Array:
+    """[B, S] bool: token t-1 exists and belongs to the same document as token t."""
+    not_first = jnp.broadcast_to(jnp.arange(seq) > 0, (batch, seq))
+    if segment_ids is None:
+        return not_first
+    return not_first & (segment_ids == jnp.roll(segment_ids, 1, axis=1))
+
+
+def shift_right(x: jax.Array) -> jax.Array:
+    """x[:, t] <- x[:, t-1] along axis 1, zero at t = 0."""
+    return jnp.pad(x, [(0, 0), (1, 0)] + [(0, 0)] * (x.ndim - 2))[:, :-1]
+
+
+def l2_normalize(x: jax.Array, radius: float) -> jax.Array:
+    """x / ||x|| * radius over the last axis; the norm is clamped at the dtype's eps (as HF)."""
+    norm = jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=-1, keepdims=True))
+    norm = jnp.maximum(norm, jnp.finfo(x.dtype).eps)
+    return (x.astype(jnp.float32) * (radius / norm)).astype(x.dtype)
+
+
+class CCA(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d, n, k, h = cfg.hidden_size, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
+        init = normal(cfg.init_std)
+        self.q_proj = param(init, rngs.params(), (d, n, h), ("embed", "q_heads", "head_dim"))
+        self.k_proj = param(init, rngs.params(), (d, k, h), ("embed", "kv_heads", "head_dim"))
+        self.v_proj_current = param(init, rngs.params(), (d, k // 2, h), ("embed", "kv_heads", "head_dim"))
+        self.v_proj_delayed = param(init, rngs.params(), (d, k // 2, h), ("embed", "kv_heads", "head_dim"))
+        # Depthwise conv: taps [previous, current] per packed channel.
+        self.conv_depthwise_weight = param(init, rngs.params(), (2, n + k, h), (None, "qk_heads", "head_dim"))
+        self.conv_depthwise_bias = constant(0.0, (n + k, h), ("qk_heads", "head_dim"))
+        # Grouped conv: per head, [tap, in channel, out channel].
+        self.conv_grouped_weight = param(init, rngs.params(), (2, n + k, h, h), (None, "qk_heads", "head_dim", None))
+        self.conv_grouped_bias = constant(0.0, (n + k, h), ("qk_heads", "head_dim"))
+        self.key_temperature = constant(cfg.key_temperature_init, (k,), ("kv_heads",))
+        self.o_proj = param(init, rngs.params(), (n, h, d), ("q_heads", "head_dim", "embed"))
+        self.num_q_heads = n
+        self.isolate_documents = cfg.isolate_documents
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segment_ids: jax.Array | None,
+                 attention: Callable) -> jax.Array:
+        """x: [B,S,D] (normed); cos, sin: [B,S,R]; segment_ids: [B,S] or None -> [B,S,D]."""
+        dt = x.dtype
+        b, s, _ = x.shape
+        n = self.num_q_heads
+        w = lambda p: p[...].astype(dt)  # noqa: E731
+        q0 = jnp.einsum("bsd,dnh->bsnh", x, w(self.q_proj))
+        k0 = jnp.einsum("bsd,dkh->bskh", x, w(self.k_proj))
+        kv = k0.shape[2]
+
+        continues = continues_previous_token(segment_ids if self.isolate_documents else None, b, s)
+        keep_prev = continues[:, :, None, None].astype(dt)
+        packed = jnp.concatenate([q0, k0], axis=2)                                   # [B,S,C,H]
+        w0, b0 = w(self.conv_depthwise_weight), w(self.conv_depthwise_bias)
+        y = w0[0] * shift_right(packed) * keep_prev + w0[1] * packed + b0
+        y_prev = jnp.where(keep_prev > 0, shift_right(y), b0)
+        w1 = w(self.conv_grouped_weight)
+        z = (jnp.einsum("bsci,cio->bsco", y_prev, w1[0]) + jnp.einsum("bsci,cio->bsco", y, w1[1])
+             + w(self.conv_grouped_bias))
+
+        q_mean = (q0 + jnp.repeat(k0, n // kv, axis=2)) * 0.5                        # [B,S,N,H]
+        k_mean = q_mean.reshape(b, s, kv, n // kv, -1).mean(axis=3)                  # [B,S,K,H]
+        radius = q0.shape[-1] ** 0.5
+        q = l2_normalize(z[:, :, :n] + q_mean, radius)
+        k = l2_normalize(z[:, :, n:] + k_mean, radius) * w(self.key_temperature)[:, None]
+        q = apply_partial_rope(q, cos, sin)
+        k = apply_partial_rope(k, cos, sin)
+
+        v_current = jnp.einsum("bsd,dkh->bskh", x, w(self.v_proj_current))
+        v_delayed = shift_right(jnp.einsum("bsd,dkh->bskh", x, w(self.v_proj_delayed))) * keep_prev
+        v = jnp.concatenate([v_current, v_delayed], axis=2)                          # [B,S,K,H]
+
+        o = attention(q, k, v, segment_ids)
+        return jnp.einsum("bsnh,nhd->bsd", o, w(self.o_proj))

@@ -1,0 +1,61 @@
+"""The ZAYA1 MoE block: one router, 16 SwiGLU experts and a skip slot.
+
+  routing = Router(x, prev_state)                        (zaya_jax.model.router)
+  y_t = p_t * SwiGLU_{e_t}(x_t)     for a real expert e_t < E
+  y_t = p_t * x_t   (layout "base")  or  0  (layout "native")   for the skip slot e_t = E
+Experts: gate, up [E,D,I] and down [E,I,D] ('td,edi->tei' then 'tei,eid->td'); how tokens
+reach them is the dispatch backend (zaya_jax.model.moe_dispatch), passed in as a function.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from zaya_jax.config import ModelConfig
+from zaya_jax.model.moe_dispatch import ExpertWeights
+from zaya_jax.model.params import normal, param
+from zaya_jax.model.router import Router
+
+
+class MoEStats(NamedTuple):
+    """Per MoE block, over the real (non-padding) tokens of the batch."""
+    expert_counts: jax.Array  # [E+1] int32 tokens routed to each expert, skip slot last
+    prob_sum: jax.Array       # [E+1] float32 router probabilities summed over tokens
+    dropped: jax.Array        # [] int32 tokens dropped by a capacity backend
+
+
+class MoE(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        e, d, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        init = normal(cfg.init_std)
+        self.router = Router(cfg, rngs=rngs)
+        self.gate = param(init, rngs.params(), (e, d, i), ("experts", "embed", "expert_mlp"))
+        self.up = param(init, rngs.params(), (e, d, i), ("experts", "embed", "expert_mlp"))
+        self.down = param(init, rngs.params(), (e, i, d), ("experts", "expert_mlp", "embed"))
+        self.skip_passes_input = cfg.layout == "base"
+
+    def __call__(self, x: jax.Array, prev_state: jax.Array, token_mask: jax.Array, dispatch: Callable
+                 ) -> tuple[jax.Array, jax.Array, MoEStats]:
+        """x: [B,S,D] normed; prev_state: [B,S,R]; token_mask: [B,S] bool -> y [B,S,D], state, stats."""
+        b, s, d = x.shape
+        dt = x.dtype
+        routing = self.router(x, prev_state)
+        num_experts = self.gate.shape[0]
+        weights = ExpertWeights(self.gate[...].astype(dt), self.up[...].astype(dt), self.down[...].astype(dt))
+        expert_out, dropped = dispatch(x.reshape(b * s, d), routing.choice.reshape(b * s), weights)
+        expert_out = expert_out.reshape(b, s, d)
+        if self.skip_passes_input:
+            expert_out = jnp.where((routing.choice == num_experts)[..., None], x, expert_out)
+        y = expert_out * routing.weight[..., None].astype(dt)
+        mask = token_mask.astype(jnp.float32)
+        stats = MoEStats(
+            expert_counts=jnp.einsum("bse,bs->e", jax.nn.one_hot(routing.choice, num_experts + 1), mask
+                                     ).astype(jnp.int32),
+            prob_sum=jnp.einsum("bse,bs->e", routing.probs, mask),
+            dropped=dropped,
+        )
+        return y, routing.next_state, stats

@@ -1,0 +1,120 @@
+"""MoE dispatch backends: how top-1-routed tokens reach their expert.
+
+Every backend is a pure function
+    backend(x [T,D], expert [T] int32 in [0,E], weights, **options) -> (y [T,D], dropped [] int32)
+where y[t] = SwiGLU_{expert[t]}(x[t]) for a real expert and 0 for the skip slot (index E);
+all backends compute the same function whenever nothing is dropped.
+
+  dense     every expert on every token, masked. The reference.
+  capacity  sort by expert into E fixed buckets of C = ceil(capacity_factor * T / E) rows,
+            one batched einsum; overflow is dropped and counted.
+  ragged    dropless: sort by expert, grouped matmul (jax.lax.ragged_dot or the Pallas kernel).
+  tiles     dropless in plain XLA: sort by expert, pad each expert's run to whole tiles of
+            `tile` rows (at most ceil(T/tile) + E tiles, a static bound) and run one batched
+            matmul over tiles, each with its expert's weights.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class ExpertWeights(NamedTuple):
+    gate: jax.Array  # [E, D, I]
+    up: jax.Array    # [E, D, I]
+    down: jax.Array  # [E, I, D]
+
+
+class SortedTokens(NamedTuple):
+    order: jax.Array        # [T] token index at each sorted position
+    expert: jax.Array       # [T] expert of each sorted position (ascending; skip = E last)
+    rank: jax.Array         # [T] position of each sorted token within its expert's run
+    group_sizes: jax.Array  # [E+1] tokens per expert, skip slot last
+
+
+def sort_by_expert(expert: jax.Array, num_experts: int) -> SortedTokens:
+    order = jnp.argsort(expert, stable=True)
+    sorted_expert = expert[order]
+    group_sizes = jnp.bincount(expert, length=num_experts + 1).astype(jnp.int32)
+    starts = jnp.cumsum(group_sizes) - group_sizes
+    rank = jnp.arange(expert.shape[0], dtype=jnp.int32) - starts[sorted_expert]
+    return SortedTokens(order, sorted_expert, rank, group_sizes)
+
+
+def unsort(y_sorted: jax.Array, order: jax.Array) -> jax.Array:
+    """Inverse of `x[order]`: [T, D] in sorted order -> token order."""
+    return jnp.zeros_like(y_sorted).at[order].set(y_sorted, unique_indices=True)
+
+
+def _swiglu(x, gate, up, down, spec: str):
+    """Batched SwiGLU with einsum `spec` for the first matmuls, e.g. 'ecd,edi->eci'."""
+    lhs, rhs_out = spec.split(",")
+    rhs, out = rhs_out.split("->")
+    down_spec = f"{out},{rhs[0]}{rhs[2]}{rhs[1]}->{lhs}"
+    hidden = jax.nn.silu(jnp.einsum(spec, x, gate)) * jnp.einsum(spec, x, up)
+    return jnp.einsum(down_spec, hidden, down)
+
+
+def dense(x: jax.Array, expert: jax.Array, w: ExpertWeights) -> tuple[jax.Array, jax.Array]:
+    num_experts = w.gate.shape[0]
+    hidden = jax.nn.silu(jnp.einsum("td,edi->tei", x, w.gate)) * jnp.einsum("td,edi->tei", x, w.up)
+    y_all = jnp.einsum("tei,eid->ted", hidden, w.down)
+    return jnp.einsum("ted,te->td", y_all, jax.nn.one_hot(expert, num_experts, dtype=x.dtype)), jnp.int32(0)
+
+
+def capacity_per_expert(num_tokens: int, num_experts: int, capacity_factor: float) -> int:
+    return max(1, math.ceil(capacity_factor * num_tokens / num_experts))
+
+
+def capacity(x: jax.Array, expert: jax.Array, w: ExpertWeights, *, capacity_factor: float
+             ) -> tuple[jax.Array, jax.Array]:
+    (t, d), num_experts = x.shape, w.gate.shape[0]
+    cap = capacity_per_expert(t, num_experts, capacity_factor)
+    s = sort_by_expert(expert, num_experts)
+    routed = s.expert < num_experts
+    keep = routed & (s.rank < cap)
+    slot = jnp.where(keep, s.expert * cap + s.rank, num_experts * cap)
+    buckets = jnp.zeros((num_experts * cap + 1, d), x.dtype).at[slot].set(x[s.order])
+    out = _swiglu(buckets[:-1].reshape(num_experts, cap, d), w.gate, w.up, w.down, "ecd,edi->eci")
+    out = jnp.concatenate([out.reshape(num_experts * cap, d), jnp.zeros((1, d), x.dtype)])
+    dropped = jnp.sum(routed & ~keep).astype(jnp.int32)
+    return unsort(out[slot], s.order), dropped
+
+
+def ragged(x: jax.Array, expert: jax.Array, w: ExpertWeights, *,
+           matmul: Callable = jax.lax.ragged_dot) -> tuple[jax.Array, jax.Array]:
+    """`matmul(lhs [T,K], rhs [E,K,N], group_sizes [E]) -> [T,N]` with ragged_dot semantics."""
+    num_experts = w.gate.shape[0]
+    s = sort_by_expert(expert, num_experts)
+    sizes = s.group_sizes[:num_experts]
+    xs = x[s.order]
+    hidden = jax.nn.silu(matmul(xs, w.gate, sizes)) * matmul(xs, w.up, sizes)
+    return unsort(matmul(hidden, w.down, sizes), s.order), jnp.int32(0)
+
+
+def max_tiles(num_tokens: int, num_experts: int, tile: int) -> int:
+    """Static bound on sum_e ceil(n_e / tile) for sum_e n_e <= num_tokens."""
+    return math.ceil(num_tokens / tile) + num_experts
+
+
+def tiles(x: jax.Array, expert: jax.Array, w: ExpertWeights, *, tile: int) -> tuple[jax.Array, jax.Array]:
+    (t, d), num_experts = x.shape, w.gate.shape[0]
+    n_tiles = max_tiles(t, num_experts, tile)
+    s = sort_by_expert(expert, num_experts)
+    tiles_per_expert = (s.group_sizes[:num_experts] + tile - 1) // tile
+    tile_ends = jnp.cumsum(tiles_per_expert)
+    first_tile = tile_ends - tiles_per_expert
+    routed = s.expert < num_experts
+    row = jnp.where(routed, first_tile[jnp.minimum(s.expert, num_experts - 1)] * tile + s.rank,
+                    n_tiles * tile)
+    buf = jnp.zeros((n_tiles * tile + 1, d), x.dtype).at[row].set(x[s.order])
+    tile_expert = jnp.minimum(jnp.searchsorted(tile_ends, jnp.arange(n_tiles), side="right"),
+                              num_experts - 1)
+    out = _swiglu(buf[:-1].reshape(n_tiles, tile, d), w.gate[tile_expert], w.up[tile_expert],
+                  w.down[tile_expert], "ntd,ndi->nti")
+    out = jnp.concatenate([out.reshape(n_tiles * tile, d), jnp.zeros((1, d), x.dtype)])
+    return unsort(out[row], s.order), jnp.int32(0)

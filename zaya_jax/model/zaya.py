@@ -1,0 +1,155 @@
+"""The whole ZAYA1 forward pass.
+
+Conventions: B batch, S seq, D hidden, V vocab, L decoder layers, E experts (+1 skip slot),
+R router width. One decoder layer = CCA attention then MoE (ZAYA1-base: 40 layers = the 80
+alternating sub-layers of Zyphra's code).
+
+  stream = (embed[ids] + b_in) * s_in                      [B,S,D]  (fp32 if residual_in_fp32)
+  router_state = 0                                         [B,S,R]
+  for each layer (stacked parameters, run with lax.scan):
+      a = CCA(RMSNorm(stream));        stream = ResScale_attn(a, stream)
+      m, router_state = MoE(RMSNorm(stream), router_state);  stream = ResScale_moe(m, stream)
+  logits = RMSNorm(stream) @ embed^T                       [B,S,V]  fp32, tied, no soft-cap
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from zaya_jax.config import ModelConfig
+from zaya_jax.model.cca import CCA
+from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn
+from zaya_jax.model.moe import MoE, MoEStats
+from zaya_jax.model.norms import ResidualScaling, RMSNorm
+from zaya_jax.model.params import constant, param
+from zaya_jax.model.rope import rope_cos_sin
+
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class LayerContext(NamedTuple):
+    """What every layer needs besides its parameters and the carried streams."""
+    cos: jax.Array                  # [B,S,R_rot]
+    sin: jax.Array                  # [B,S,R_rot]
+    segment_ids: jax.Array | None   # [B,S]
+    token_mask: jax.Array           # [B,S] bool, False on padding
+    attention: Callable
+    dispatch: Callable
+    dtype: jnp.dtype
+    stream_dtype: jnp.dtype
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d = cfg.hidden_size
+        self.input_norm = RMSNorm(d, cfg.rms_norm_eps, "embed")
+        self.attention = CCA(cfg, rngs=rngs)
+        self.attention_residual = ResidualScaling(d)
+        self.post_attention_norm = RMSNorm(d, cfg.rms_norm_eps, "embed")
+        self.moe = MoE(cfg, rngs=rngs)
+        self.moe_residual = ResidualScaling(d)
+
+    def __call__(self, stream: jax.Array, router_state: jax.Array, ctx: LayerContext
+                 ) -> tuple[jax.Array, jax.Array, MoEStats]:
+        a = self.attention(self.input_norm(stream, ctx.dtype), ctx.cos, ctx.sin, ctx.segment_ids, ctx.attention)
+        stream = self.attention_residual(a, stream, ctx.stream_dtype)
+        m, router_state, stats = self.moe(self.post_attention_norm(stream, ctx.dtype), router_state,
+                                          ctx.token_mask, ctx.dispatch)
+        return self.moe_residual(m, stream, ctx.stream_dtype), router_state, stats
+
+
+def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
+    """[B,S] segment ids -> [B,S] positions restarting at 0 at every document start."""
+    seq = segment_ids.shape[1]
+    idx = jnp.broadcast_to(jnp.arange(seq), segment_ids.shape)
+    starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                              segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+
+
+class ZayaLM(nnx.Module):
+    """ZAYA1 causal LM. `model(input_ids)` -> logits [B,S,V]; `forward_with_stats` adds router stats."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        v, d = cfg.vocab_size, cfg.hidden_size
+        embed_init = lambda k, s, dt: jax.random.normal(k, s, dt).at[cfg.pad_token_id].set(0) * cfg.init_std  # noqa
+        self.embed = param(embed_init, rngs.params(), (v, d), ("vocab", "embed"))
+        self.input_scale = constant(1.0, (d,), ("embed",))
+        self.input_bias = constant(0.0, (d,), ("embed",))
+
+        @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def make_layers(layer_rngs):
+            return DecoderLayer(cfg, rngs=layer_rngs)
+
+        self.layers = make_layers(rngs.split(cfg.num_layers))
+        self.final_norm = RMSNorm(d, cfg.rms_norm_eps, "embed")
+
+    def __call__(self, input_ids: jax.Array, *, segment_ids: jax.Array | None = None,
+                 positions: jax.Array | None = None) -> jax.Array:
+        """input_ids: [B,S] int -> logits [B,S,V] float32."""
+        return self.forward_with_stats(input_ids, segment_ids=segment_ids, positions=positions)[0]
+
+    def forward_with_stats(self, input_ids, *, segment_ids=None, positions=None) -> tuple[jax.Array, MoEStats]:
+        """-> logits [B,S,V] float32 and per-layer router stats (each field with a leading [L] axis)."""
+        hidden, stats = self.hidden_states(input_ids, segment_ids=segment_ids, positions=positions)
+        return self.logits(hidden), stats
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """hidden: [..., D] final-normed -> [..., V] float32 (tied embedding)."""
+        return jnp.einsum("...d,vd->...v", hidden.astype(jnp.float32), self.embed[...])
+
+    def hidden_states(self, input_ids, *, segment_ids=None, positions=None, rope_theta=None
+                      ) -> tuple[jax.Array, MoEStats]:
+        """input_ids: [B,S] -> final-normed hidden [B,S,D] (compute dtype) and router stats.
+
+        segment_ids: [B,S] packed document ids (0 = padding) or None; positions default to
+        0..S-1, or restart per document when segment_ids are given. rope_theta overrides the
+        config's (curriculum phases change it).
+        """
+        cfg = self.config
+        dtype = jnp.dtype(cfg.dtype)
+        stream_dtype = jnp.float32 if cfg.residual_in_fp32 else dtype
+        b, s = input_ids.shape
+        if positions is None:
+            positions = (positions_from_segments(segment_ids) if segment_ids is not None
+                         else jnp.broadcast_to(jnp.arange(s), (b, s)))
+        cos, sin = rope_cos_sin(positions, cfg.rotary_dim, rope_theta or cfg.rope_theta)
+        token_mask = segment_ids > 0 if segment_ids is not None else jnp.ones((b, s), bool)
+        ctx = LayerContext(cos, sin, segment_ids, token_mask, attention_fn(cfg), moe_dispatch_fn(cfg),
+                           dtype, stream_dtype)
+
+        emb = jnp.take(self.embed[...], input_ids, axis=0)
+        stream = ((emb + self.input_bias[...]) * self.input_scale[...]).astype(stream_dtype)
+        router_state = jnp.zeros((b, s, cfg.router_hidden_size), dtype)
+        stream, stats = self._run_layers(stream, router_state, ctx)
+        return self.final_norm(stream, dtype), stats
+
+    def _run_layers(self, stream, router_state, ctx: LayerContext) -> tuple[jax.Array, MoEStats]:
+        cfg = self.config
+        graphdef, layer_states = nnx.split(self.layers)
+
+        def body(carry, layer_state):
+            layer = nnx.merge(graphdef, layer_state)
+            stream, router_state, stats = layer(*carry, ctx)
+            return (stream, router_state), stats
+
+        if cfg.remat != "none":
+            body = jax.checkpoint(body, policy=REMAT_POLICIES[cfg.remat])
+        carry = (stream, router_state)
+        if cfg.scan_layers:
+            (stream, _), stats = jax.lax.scan(body, carry, layer_states)
+            return stream, stats
+        per_layer = []
+        for i in range(cfg.num_layers):
+            carry, layer_stats = body(carry, jax.tree.map(lambda x: x[i], layer_states))
+            per_layer.append(layer_stats)
+        return carry[0], jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
