@@ -9,10 +9,10 @@ def load_hf(path, dtype="float32", **overrides):
     return _load_hf(path, dtype=dtype, **overrides)
 
 
-def save_hf(model, path):
+def save_hf(model, path, **options):
     """Writes a ZayaLM as an HF `ZayaForCausalLM` directory (see zaya_jax.convert)."""
     from zaya_jax.convert.hf_save import save_hf as _save_hf
-    return _save_hf(model, path)
+    return _save_hf(model, path, **options)
 
 
 __all__ = ["ModelConfig", "load_hf", "save_hf"]
