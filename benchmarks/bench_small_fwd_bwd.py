@@ -1,0 +1,79 @@
+"""Forward+backward tokens/s of configs/bench_small.py: zaya_jax against HF transformers'
+ZayaForCausalLM (PyTorch) on the same CPU, same weights, timed alternately. Prints JSON.
+
+  python benchmarks/bench_small_fwd_bwd.py [--repeats 5] [--moe-backend auto]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from flax import nnx  # noqa: E402
+from transformers import ZayaConfig, ZayaForCausalLM  # noqa: E402
+
+from benchmarks.common import best_time  # noqa: E402
+from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
+from zaya_jax.convert.hf_config import hf_config_from_model  # noqa: E402
+from zaya_jax.convert.hf_load import model_from_tensors  # noqa: E402
+from zaya_jax.model.kernels import resolve_moe_backend  # noqa: E402
+
+
+def next_token_loss(logits: jax.Array, ids: jax.Array) -> jax.Array:
+    logits = logits[:, :-1]
+    return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, ids[:, 1:, None], -1)[..., 0])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--moe-backend", default="auto")
+    args = parser.parse_args()
+    config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py"))
+    cfg = model_config(config).replace(moe_backend=args.moe_backend)
+    batch, seq = config.train.global_batch_size, config.train.seq_len
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count())
+    hf = ZayaForCausalLM(ZayaConfig(**hf_config_from_model(cfg, "native"))).train()
+    state = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+    model = model_from_tensors(hf.config.to_dict(), set(state), state.__getitem__, "bench",
+                               moe_backend=args.moe_backend)
+    ids_np = np.random.default_rng(0).integers(3, cfg.vocab_size, (batch, seq))
+    ids = jnp.asarray(ids_np)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    step = jax.jit(jax.value_and_grad(lambda p, x: next_token_loss(nnx.merge(graphdef, p, rest)(x), x)))
+    ids_t = torch.as_tensor(ids_np)
+
+    def torch_step():
+        hf.zero_grad(set_to_none=True)
+        hf(ids_t, labels=ids_t).loss.backward()
+
+    def jax_step():
+        jax.block_until_ready(step(params, ids))
+
+    jax_s, torch_s = [], []
+    jax_step(), torch_step()  # compile / warm up
+    for _ in range(args.repeats):  # alternate so both see the same machine state
+        jax_s.append(best_time(jax_step, 1, warmup=0))
+        torch_s.append(best_time(torch_step, 1, warmup=0))
+    tokens = batch * seq
+    jax_t, torch_t = float(np.median(jax_s)), float(np.median(torch_s))
+    print(json.dumps({
+        "config": "bench_small", "platform": jax.default_backend(), "tokens_per_step": tokens,
+        "moe_backend": resolve_moe_backend(args.moe_backend),
+        "zaya_jax_s_per_step": round(jax_t, 4), "hf_torch_s_per_step": round(torch_t, 4),
+        "zaya_jax_tokens_per_s": round(tokens / jax_t, 1), "hf_torch_tokens_per_s": round(tokens / torch_t, 1),
+        "speedup_vs_hf": round(torch_t / jax_t, 3), "torch_threads": torch.get_num_threads(),
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""MoE layer forward+backward: every dispatch backend against the ideal (one dense expert on
+all tokens, i.e. exactly the top-1 FLOPs), with drop rates. Prints JSON.
+
+  python benchmarks/moe_layer.py [--tokens 2048 --hidden 512 --ffn 1024 --experts 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.common import best_time  # noqa: E402
+from zaya_jax.model import moe_dispatch  # noqa: E402
+from zaya_jax.model.kernels import resolve_moe_backend  # noqa: E402
+from zaya_jax.model.moe_dispatch import ExpertWeights  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--ffn", type=int, default=1024)
+    parser.add_argument("--experts", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    t, d, f, e = args.tokens, args.hidden, args.ffn, args.experts
+    keys = jax.random.split(jax.random.key(0), 5)
+    x = jax.random.normal(keys[0], (t, d))
+    w = ExpertWeights(*(0.02 * jax.random.normal(k, s) for k, s in
+                        zip(keys[1:4], [(e, d, f), (e, d, f), (e, f, d)])))
+    routings = {
+        "uniform": jax.random.randint(keys[4], (t,), 0, e),
+        # Zipf-like skew as seen at random init (one expert takes a large share)
+        "skewed": jnp.asarray(np.random.default_rng(0).choice(e, size=t, p=(p := 1 / np.arange(1, e + 1) ** 1.2)
+                                                              / p.sum()), jnp.int32),
+    }
+    backends = {
+        "dense": moe_dispatch.dense,
+        "capacity_1.0": functools.partial(moe_dispatch.capacity, capacity_factor=1.0),
+        "capacity_1.25": functools.partial(moe_dispatch.capacity, capacity_factor=1.25),
+        "ragged": moe_dispatch.ragged,
+        "tiles_32": functools.partial(moe_dispatch.tiles, tile=32),
+        "tiles_64": functools.partial(moe_dispatch.tiles, tile=64),
+        "tiles_128": functools.partial(moe_dispatch.tiles, tile=128),
+    }
+
+    def fwd_bwd(fn, expert):
+        def loss(x, w):
+            return jnp.sum(fn(x, expert, w)[0] ** 2)
+        step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+        return lambda: jax.block_until_ready(step(x, w))
+
+    one = ExpertWeights(w.gate[:1], w.up[:1], w.down[:1])
+    ideal_step = jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(moe_dispatch._swiglu(
+        x[None], w.gate, w.up, w.down, "ecd,edi->eci") ** 2), argnums=(0, 1)))
+    ideal = best_time(lambda: jax.block_until_ready(ideal_step(x, one)), args.repeats)
+    result = {"platform": jax.default_backend(), "tokens": t, "hidden": d, "ffn": f, "experts": e,
+              "ideal_one_expert_s": ideal, "auto_backend": resolve_moe_backend("auto"), "routings": {}}
+    for rname, expert in routings.items():
+        rows = {}
+        for bname, fn in backends.items():
+            seconds = best_time(fwd_bwd(fn, expert), args.repeats)
+            dropped = int(jax.jit(fn)(x, expert, w)[1])
+            rows[bname] = {"seconds": round(seconds, 5), "x_ideal": round(seconds / ideal, 3),
+                           "drop_rate": round(dropped / t, 4)}
+        result["routings"][rname] = rows
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
