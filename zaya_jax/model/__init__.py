@@ -1,6 +1,1 @@
-"""Pure model maths: norms, rope, CCA, router, MoE, the decoder stack."""
-
-from zaya_jax.model.moe import MoEStats
-from zaya_jax.model.zaya import ZayaLM
-
-__all__ = ["MoEStats", "ZayaLM"]
+"""Pure model maths: norms, rope, CCA, router, MoE and its dispatch backends, the decoder (zaya.py)."""

@@ -11,6 +11,11 @@ Shapes: B batch, S seq, D hidden, N query heads, K KV heads, H head dim, C = N +
   v: KV heads [0, K/2) from the current token, [K/2, K) from the previous one (value shift)
   o = softmax(q k^T / sqrt(H), causal) v, out = o Wo
 
+What one token hands to the next is a `CCACarry`: P[t], Y[t] and the delayed value
+projection x[t] Wv_delayed. `CCA.qkv` takes the previous token's carry (or none at a sequence
+start, where P[-1] = 0, Y[-1] = b0 and the delayed value is 0), so the training forward and
+token-by-token decoding (zaya_jax.infer) run the same maths.
+
 With `isolate_documents`, the convolutions and the value shift treat each packed document as
 if it started the sequence (exactly what the document alone computes); attention never
 crosses documents whenever segment ids are given.
@@ -18,7 +23,7 @@ crosses documents whenever segment ids are given.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +34,20 @@ from zaya_jax.model.params import constant, normal, param
 from zaya_jax.model.rope import apply_partial_rope
 
 
+class CCACarry(NamedTuple):
+    """Per token ([B,S,...]) or for the last token of each sequence ([B,...])."""
+    packed: jax.Array         # [B,(S),C,H] pre-convolution q0|k0
+    depthwise: jax.Array      # [B,(S),C,H] depthwise convolution output Y
+    value_delayed: jax.Array  # [B,(S),K/2,H] x Wv_delayed, the next token's delayed value
+
+
+class QKV(NamedTuple):
+    q: jax.Array        # [B,S,N,H] normed, tempered (keys), rotated
+    k: jax.Array        # [B,S,K,H]
+    v: jax.Array        # [B,S,K,H]
+    carry: CCACarry     # [B,S,...] every token's carry
+
+
 def continues_previous_token(segment_ids: jax.Array | None, batch: int, seq: int) -> jax.Array:
     """[B, S] bool: token t-1 exists and belongs to the same document as token t."""
     not_first = jnp.broadcast_to(jnp.arange(seq) > 0, (batch, seq))
@@ -37,9 +56,12 @@ def continues_previous_token(segment_ids: jax.Array | None, batch: int, seq: int
     return not_first & (segment_ids == jnp.roll(segment_ids, 1, axis=1))
 
 
-def shift_right(x: jax.Array) -> jax.Array:
-    """x[:, t] <- x[:, t-1] along axis 1, zero at t = 0."""
-    return jnp.pad(x, [(0, 0), (1, 0)] + [(0, 0)] * (x.ndim - 2))[:, :-1]
+def previous_token(first: jax.Array, seq: jax.Array, continues: jax.Array, reset: jax.Array) -> jax.Array:
+    """seq: [B,S,...] -> each token's predecessor: `first` [B,...] at t = 0, seq[:, t-1] after,
+    and `reset` (broadcastable) wherever `continues` [B,S] is False."""
+    prev = jnp.concatenate([first[:, None].astype(seq.dtype), seq[:, :-1]], axis=1)
+    keep = continues.reshape(continues.shape + (1,) * (seq.ndim - 2))
+    return jnp.where(keep, prev, jnp.asarray(reset, seq.dtype))
 
 
 def l2_normalize(x: jax.Array, radius: float) -> jax.Array:
@@ -55,8 +77,8 @@ class CCA(nnx.Module):
         init = normal(cfg.init_std)
         self.q_proj = param(init, rngs.params(), (d, n, h), ("embed", "q_heads", "head_dim"))
         self.k_proj = param(init, rngs.params(), (d, k, h), ("embed", "kv_heads", "head_dim"))
-        self.v_proj_current = param(init, rngs.params(), (d, k // 2, h), ("embed", "kv_heads", "head_dim"))
-        self.v_proj_delayed = param(init, rngs.params(), (d, k // 2, h), ("embed", "kv_heads", "head_dim"))
+        self.v_proj_current = param(init, rngs.params(), (d, k // 2, h), ("embed", "value_heads", "head_dim"))
+        self.v_proj_delayed = param(init, rngs.params(), (d, k // 2, h), ("embed", "value_heads", "head_dim"))
         # Depthwise conv: taps [previous, current] per packed channel.
         self.conv_depthwise_weight = param(init, rngs.params(), (2, n + k, h), (None, "qk_heads", "head_dim"))
         self.conv_depthwise_bias = constant(0.0, (n + k, h), ("qk_heads", "head_dim"))
@@ -71,20 +93,38 @@ class CCA(nnx.Module):
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segment_ids: jax.Array | None,
                  attention: Callable) -> jax.Array:
         """x: [B,S,D] (normed); cos, sin: [B,S,R]; segment_ids: [B,S] or None -> [B,S,D]."""
+        b, s, _ = x.shape
+        continues = continues_previous_token(segment_ids if self.isolate_documents else None, b, s)
+        q, k, v, _ = self.qkv(x, cos, sin, continues)
+        return self.output(attention(q, k, v, segment_ids))
+
+    def start_carry(self, batch: int, dtype) -> CCACarry:
+        """The carry before a sequence's first token: P[-1] = 0, Y[-1] = b0, no delayed value."""
+        n, h = self.num_q_heads, self.conv_depthwise_bias.shape[-1]
+        c, half = self.conv_depthwise_bias.shape[0], self.v_proj_delayed.shape[1]
+        b0 = self.conv_depthwise_bias[...].astype(dtype)
+        return CCACarry(jnp.zeros((batch, c, h), dtype), jnp.broadcast_to(b0, (batch, c, h)),
+                        jnp.zeros((batch, half, h), dtype))
+
+    def qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array, continues: jax.Array,
+            prev: CCACarry | None = None) -> QKV:
+        """x: [B,S,D] (normed); cos, sin: [B,S,R]; continues: [B,S] bool (token t-1 feeds the
+        convolutions and value shift of token t); prev: the carry of the token before x[:, 0]
+        (None: x starts the sequence) -> q, k, v and every token's carry."""
         dt = x.dtype
         b, s, _ = x.shape
         n = self.num_q_heads
         w = lambda p: p[...].astype(dt)  # noqa: E731
+        start = self.start_carry(b, dt)
+        prev = start if prev is None else prev
         q0 = jnp.einsum("bsd,dnh->bsnh", x, w(self.q_proj))
         k0 = jnp.einsum("bsd,dkh->bskh", x, w(self.k_proj))
         kv = k0.shape[2]
 
-        continues = continues_previous_token(segment_ids if self.isolate_documents else None, b, s)
-        keep_prev = continues[:, :, None, None].astype(dt)
         packed = jnp.concatenate([q0, k0], axis=2)                                   # [B,S,C,H]
         w0, b0 = w(self.conv_depthwise_weight), w(self.conv_depthwise_bias)
-        y = w0[0] * shift_right(packed) * keep_prev + w0[1] * packed + b0
-        y_prev = jnp.where(keep_prev > 0, shift_right(y), b0)
+        y = w0[0] * previous_token(prev.packed, packed, continues, 0.0) + w0[1] * packed + b0
+        y_prev = previous_token(prev.depthwise, y, continues, b0)
         w1 = w(self.conv_grouped_weight)
         z = (jnp.einsum("bsci,cio->bsco", y_prev, w1[0]) + jnp.einsum("bsci,cio->bsco", y, w1[1])
              + w(self.conv_grouped_bias))
@@ -98,8 +138,10 @@ class CCA(nnx.Module):
         k = apply_partial_rope(k, cos, sin)
 
         v_current = jnp.einsum("bsd,dkh->bskh", x, w(self.v_proj_current))
-        v_delayed = shift_right(jnp.einsum("bsd,dkh->bskh", x, w(self.v_proj_delayed))) * keep_prev
-        v = jnp.concatenate([v_current, v_delayed], axis=2)                          # [B,S,K,H]
+        delayed = jnp.einsum("bsd,dkh->bskh", x, w(self.v_proj_delayed))
+        v = jnp.concatenate([v_current, previous_token(prev.value_delayed, delayed, continues, 0.0)], axis=2)
+        return QKV(q, k, v, CCACarry(packed, y, delayed))
 
-        o = attention(q, k, v, segment_ids)
-        return jnp.einsum("bsnh,nhd->bsd", o, w(self.o_proj))
+    def output(self, o: jax.Array) -> jax.Array:
+        """o: [B,S,N,H] attention output -> [B,S,D]."""
+        return jnp.einsum("bsnh,nhd->bsd", o, self.o_proj[...].astype(o.dtype))

@@ -4,7 +4,8 @@
   y_t = p_t * SwiGLU_{e_t}(x_t)     for a real expert e_t < E
   y_t = p_t * x_t   (layout "base")  or  0  (layout "native")   for the skip slot e_t = E
 Experts: gate, up [E,D,I] and down [E,I,D] ('td,edi->tei' then 'tei,eid->td'); how tokens
-reach them is the dispatch backend (zaya_jax.model.moe_dispatch), passed in as a function.
+reach them is the dispatch backend (zaya_jax.model.moe_dispatch), passed in as a function and run
+on each device's tokens by zaya_jax.parallel.moe_sharding (expert parallelism uses fixed capacity).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from zaya_jax.config import ModelConfig
 from zaya_jax.model.moe_dispatch import ExpertWeights
 from zaya_jax.model.params import normal, param
 from zaya_jax.model.router import Router
+from zaya_jax.parallel.moe_sharding import dispatch_on_mesh
 
 
 class MoEStats(NamedTuple):
@@ -37,17 +39,17 @@ class MoE(nnx.Module):
         self.up = param(init, rngs.params(), (e, d, i), ("experts", "embed", "expert_mlp"))
         self.down = param(init, rngs.params(), (e, i, d), ("experts", "expert_mlp", "embed"))
         self.skip_passes_input = cfg.layout == "base"
+        self.capacity_factor = cfg.capacity_factor
 
     def __call__(self, x: jax.Array, prev_state: jax.Array, token_mask: jax.Array, dispatch: Callable
                  ) -> tuple[jax.Array, jax.Array, MoEStats]:
         """x: [B,S,D] normed; prev_state: [B,S,R]; token_mask: [B,S] bool -> y [B,S,D], state, stats."""
-        b, s, d = x.shape
         dt = x.dtype
         routing = self.router(x, prev_state)
         num_experts = self.gate.shape[0]
         weights = ExpertWeights(self.gate[...].astype(dt), self.up[...].astype(dt), self.down[...].astype(dt))
-        expert_out, dropped = dispatch(x.reshape(b * s, d), routing.choice.reshape(b * s), weights)
-        expert_out = expert_out.reshape(b, s, d)
+        expert_out, dropped = dispatch_on_mesh(dispatch, x, routing.choice, weights,
+                                               capacity_factor=self.capacity_factor)
         if self.skip_passes_input:
             expert_out = jnp.where((routing.choice == num_experts)[..., None], x, expert_out)
         y = expert_out * routing.weight[..., None].astype(dt)

@@ -4,8 +4,8 @@ Every parameter carries logical axis names (metadata key `out_sharding`, read ba
 `nnx.get_partition_spec`); zaya_jax.parallel maps them to mesh axes with one rules table.
 Eager sharding is off: a parameter is created unsharded and placed by whoever owns the mesh.
 
-Logical names: vocab, embed, q_heads, kv_heads, head_dim, qk_heads (packed q|k heads of the
-CCA convolutions), experts, expert_mlp, router, router_classes, layers (added by stacking).
+Logical names: vocab, embed, q_heads, kv_heads, value_heads (the K/2 heads of each CCA value
+projection), head_dim, qk_heads (packed q|k heads of the CCA convolutions), experts, expert_mlp, router, router_classes, layers (added by stacking).
 """
 
 from __future__ import annotations

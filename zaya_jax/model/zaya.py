@@ -27,6 +27,7 @@ from zaya_jax.model.moe import MoE, MoEStats
 from zaya_jax.model.norms import ResidualScaling, RMSNorm
 from zaya_jax.model.params import constant, param
 from zaya_jax.model.rope import rope_cos_sin
+from zaya_jax.parallel.activations import constrain_tokens
 
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -128,7 +129,7 @@ class ZayaLM(nnx.Module):
                            dtype, stream_dtype)
 
         emb = jnp.take(self.embed[...], input_ids, axis=0)
-        stream = ((emb + self.input_bias[...]) * self.input_scale[...]).astype(stream_dtype)
+        stream = constrain_tokens(((emb + self.input_bias[...]) * self.input_scale[...]).astype(stream_dtype))
         router_state = jnp.zeros((b, s, cfg.router_hidden_size), dtype)
         stream, stats = self._run_layers(stream, router_state, ctx)
         return self.final_norm(stream, dtype), stats
@@ -140,7 +141,7 @@ class ZayaLM(nnx.Module):
         def body(carry, layer_state):
             layer = nnx.merge(graphdef, layer_state)
             stream, router_state, stats = layer(*carry, ctx)
-            return (stream, router_state), stats
+            return (constrain_tokens(stream), constrain_tokens(router_state)), stats
 
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=REMAT_POLICIES[cfg.remat])

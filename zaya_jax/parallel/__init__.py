@@ -1,0 +1,1 @@
+"""Mesh construction, the logical-axis rules table, and the collectives the model needs."""

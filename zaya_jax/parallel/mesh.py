@@ -1,0 +1,64 @@
+"""The device mesh, from config.
+
+Axes (always all five, in this order): data, fsdp, expert, tensor, context. A config gives each
+a size; one may be -1 (the rest of the devices). `--mesh data=128,fsdp=8` style strings parse
+to the same mapping.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+MESH_AXES = ("data", "fsdp", "expert", "tensor", "context")
+
+
+def parse_mesh_flag(text: str) -> dict[str, int]:
+    """'data=2,fsdp=4' -> {'data': 2, 'fsdp': 4}."""
+    sizes = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or name not in MESH_AXES:
+            raise ValueError(f"--mesh: {part!r} is not AXIS=SIZE with AXIS in {MESH_AXES}")
+        try:
+            sizes[name] = int(value)
+        except ValueError:
+            raise ValueError(f"--mesh: size of {name!r} must be an integer, got {value!r}") from None
+    return sizes
+
+
+def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int) -> dict[str, int]:
+    """Fills defaults (1) and the one -1 axis; checks the product is the device count."""
+    unknown = sorted(set(sizes) - set(MESH_AXES))
+    if unknown:
+        raise ValueError(f"mesh.{unknown[0]}: unknown mesh axis (axes: {MESH_AXES})")
+    shape = {axis: int(sizes.get(axis, 1)) for axis in MESH_AXES}
+    free = [a for a, n in shape.items() if n == -1]
+    for axis, n in shape.items():
+        if n == 0 or n < -1:
+            raise ValueError(f"mesh.{axis}={n}: sizes must be positive (or -1 for the rest of the devices)")
+    if len(free) > 1:
+        raise ValueError(f"mesh: only one axis may be -1, got {free}")
+    fixed = math.prod(n for n in shape.values() if n != -1)
+    if free:
+        if num_devices % fixed:
+            raise ValueError(f"mesh: mesh.{free[0]}=-1 cannot fill {num_devices} devices with the other axes' "
+                             f"product {fixed}")
+        shape[free[0]] = num_devices // fixed
+    if math.prod(shape.values()) != num_devices:
+        described = ", ".join(f"{a}={n}" for a, n in shape.items() if n != 1) or "all 1"
+        raise ValueError(f"mesh: product of mesh axes ({described}) = {math.prod(shape.values())} "
+                         f"!= {num_devices} devices")
+    return shape
+
+
+def make_mesh(sizes: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A Mesh over `devices` (default: all) with Auto axis types (GSPMD-style sharding)."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = resolve_mesh_shape(sizes, len(devices))
+    grid = np.asarray(devices, dtype=object).reshape([shape[a] for a in MESH_AXES])
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
