@@ -1,0 +1,224 @@
+"""The training input pipeline: curriculum phases of packed, mixed batches, built on Grain.
+
+Per phase (B = global batch, n = process_count, W = worker_count, L = seq_len):
+
+  PackedRowsDataset   lanes [p*B/n, (p+1)*B/n): each a LaneStream (seeded shuffle per source,
+                      token-weighted mixture, chunking) feeding a RowPacker (first-fit packing)
+  .mp_prefetch(W)     worker w computes lanes w, w+W, ... (set_slice), so workers split the
+                      work without changing a single row
+  _MergeWorkersDataset  puts the W workers' rows back in lane order
+  ThreadPrefetch      a main-process prefetch thread
+
+Batch (numpy; each [B/n, L]): inputs, targets, segment_ids, positions int32; loss_mask
+float32 (packing.py has the row format). Because row r of every global batch comes from lane r,
+the batches do not depend on n or W: process p's batch is rows [p*B/n, (p+1)*B/n) of the
+batch one process would build.
+
+`DataPipeline` chains the phases: it moves on once a phase has delivered
+ceil(token_budget / (B*L)) global batches, reports the phase of each batch (`.phase`), and is
+a grain DatasetIterator whose JSON-able state (phase index, batches into it, the phase
+iterator's state) works with grain.checkpoint.CheckpointSave / CheckpointRestore.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import grain
+import numpy as np
+
+from zaya_jax.data import curriculum, lanes, packing, sources as sources_lib
+from zaya_jax.data.curriculum import PhaseInfo
+
+STATE_VERSION = 1
+
+
+class PackedRowsDataset(grain.IterDataset):
+    """Element k: row k of each of `lanes`, stacked: dict of [len(lanes), L] arrays."""
+
+    def __init__(self, sources: Sequence[sources_lib.DocumentSource], weights: Sequence[float],
+                 seeds: Sequence[int], lane_ids: range, num_lanes: int, seq_len: int, packing_bins: int,
+                 pad_id: int):
+        super().__init__()
+        self.sources, self.weights, self.seeds = list(sources), list(weights), list(seeds)
+        self.lane_ids, self.num_lanes, self.seq_len = lane_ids, num_lanes, seq_len
+        self.packing_bins, self.pad_id = packing_bins, pad_id
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """Called by mp_prefetch in worker w with slice(w, None, W): keep lanes w, w+W, ..."""
+        del sequential_slice
+        self.lane_ids = self.lane_ids[sl]
+
+    def __iter__(self) -> grain.DatasetIterator:
+        return _PackedRowsIterator(self)
+
+    def __str__(self) -> str:
+        return f"PackedRowsDataset(lanes={self.lane_ids}, seq_len={self.seq_len})"
+
+
+class _PackedRowsIterator(grain.DatasetIterator):
+
+    def __init__(self, ds: PackedRowsDataset):
+        super().__init__()
+        self._packers = [
+            packing.RowPacker(lanes.LaneStream(ds.sources, ds.weights, ds.seeds, lane, ds.num_lanes, ds.seq_len),
+                              ds.seq_len, ds.packing_bins, ds.pad_id) for lane in ds.lane_ids]
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        return packing.stack_rows([p.next_row() for p in self._packers])
+
+    def get_state(self) -> dict[str, Any]:
+        return {"lanes": [p.get_state() for p in self._packers]}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if len(state["lanes"]) != len(self._packers):
+            raise ValueError(f"state has {len(state['lanes'])} lanes, this iterator {len(self._packers)}")
+        for packer, lane_state in zip(self._packers, state["lanes"]):
+            packer.set_state(lane_state)
+
+
+class _MergeWorkersDataset(grain.IterDataset):
+    """Merges W consecutive elements (worker w: lanes w, w+W, ...) into one in lane order."""
+
+    def __init__(self, parent: grain.IterDataset, num_workers: int):
+        super().__init__(parent)
+        self._num_workers = num_workers
+
+    def __iter__(self) -> grain.DatasetIterator:
+        return _MergeWorkersIterator(self._parent.__iter__(), self._num_workers)
+
+
+class _MergeWorkersIterator(grain.DatasetIterator):
+
+    def __init__(self, parent: grain.DatasetIterator, num_workers: int):
+        super().__init__(parent)
+        self._num_workers = num_workers
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        parts = [next(self._parent) for _ in range(self._num_workers)]
+        # parts[w] row q is lane q*W + w: stacking on axis 1 gives [Q, W, L] -> [Q*W, L].
+        return {k: np.stack([p[k] for p in parts], axis=1).reshape(-1, parts[0][k].shape[-1]) for k in parts[0]}
+
+    def get_state(self) -> dict[str, Any]:
+        return self._parent.get_state()  # always consumed in whole groups of W
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._parent.set_state(state)
+
+
+def phase_dataset(phase: PhaseInfo, sources: Mapping[str, sources_lib.PreparedSource], data_config, *,
+                  seed: int, process_index: int, process_count: int) -> grain.IterDataset:
+    """This process's batches of one phase (an endless Grain IterDataset)."""
+    names = [name for name, _ in phase.weights]
+    rows = phase.global_batch_size // process_count
+    ds = PackedRowsDataset(
+        sources=[sources[n].train for n in names], weights=[w for _, w in phase.weights],
+        seeds=[lanes.mix_seed(seed, phase.index, zlib.crc32(n.encode())) for n in names],
+        lane_ids=range(process_index * rows, (process_index + 1) * rows), num_lanes=phase.global_batch_size,
+        seq_len=phase.seq_len, packing_bins=data_config.packing_bins, pad_id=data_config.pad_id)
+    workers = data_config.worker_count
+    if workers:
+        buffer = max(1, data_config.worker_buffer_size)
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=buffer))
+    if workers > 1:
+        ds = _MergeWorkersDataset(ds, workers)
+    if data_config.prefetch_buffer_size:
+        ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=data_config.prefetch_buffer_size)
+    return ds
+
+
+def _close_iterator(holder: list[grain.DatasetIterator]) -> None:
+    holder.pop().close()
+
+
+class DataPipeline(grain.DatasetIterator):
+    """Batches through the curriculum; `next(pipeline)` -> dict of numpy [B/n, L_phase] arrays.
+
+    Attributes:
+      phases: every PhaseInfo, in order (e.g. to compile each phase's step ahead of time).
+      phase: the PhaseInfo of the batch returned last (before the first: of the next batch).
+      vocab_size: the vocabulary the sources were tokenized with.
+    Raises StopIteration once the last phase's budget is spent. Call close() when done (it stops
+    worker processes).
+    """
+
+    def __init__(self, phases: Sequence[PhaseInfo], make_phase: Callable[[PhaseInfo], grain.IterDataset],
+                 layout: dict[str, Any], vocab_size: int):
+        super().__init__()
+        self.phases, self.vocab_size = tuple(phases), vocab_size
+        self._make_phase, self._layout = make_phase, layout
+        self._index, self._batches, self._returned = 0, 0, 0
+        self._iter: list[grain.DatasetIterator] = []  # the current phase's iterator, once made
+
+    @property
+    def phase(self) -> PhaseInfo:
+        return self.phases[self._returned]
+
+    def _phase_iterator(self) -> grain.DatasetIterator:
+        if not self._iter:
+            self._iter.append(iter(self._make_phase(self.phases[self._index])))
+            # Also closed at exit, while the interpreter can still stop its workers and threads.
+            self._finalizer = weakref.finalize(self, _close_iterator, self._iter)
+        return self._iter[0]
+
+    def _close_phase(self) -> None:
+        if self._iter:
+            self._finalizer()
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        while self._batches >= self.phases[self._index].num_batches:
+            if self._index == len(self.phases) - 1:
+                raise StopIteration
+            self._close_phase()
+            self._index, self._batches = self._index + 1, 0
+        batch = next(self._phase_iterator())
+        self._batches += 1
+        self._returned = self._index
+        return batch
+
+    def get_state(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "layout": self._layout, "phase_index": self._index,
+                "batches_in_phase": self._batches, "returned_phase": self._returned,
+                "phase_state": self._iter[0].get_state() if self._iter else None}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION or state.get("layout") != self._layout:
+            raise ValueError(f"data iterator state was saved by a different pipeline: saved layout "
+                             f"{state.get('layout')}, this pipeline {self._layout}")
+        self._close_phase()
+        self._index, self._batches = state["phase_index"], state["batches_in_phase"]
+        self._returned = state["returned_phase"]
+        if state["phase_state"] is not None:
+            self._phase_iterator().set_state(state["phase_state"])
+
+    def start_prefetch(self) -> None:
+        self._phase_iterator().start_prefetch()
+
+    def close(self) -> None:
+        self._close_phase()
+
+
+def build_pipeline(data_config, *, global_batch_size: int | None = None, process_index: int = 0,
+                   process_count: int = 1, seed: int = 0) -> DataPipeline:
+    """The curriculum pipeline of `data_config` (see curriculum.py) for one process.
+
+    Validates the config first (ValueError naming the field), then opens the sources the phases
+    use (FileNotFoundError / ValueError naming the source and path; builds the demo corpus on
+    first use). `global_batch_size` replaces every phase's B.
+    """
+    phases = curriculum.parse_phases(data_config, global_batch_size=global_batch_size, process_count=process_count)
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index must be in [0, {process_count}), got {process_index}")
+    used = sorted({name for p in phases for name, _ in p.weights})
+    opened = sources_lib.open_sources(data_config, used)
+    make_phase = functools.partial(phase_dataset, sources=opened, data_config=data_config, seed=seed,
+                                   process_index=process_index, process_count=process_count)
+    # A state restores only into the same layout (grain's worker state has one entry per worker).
+    layout = {"process_index": process_index, "process_count": process_count, "seed": seed,
+              "worker_count": data_config.worker_count, "packing_bins": data_config.packing_bins,
+              "phases": [[p.name, p.global_batch_size, p.seq_len] for p in phases]}
+    return DataPipeline(phases, make_phase, layout, sources_lib.vocab_size(opened))

@@ -1,0 +1,145 @@
+"""Prepared datasets (the output of zaya_jax.data.prepare) as random-access document sources.
+
+A data config names its sources by path: a prepared directory, or `demo:<name>` for a source
+of the bundled demo corpus (built on first use, see demo_corpus.py). Each source is split into
+a training part and a held-out part: the last `heldout_fraction` of its documents (at least
+one document when the fraction is positive, and never all of them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+DEMO_PREFIX = "demo:"
+
+
+class DocumentSource:
+    """Documents [start, stop) of a prepared dataset: `source[i]` is an int32 [n] array.
+
+    The ArrayRecord reader opens lazily and is dropped on pickling, so worker processes each
+    open their own.
+    """
+
+    def __init__(self, shard_paths: list[str], dtype: str, start: int, stop: int):
+        self._shard_paths, self._dtype, self._start, self._stop = shard_paths, np.dtype(dtype), start, stop
+        self._reader = None
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if not 0 <= index < len(self):
+            raise IndexError(f"document {index} out of range [0, {len(self)})")
+        if self._reader is None:
+            import grain  # pylint: disable=g-import-not-at-top
+            self._reader = grain.sources.ArrayRecordDataSource(self._shard_paths)
+        return np.frombuffer(self._reader[self._start + index], dtype=self._dtype).astype(np.int32)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_reader": None}
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedSource:
+    """One source of a data config: its manifest and its train / held-out document splits."""
+
+    name: str
+    path: str
+    manifest: dict
+    train: DocumentSource
+    heldout: DocumentSource
+
+
+def heldout_count(num_documents: int, fraction: float) -> int:
+    """How many trailing documents are held out: round(n*fraction), in [1, n-1] if fraction > 0."""
+    if fraction <= 0 or num_documents < 2:
+        return 0
+    return min(num_documents - 1, max(1, round(num_documents * fraction)))
+
+
+def load_manifest(path: str, field: str) -> dict:
+    """Reads and checks `path`/manifest.json; errors name the config `field` and the path."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{field}: data directory {path!r} does not exist (prepare one with "
+                                f"`python -m zaya_jax.data.prepare` and set {field} to it)")
+    manifest_path = os.path.join(path, MANIFEST)
+    if not os.path.isfile(manifest_path):
+        raise FileNotFoundError(f"{field}: {manifest_path!r} does not exist; {path!r} is not a finished "
+                                "prepared dataset (re-run `python -m zaya_jax.data.prepare`)")
+    try:
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{field}: {manifest_path!r} is not valid JSON ({e})") from e
+    missing = [k for k in ("num_documents", "shards", "tokenizer", "dtype") if k not in manifest]
+    if missing:
+        raise ValueError(f"{field}: {manifest_path!r} is not a manifest (no {', '.join(missing)})")
+    if manifest["num_documents"] == 0:
+        raise ValueError(f"{field}: source {path!r} is empty (its manifest lists no documents)")
+    for shard in manifest["shards"]:
+        shard_path = os.path.join(path, shard["file"])
+        if not os.path.isfile(shard_path):
+            raise FileNotFoundError(f"{field}: shard {shard_path!r} listed in the manifest does not exist")
+    return manifest
+
+
+def open_source(name: str, path: str, heldout_fraction: float, field: str) -> PreparedSource:
+    manifest = load_manifest(path, field)
+    shard_paths = [os.path.join(path, s["file"]) for s in manifest["shards"]]
+    n = manifest["num_documents"]
+    split = n - heldout_count(n, heldout_fraction)
+    return PreparedSource(name, path, manifest, DocumentSource(shard_paths, manifest["dtype"], 0, split),
+                          DocumentSource(shard_paths, manifest["dtype"], split, n))
+
+
+def open_sources(data_config, names: list[str] | None = None) -> dict[str, PreparedSource]:
+    """Opens the config's sources (those in `names`, default all) and checks they agree.
+
+    Prepared dirs are checked first; then `demo:` names are checked and the demo corpus is
+    built if it is not cached yet. All sources must have
+    been prepared with the same tokenizer file (same sha256); otherwise ValueError names two.
+    """
+    paths: Mapping[str, str] = dict(data_config.sources)
+    names = list(paths) if names is None else names
+    demo_names = [n for n in names if str(paths[n]).startswith(DEMO_PREFIX)]
+    opened = {n: open_source(n, os.path.expanduser(str(paths[n])), float(data_config.heldout_fraction),
+                             f"data.sources.{n}") for n in names if n not in demo_names}
+    if demo_names:
+        from zaya_jax.data import demo_corpus  # pylint: disable=g-import-not-at-top
+        for n in demo_names:
+            if paths[n][len(DEMO_PREFIX):] not in demo_corpus.SOURCES:
+                raise ValueError(f"data.sources.{n}: unknown demo source {paths[n]!r} "
+                                 f"(known: {[DEMO_PREFIX + k for k in demo_corpus.SOURCES]})")
+        corpus = demo_corpus.build_demo_corpus(**data_config.demo.to_dict())
+        for n in demo_names:
+            opened[n] = open_source(n, str(corpus.sources[paths[n][len(DEMO_PREFIX):]]),
+                                    float(data_config.heldout_fraction), f"data.sources.{n}")
+    first = next(iter(opened.values()))
+    for source in opened.values():
+        if source.manifest["tokenizer"]["sha256"] != first.manifest["tokenizer"]["sha256"]:
+            raise ValueError(f"data.sources.{source.name} ({source.path}) and data.sources.{first.name} "
+                             f"({first.path}) were prepared with different tokenizers")
+    return opened
+
+
+def vocab_size(sources: Mapping[str, PreparedSource]) -> int:
+    """The vocabulary size of the (one) tokenizer the sources were prepared with."""
+    return next(iter(sources.values())).manifest["tokenizer"]["vocab_size"]
+
+
+def tokenizer_path(data_config) -> str:
+    """The config's tokenizer file; 'demo:tokenizer' builds the demo corpus if needed."""
+    path = str(data_config.tokenizer)
+    if path == DEMO_PREFIX + "tokenizer":
+        from zaya_jax.data import demo_corpus  # pylint: disable=g-import-not-at-top
+        return str(demo_corpus.build_demo_corpus(**data_config.demo.to_dict()).tokenizer)
+    path = os.path.expanduser(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"data.tokenizer: tokenizer file {path!r} does not exist")
+    return path
