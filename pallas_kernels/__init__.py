@@ -1,0 +1,23 @@
+"""Pallas kernels for the hot paths, each beside its pure-JAX reference.
+
+- `cca_flash_attention` (reference `attention_reference`): causal GQA flash attention with
+  segment ids for packed documents; forward and backward kernels.
+- `grouped_matmul` (reference `grouped_matmul_reference`, i.e. `jax.lax.ragged_dot`) and
+  `transposed_grouped_matmul` (reference `transposed_grouped_matmul_reference`): the MoE expert
+  matmul and its weight gradient.
+"""
+
+from pallas_kernels.attention_reference import attention_reference
+from pallas_kernels.flash_attention import cca_flash_attention
+from pallas_kernels.grouped_matmul import grouped_matmul, transposed_grouped_matmul
+from pallas_kernels.grouped_matmul_reference import (grouped_matmul_reference,
+                                                     transposed_grouped_matmul_reference)
+
+__all__ = [
+    "attention_reference",
+    "cca_flash_attention",
+    "grouped_matmul",
+    "grouped_matmul_reference",
+    "transposed_grouped_matmul",
+    "transposed_grouped_matmul_reference",
+]

@@ -1,0 +1,54 @@
+"""The one place that knows which Pallas backend the kernels lower to.
+
+The kernels are written in the portable Pallas style of the Triton backend (ref indexing,
+`pl.program_id`, `fori_loop`, `jnp.dot` / `lax.dot_general`), which runs on CUDA and ROCm. Since
+JAX 0.10 a GPU `pallas_call` without compiler params lowers to Mosaic GPU, so on GPU we must pass
+Triton compiler params explicitly. On CPU only interpret mode exists; it is chosen automatically.
+The Triton backend is deprecated upstream from JAX 0.11 (it still works there); this module imports
+it lazily and only on GPU, so the deprecation never reaches CPU runs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import jax
+
+
+def resolve_interpret(interpret: bool | None) -> bool:
+    """None means: interpret on CPU, compile elsewhere. An explicit bool is obeyed."""
+    if interpret is None:
+        return jax.default_backend() == "cpu"
+    return bool(interpret)
+
+
+def pallas_call_options(interpret: bool, *, num_warps: int, num_stages: int) -> dict[str, Any]:
+    """Keyword arguments for `pl.pallas_call`: interpret mode, or Triton params on GPU."""
+    if interpret:
+        return {"interpret": True}
+    backend = jax.default_backend()
+    if backend != "gpu":
+        raise NotImplementedError(
+            f"pallas_kernels lower with the Pallas Triton backend (GPU) or run in interpret mode; "
+            f"backend {backend!r} has neither. Use interpret=True or the XLA path.")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from jax.experimental.pallas import triton as pltriton
+    return {"compiler_params": pltriton.CompilerParams(num_warps=num_warps,
+                                                       num_stages=num_stages)}
+
+
+def block_size(requested: int, extent: int, *, minimum: int = 16) -> int:
+    """`requested` (a power of two), shrunk to the power of two that covers `extent`.
+
+    It is not shrunk below `minimum`: Triton dots need every dim >= 16. A smaller `requested`
+    (tests in interpret mode) is kept as is.
+    """
+    if requested < 1 or requested & (requested - 1):
+        raise ValueError(f"block size must be a power of two, got {requested}")
+    return min(requested, max(minimum, 1 << max(extent - 1, 0).bit_length()))
+
+
+def round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple

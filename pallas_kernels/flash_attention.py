@@ -1,0 +1,311 @@
+"""CCA flash attention: Pallas forward and backward kernels joined by a custom_vjp.
+
+The attention core of ZAYA1's CCA (standard causal softmax attention with GQA, 8:2 heads, scale
+1/sqrt(128)); CCA's projections, convolutions and q/k norms happen before it, in the model.
+
+B batch, S sequence (padded to Sp), N query heads, M kv heads, G = N // M query heads per kv head,
+H head dim (padded to a power of two Hp). Query head n reads kv head n // G.
+
+Algorithm (FlashAttention-2, Triton-style Pallas):
+1. forward, grid (query block, B, N): hold one query block, walk key blocks with an online softmax
+   in fp32; store the output and the base-2 logsumexp per query.
+2. backward `dq`, grid (query block, B, N): the same walk, recomputing probabilities from the
+   logsumexp; `delta = rowsum(o * do)` comes from plain JAX.
+3. backward `dk, dv`, grid (key block, B, M): hold one key block, walk the query blocks of all G
+   query heads that share this kv head, so GQA gradients are summed inside the kernel.
+With causal attention, key blocks strictly below the diagonal skip the causal mask and blocks
+above it are never visited. Logits are scaled by sm_scale * log2(e) so the kernels use exp2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels import _backend
+
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: fully masked blocks stay NaN-free
+_NT = (((1,), (1,)), ((), ()))  # a @ b.T
+_TN = (((0,), (0,)), ((), ()))  # a.T @ b
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """Static parameters of one attention call (hashable: a custom_vjp nondiff argument)."""
+    sm_scale: float
+    causal: bool
+    seq_len: int  # S before padding; keys past it are masked when not causal
+    block_q: int  # blocks of the kernels being built (forward ones until `backward()`)
+    block_k: int
+    block_q_bwd: int
+    block_k_bwd: int
+    interpret: bool
+
+    def backward(self) -> _Config:
+        """The same call with the backward blocks in block_q, block_k."""
+        return dataclasses.replace(self, block_q=self.block_q_bwd, block_k=self.block_k_bwd)
+
+    @property
+    def logit_scale(self) -> float:
+        return self.sm_scale * math.log2(math.e)
+
+    @property
+    def kv_len(self) -> int | None:
+        """Key-validity bound to mask with, or None when causality already hides the padding."""
+        return None if self.causal else self.seq_len
+
+    def options(self, head_dim: int) -> dict:
+        warps = 8 if head_dim >= 128 and self.block_q * self.block_k >= 128 * 64 else 4
+        return _backend.pallas_call_options(self.interpret, num_warps=warps, num_stages=2)
+
+
+def _logits(q, k, q_pos, k_pos, q_seg, k_seg, *, cfg: _Config, causal_mask: bool):
+    """q: [bq, Hp], k: [bk, Hp], positions and segment ids [bq] / [bk] -> fp32 logits [bq, bk]."""
+    s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * cfg.logit_scale
+    mask = None
+    if causal_mask:
+        mask = q_pos[:, None] >= k_pos[None, :]
+    if q_seg is not None:
+        same = q_seg[:, None] == k_seg[None, :]
+        mask = same if mask is None else mask & same
+    if cfg.kv_len is not None:
+        valid = jnp.broadcast_to(k_pos[None, :] < cfg.kv_len, s.shape)
+        mask = valid if mask is None else mask & valid
+    return s if mask is None else jnp.where(mask, s, MASK_VALUE)
+
+
+def _kv_loops(i, cfg: _Config, num_kv_blocks: int):
+    """Key-block ranges [(start, stop, causal_mask)] seen by query block i."""
+    if not cfg.causal:
+        return [(0, pl.cdiv(cfg.seq_len, cfg.block_k), False)]
+    below = lax.div(i * cfg.block_q, cfg.block_k)  # blocks entirely at or below the diagonal
+    stop = jnp.minimum(lax.div((i + 1) * cfg.block_q + cfg.block_k - 1, cfg.block_k),
+                       num_kv_blocks)
+    return [(0, below, False), (below, stop, True)]
+
+
+def _q_loops(j, cfg: _Config):
+    """Query-block ranges [(start, stop, causal_mask)] that see key block j (real queries only)."""
+    num_q_blocks = pl.cdiv(cfg.seq_len, cfg.block_q)
+    if not cfg.causal:
+        return [(0, num_q_blocks, False)]
+    first = lax.div(j * cfg.block_k, cfg.block_q)
+    above = jnp.maximum(jnp.minimum(pl.cdiv((j + 1) * cfg.block_k, cfg.block_q), num_q_blocks),
+                        first)  # from here on every query is past every key of the block
+    return [(first, above, True), (above, jnp.maximum(num_q_blocks, above), False)]
+
+
+def _block(ref, start, size):
+    return ref[pl.ds(pl.multiple_of(start, size), size)]
+
+
+def _fwd_kernel(q_ref, k_ref, v_ref, seg_ref, o_ref, lse_ref, *, cfg: _Config):
+    """q_ref, o_ref: [bq, Hp]; k_ref, v_ref: [Sp, Hp]; seg_ref: [Sp] or None; lse_ref: [bq]."""
+    bq, bk = cfg.block_q, cfg.block_k
+    i = pl.program_id(0)
+    q = q_ref[...]
+    q_pos = i * bq + jnp.arange(bq)
+    q_seg = None if seg_ref is None else _block(seg_ref, i * bq, bq)
+
+    def body(j, carry, causal_mask):
+        o, m, row_sum = carry
+        k, v = _block(k_ref, j * bk, bk), _block(v_ref, j * bk, bk)
+        k_seg = None if seg_ref is None else _block(seg_ref, j * bk, bk)
+        s = _logits(q, k, q_pos, j * bk + jnp.arange(bk), q_seg, k_seg, cfg=cfg,
+                    causal_mask=causal_mask)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        alpha = jnp.exp2(m - m_new)
+        p = jnp.exp2(s - m_new[:, None])
+        row_sum = alpha * row_sum + jnp.sum(p, axis=1)
+        o = alpha[:, None] * o + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return o, m_new, row_sum
+
+    carry = (jnp.zeros(q.shape, jnp.float32), jnp.full((bq,), -jnp.inf, jnp.float32),
+             jnp.zeros((bq,), jnp.float32))
+    for start, stop, causal_mask in _kv_loops(i, cfg, k_ref.shape[0] // bk):
+        carry = lax.fori_loop(start, stop, functools.partial(body, causal_mask=causal_mask), carry)
+    o, m, row_sum = carry
+    o_ref[...] = (o / row_sum[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = m + jnp.log2(row_sum)
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, seg_ref, do_ref, lse_ref, delta_ref, dq_ref, *, cfg: _Config):
+    """q_ref, do_ref, dq_ref: [bq, Hp]; k_ref, v_ref: [Sp, Hp]; lse_ref, delta_ref: [bq]."""
+    bq, bk = cfg.block_q, cfg.block_k
+    i = pl.program_id(0)
+    q, do = q_ref[...], do_ref[...]
+    lse, delta = lse_ref[...], delta_ref[...]
+    q_pos = i * bq + jnp.arange(bq)
+    q_seg = None if seg_ref is None else _block(seg_ref, i * bq, bq)
+
+    def body(j, dq, causal_mask):
+        k, v = _block(k_ref, j * bk, bk), _block(v_ref, j * bk, bk)
+        k_seg = None if seg_ref is None else _block(seg_ref, j * bk, bk)
+        s = _logits(q, k, q_pos, j * bk + jnp.arange(bk), q_seg, k_seg, cfg=cfg,
+                    causal_mask=causal_mask)
+        p = jnp.exp2(s - lse[:, None])
+        dp = lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
+        ds = p * (dp - delta[:, None])
+        return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
+
+    dq = jnp.zeros(q.shape, jnp.float32)
+    for start, stop, causal_mask in _kv_loops(i, cfg, k_ref.shape[0] // bk):
+        dq = lax.fori_loop(start, stop, functools.partial(body, causal_mask=causal_mask), dq)
+    dq_ref[...] = (dq * cfg.sm_scale).astype(dq_ref.dtype)
+
+
+def _dkdv_kernel(q_ref, k_ref, v_ref, seg_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
+                 cfg: _Config):
+    """q_ref, do_ref: [Sp, G, Hp]; k_ref, v_ref, dk_ref, dv_ref: [bk, Hp]; lse_ref, delta_ref:
+    [G, Sp]; seg_ref: [Sp] or None."""
+    bq, bk = cfg.block_q, cfg.block_k
+    j = pl.program_id(0)
+    k, v = k_ref[...], v_ref[...]
+    k_pos = j * bk + jnp.arange(bk)
+    k_seg = None if seg_ref is None else _block(seg_ref, j * bk, bk)
+
+    def body(i, carry, g, causal_mask):
+        dk, dv = carry
+        rows = pl.ds(pl.multiple_of(i * bq, bq), bq)
+        q, do = q_ref[rows, g, :], do_ref[rows, g, :]
+        lse, delta = lse_ref[g, rows], delta_ref[g, rows]
+        q_seg = None if seg_ref is None else seg_ref[rows]
+        s = _logits(q, k, i * bq + jnp.arange(bq), k_pos, q_seg, k_seg, cfg=cfg,
+                    causal_mask=causal_mask)
+        p = jnp.exp2(s - lse[:, None])
+        dv = dv + lax.dot_general(p.astype(do.dtype), do, _TN, preferred_element_type=jnp.float32)
+        dp = lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
+        ds = p * (dp - delta[:, None])
+        dk = dk + lax.dot_general(ds.astype(q.dtype), q, _TN, preferred_element_type=jnp.float32)
+        return dk, dv
+
+    carry = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+    for g in range(q_ref.shape[1]):
+        for start, stop, causal_mask in _q_loops(j, cfg):
+            carry = lax.fori_loop(start, stop,
+                                  functools.partial(body, g=g, causal_mask=causal_mask), carry)
+    dk, dv = carry
+    dk_ref[...] = (dk * cfg.sm_scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _seg_spec(seg, seq):
+    return None if seg is None else pl.BlockSpec((None, seq), lambda t, b, h: (b, 0))
+
+
+def _forward(q, k, v, seg, cfg: _Config):
+    """Padded q: [B, Sp, N, Hp], k, v: [B, Sp, M, Hp], seg: [B, Sp] or None ->
+    o: [B, Sp, N, Hp], lse: [B, N, Sp] fp32 (base 2)."""
+    batch, seq, heads, dim = q.shape
+    group = heads // k.shape[2]
+    q_spec = pl.BlockSpec((None, cfg.block_q, None, dim), lambda i, b, h: (b, i, h, 0))
+    kv_spec = pl.BlockSpec((None, seq, None, dim), lambda i, b, h: (b, 0, h // group, 0))
+    return pl.pallas_call(
+        functools.partial(_fwd_kernel, cfg=cfg),
+        grid=(seq // cfg.block_q, batch, heads),
+        in_specs=[q_spec, kv_spec, kv_spec, _seg_spec(seg, seq)],
+        out_specs=[q_spec, pl.BlockSpec((None, None, cfg.block_q), lambda i, b, h: (b, h, i))],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)],
+        name="cca_flash_attention_fwd",
+        **cfg.options(dim),
+    )(q, k, v, seg)
+
+
+def _backward(q, k, v, seg, o, lse, do, cfg: _Config):
+    """Padded tensors as in `_forward`, do: [B, Sp, N, Hp] -> dq, dk, dv."""
+    batch, seq, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    group = heads // kv_heads
+    delta = jnp.einsum("bsnh,bsnh->bns", o.astype(jnp.float32), do.astype(jnp.float32))
+
+    q_spec = pl.BlockSpec((None, cfg.block_q, None, dim), lambda i, b, h: (b, i, h, 0))
+    kv_spec = pl.BlockSpec((None, seq, None, dim), lambda i, b, h: (b, 0, h // group, 0))
+    row_spec = pl.BlockSpec((None, None, cfg.block_q), lambda i, b, h: (b, h, i))
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, cfg=cfg),
+        grid=(seq // cfg.block_q, batch, heads),
+        in_specs=[q_spec, kv_spec, kv_spec, _seg_spec(seg, seq), q_spec, row_spec, row_spec],
+        out_specs=q_spec,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        name="cca_flash_attention_dq",
+        **cfg.options(dim),
+    )(q, k, v, seg, do, lse, delta)
+
+    grouped = (batch, seq, kv_heads, group, dim)  # query head n = m * G + g
+    qg_spec = pl.BlockSpec((None, seq, None, group, dim), lambda j, b, m: (b, 0, m, 0, 0))
+    rows_spec = pl.BlockSpec((None, None, group, seq), lambda j, b, m: (b, m, 0, 0))
+    k_spec = pl.BlockSpec((None, cfg.block_k, None, dim), lambda j, b, m: (b, j, m, 0))
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkdv_kernel, cfg=cfg),
+        grid=(seq // cfg.block_k, batch, kv_heads),
+        in_specs=[qg_spec, k_spec, k_spec, _seg_spec(seg, seq), qg_spec, rows_spec, rows_spec],
+        out_specs=[k_spec, k_spec],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        name="cca_flash_attention_dkdv",
+        **cfg.options(dim),
+    )(q.reshape(grouped), k, v, seg, do.reshape(grouped),
+      lse.reshape(batch, kv_heads, group, seq), delta.reshape(batch, kv_heads, group, seq))
+    return dq, dk, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, seg, cfg: _Config):
+    return _forward(q, k, v, seg, cfg)[0]
+
+
+def _flash_fwd(q, k, v, seg, cfg: _Config):
+    o, lse = _forward(q, k, v, seg, cfg)
+    return o, (q, k, v, seg, o, lse)
+
+
+def _flash_bwd(cfg: _Config, residuals, do):
+    q, k, v, seg, o, lse = residuals
+    return (*_backward(q, k, v, seg, o, lse, do, cfg.backward()), None)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def cca_flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                        segment_ids: jax.Array | None = None, causal: bool = True,
+                        sm_scale: float | None = None, block_q: int = 128, block_k: int = 64,
+                        block_q_bwd: int = 64, block_k_bwd: int = 64,
+                        interpret: bool | None = None) -> jax.Array:
+    """Flash attention with GQA, causal and segment (packed-document) masking.
+
+    q: [B, S, N, H]; k, v: [B, S, M, H] with N % M == 0; segment_ids: [B, S] int32 (a query sees
+    only keys with its segment id). Returns [B, S, N, H] in q.dtype; differentiable in q, k, v.
+    block_q, block_k (forward) and block_q_bwd, block_k_bwd (both backward kernels): powers of two
+    (>= 16 on GPU); S need not be a multiple of them (padded and masked).
+    interpret: None = interpret mode on CPU only. Matches `attention_reference`.
+    """
+    batch, seq, heads, dim = q.shape
+    if k.shape != v.shape or k.shape[:2] != (batch, seq) or k.shape[3] != dim:
+        raise ValueError(f"expected k, v: [B, S, M, H] matching q {q.shape}; got {k.shape}, "
+                         f"{v.shape}")
+    if heads % k.shape[2]:
+        raise ValueError(f"q heads {heads} not a multiple of kv heads {k.shape[2]}")
+    if segment_ids is not None and segment_ids.shape != (batch, seq):
+        raise ValueError(f"segment_ids {segment_ids.shape} != (B, S) = {(batch, seq)}")
+    blocks = [_backend.block_size(b, seq) for b in (block_q, block_k, block_q_bwd, block_k_bwd)]
+    cfg = _Config(sm_scale=dim ** -0.5 if sm_scale is None else float(sm_scale), causal=causal,
+                  seq_len=seq, block_q=blocks[0], block_k=blocks[1], block_q_bwd=blocks[2],
+                  block_k_bwd=blocks[3], interpret=_backend.resolve_interpret(interpret))
+    padded_seq = _backend.round_up(seq, max(blocks))
+    padded_dim = max(16, pl.next_power_of_2(dim))
+
+    def pad(x):
+        return jnp.pad(x, ((0, 0), (0, padded_seq - seq), (0, 0), (0, padded_dim - dim)))
+
+    seg = None
+    if segment_ids is not None:
+        seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, padded_seq - seq)))
+    out = _flash(pad(q), pad(k), pad(v), seg, cfg)
+    return out[:, :seq, :, :dim]
