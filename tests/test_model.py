@@ -114,3 +114,9 @@ def test_balancing_biases_are_not_parameters():
 def test_bf16_compute_runs_close_to_fp32():
     np.testing.assert_allclose(_logits(tiny_model(dtype="bfloat16"), IDS), _logits(tiny_model(), IDS),
                                atol=0.1)
+
+
+def test_pallas_kernels_in_the_model_match_xla():
+    xla = tiny_model(moe_backend="ragged")
+    pallas = tiny_model(moe_backend="ragged", attention_kernel="pallas", moe_matmul_kernel="pallas")
+    np.testing.assert_allclose(_logits(pallas, IDS[:1, :16]), _logits(xla, IDS[:1, :16]), atol=1e-4)
