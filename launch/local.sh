@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Start N processes of one command on this machine, as one jax.distributed job.
+#   launch/local.sh N [--devices-per-process M] [--port P] COMMAND...
+# Each process gets ZAYA_COORDINATOR, ZAYA_NUM_PROCESSES, ZAYA_PROCESS_ID (read by
+# zaya_jax.parallel.distributed.initialize). With --devices-per-process on a CPU machine, each
+# process fakes M CPU devices (development and CI: collectives run over gloo). Output of
+# process i goes to stdout prefixed "[i]"; the script fails if any process fails.
+set -euo pipefail
+if [[ $# -lt 2 ]]; then
+  echo "usage: launch/local.sh N [--devices-per-process M] [--port P] COMMAND..." >&2; exit 2
+fi
+num=$1; shift
+[[ "$num" =~ ^[1-9][0-9]*$ ]] || { echo "launch/local.sh: N must be a positive integer, got '$num'" >&2; exit 2; }
+devices=""; port=$((20000 + RANDOM % 20000))
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --devices-per-process) devices=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
+[[ $# -gt 0 ]] || { echo "launch/local.sh: no command given" >&2; exit 2; }
+pids=()
+for ((i = 0; i < num; i++)); do
+  (
+    export ZAYA_COORDINATOR="127.0.0.1:${port}" ZAYA_NUM_PROCESSES="$num" ZAYA_PROCESS_ID="$i"
+    if [[ -n "$devices" ]]; then
+      export JAX_PLATFORMS=cpu XLA_FLAGS="--xla_force_host_platform_device_count=${devices} ${XLA_FLAGS:-}"
+    fi
+    "$@" 2>&1 | sed -u "s/^/[$i] /"
+    exit "${PIPESTATUS[0]}"
+  ) &
+  pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+exit $status

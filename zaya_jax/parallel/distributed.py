@@ -1,0 +1,99 @@
+"""Multi-host start-up and global batches.
+
+`initialize()` starts jax.distributed from, in order of precedence:
+  explicit arguments / ZAYA_COORDINATOR, ZAYA_NUM_PROCESSES, ZAYA_PROCESS_ID (launch/local.sh);
+  SLURM (SLURM_JOB_ID with SLURM_NTASKS > 1: jax's own SLURM cluster detection);
+  nothing: a single process, jax.distributed is not started.
+`global_batch(local, mesh)` assembles the global batch from each process's rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Mapping
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from zaya_jax.parallel.rules import batch_spec
+
+log = logging.getLogger(__name__)
+_STARTED = False
+
+
+def _int_env(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} must be an integer") from None
+
+
+def _use_cpu_collectives() -> None:
+    """Cross-process collectives on CPU (launch/local.sh) go through gloo; GPUs ignore this."""
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+
+def initialize(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None,
+               env: Mapping[str, str] | None = None) -> str:
+    """Starts jax.distributed when the job has more than one process; returns how it was configured.
+
+    Must run before anything touches jax devices. Calling it again is a no-op.
+    """
+    global _STARTED
+    env = os.environ if env is None else env
+    coordinator = coordinator or env.get("ZAYA_COORDINATOR")
+    num_processes = num_processes if num_processes is not None else _int_env(env, "ZAYA_NUM_PROCESSES")
+    process_id = process_id if process_id is not None else _int_env(env, "ZAYA_PROCESS_ID")
+    if _STARTED:
+        return "already initialized"
+    if coordinator or num_processes is not None or process_id is not None:
+        missing = [n for n, v in (("coordinator (ZAYA_COORDINATOR)", coordinator),
+                                  ("num_processes (ZAYA_NUM_PROCESSES)", num_processes),
+                                  ("process_id (ZAYA_PROCESS_ID)", process_id)) if v is None]
+        if missing:
+            raise ValueError(f"multi-process start needs all of coordinator, num_processes, process_id; "
+                             f"missing {', '.join(missing)}")
+        if not 0 <= process_id < num_processes:
+            raise ValueError(f"process_id {process_id} must lie in [0, num_processes={num_processes})")
+        _use_cpu_collectives()
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                                   process_id=process_id)
+        how = f"explicit: process {process_id} of {num_processes}, coordinator {coordinator}"
+    elif env.get("SLURM_JOB_ID") and (_int_env(env, "SLURM_NTASKS") or 1) > 1:
+        jax.distributed.initialize()
+        how = f"SLURM job {env['SLURM_JOB_ID']}: process {jax.process_index()} of {jax.process_count()}"
+    else:
+        how = "single process"
+    _STARTED = True
+    return how
+
+
+def topology() -> dict:
+    """A one-line description of the job (logged once by process 0)."""
+    return {"processes": jax.process_count(), "process_index": jax.process_index(),
+            "local_devices": jax.local_device_count(), "global_devices": jax.device_count(),
+            "platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind}
+
+
+def local_batch_rows(global_batch_size: int) -> slice:
+    """Rows of the global batch this process provides (processes in order of index)."""
+    count = jax.process_count()
+    if global_batch_size % count:
+        raise ValueError(f"global batch size {global_batch_size} is not divisible by {count} processes")
+    per = global_batch_size // count
+    return slice(jax.process_index() * per, (jax.process_index() + 1) * per)
+
+
+def global_batch(local: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Per-process rows {name: [B/P, S, ...]} -> global arrays [B, S, ...] sharded on `mesh`."""
+    out = {}
+    for name, rows in local.items():
+        sharding = NamedSharding(mesh, batch_spec(mesh, np.ndim(rows)))
+        global_shape = (rows.shape[0] * jax.process_count(),) + tuple(rows.shape[1:])
+        out[name] = jax.make_array_from_process_local_data(sharding, rows, global_shape)
+    return out
