@@ -58,12 +58,15 @@ def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh_sh
     return P(*spec)
 
 
-def _mesh_shape(mesh: Mesh) -> dict[str, int]:
-    return dict(mesh.shape)
+def _mesh_shape(mesh: Mesh | dict[str, int]) -> dict[str, int]:
+    return dict(mesh) if isinstance(mesh, dict) else dict(mesh.shape)
 
 
-def state_specs(state: nnx.State, mesh: Mesh) -> nnx.State:
-    """PartitionSpecs for every leaf of an (abstract) model state, from its logical axes."""
+def state_specs(state: nnx.State, mesh: Mesh | dict[str, int]) -> nnx.State:
+    """PartitionSpecs for every leaf of an (abstract) model state, from its logical axes.
+
+    `mesh` may be a Mesh or just its shape {axis: size} (planning for meshes not present here).
+    """
     shape = _mesh_shape(mesh)
 
     def one(path, var):
@@ -77,7 +80,7 @@ def state_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
                         is_leaf=lambda x: isinstance(x, P))
 
 
-def with_data_axis(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
+def with_data_axis(spec: P, shape: Sequence[int], mesh: Mesh | dict[str, int]) -> P:
     """Adds 'data' to the first dimension it divides (optimizer-state sharding over data, ZeRO-1)."""
     size = _mesh_shape(mesh).get("data", 1)
     entries = list(spec) + [None] * (len(shape) - len(spec))
