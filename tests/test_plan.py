@@ -31,3 +31,23 @@ def test_plan_cli_names_a_bad_field():
                           "--config.model.layout=sideways"], capture_output=True, text=True,
                          env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
     assert out.returncode != 0 and "model.layout='sideways' does not exist" in out.stderr
+
+
+def test_planner_state_bytes_equal_xla_arguments():
+    """Parameters + AdamW state per device, analytic vs XLA's compiled memory analysis."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.spec_from_file_location("planner_vs_xla", pathlib.Path("benchmarks/planner_vs_xla.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag, resolve_mesh_shape
+    from zaya_jax.parallel.planner import StepShape, plan
+
+    cfg = model_config(load_config_file("configs/tiny.py"))
+    flag = "data=2,fsdp=2,expert=2"
+    xla = bench.xla_memory(cfg, make_mesh(parse_mesh_flag(flag)), 8, 64)
+    ours = plan(cfg, resolve_mesh_shape(parse_mesh_flag(flag), 8), StepShape(8, 64, platform="cpu"))
+    state = ours["bytes_per_device"]["params"] + ours["bytes_per_device"]["optimizer_state"]
+    batch_bytes = 8 * 64 * 4 / 8
+    assert abs(xla["arguments"] - state - batch_bytes) / xla["arguments"] < 0.01

@@ -26,8 +26,9 @@ def platform() -> str:
     return jax.default_backend()
 
 
-def resolve_moe_backend(name: str) -> str:
-    return _AUTO_MOE_BACKEND.get(platform(), "ragged") if name == "auto" else name
+def resolve_moe_backend(name: str, target_platform: str | None = None) -> str:
+    """`auto` -> the backend for `target_platform` (default: this process's platform)."""
+    return _AUTO_MOE_BACKEND.get(target_platform or platform(), "ragged") if name == "auto" else name
 
 
 def resolve_kernel(name: str) -> str:

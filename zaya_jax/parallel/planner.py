@@ -1,0 +1,186 @@
+"""Per-device memory and communication of one training step, computed from shapes alone.
+
+Bytes per device for parameters (fp32 master), gradients (fp32, sharded like the parameters),
+optimizer state (AdamW: m and v; Muon: one momentum for matrices, m and v for the rest; sharded
+like the parameters, or also over `data` with optimizer-state sharding) and activations
+(what the remat policy keeps for the backward pass, per micro-batch), plus the collective
+bytes each device sends per step by kind. Activation counts are estimates (numbers saved per
+token per layer, listed below); benchmarks/planner_vs_xla.py compares them with XLA's compiled
+memory analysis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+from flax import nnx
+
+from zaya_jax.config import ModelConfig
+from zaya_jax.model.build import abstract_model
+from zaya_jax.model.kernels import resolve_moe_backend
+from zaya_jax.model.moe_dispatch import capacity_per_expert, max_tiles
+from zaya_jax.parallel.mesh import MESH_AXES
+from zaya_jax.parallel.rules import state_specs, with_data_axis
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    global_batch: int           # sequences per optimizer step
+    seq_len: int
+    grad_accum: int = 1         # micro-batches per step
+    optimizer: str = "adamw"    # adamw | muon
+    shard_optimizer_over_data: bool = False
+    platform: str = "gpu"       # the target's platform: picks the `auto` MoE backend
+
+
+def _shard_factor(spec, mesh: dict[str, int]) -> int:
+    n = 1
+    for entry in spec:
+        for axis in ((entry,) if isinstance(entry, str) else (entry or ())):
+            n *= mesh[axis]
+    return n
+
+
+def _is_matrix(path: tuple[str, ...], shape: tuple[int, ...]) -> bool:
+    """Muon's matrices: projections and experts (not embeddings, norms, biases, scalars)."""
+    leading = 1 if path[0] == "layers" else 0
+    return path[0] != "embed" and len(shape) - leading >= 2
+
+
+def parameter_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape) -> dict[str, float]:
+    """Bytes per device of parameters, gradients and optimizer state."""
+    state = nnx.state(abstract_model(cfg), nnx.Param)
+    specs = state_specs(state, mesh)
+    params = grads = opt = 0.0
+    for (path, spec), (_, var) in zip(nnx.to_flat_state(specs), nnx.to_flat_state(state)):
+        spec, numel = spec.get_value(), int(np.prod(var.shape))
+        per_device = numel * 4 / _shard_factor(spec, mesh)
+        params += per_device
+        grads += per_device
+        opt_spec = with_data_axis(spec, var.shape, mesh) if shape.shard_optimizer_over_data else spec
+        slots = 1 if shape.optimizer == "muon" and _is_matrix(tuple(map(str, path)), var.shape) else 2
+        opt += slots * numel * 4 / _shard_factor(opt_spec, mesh)
+    return {"params": params, "grads": grads, "optimizer_state": opt}
+
+
+def saved_numbers_per_token_per_layer(cfg: ModelConfig, remat: str, seq_len: int, attention: str) -> float:
+    """Numbers one decoder layer keeps per token for the backward pass (estimate).
+
+    none: every intermediate (attention probabilities [N, S] per token on the XLA path, or the
+    logsumexp with a flash kernel); dots / dots_no_batch: the weight-matmul outputs; full: only
+    the layer inputs (stream and router state), everything else is recomputed.
+    """
+    d, n, k, h, i, r = (cfg.hidden_size, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim,
+                        cfg.moe_intermediate_size, cfg.router_hidden_size)
+    c = n + k
+    carry = d + r
+    if remat == "full":
+        return carry
+    matmul_outputs = (n + k) * h + k * h + d + 3 * r + (cfg.num_router_classes) + 3 * i + d
+    if remat in ("dots", "dots_no_batch"):
+        return carry + matmul_outputs + (2 * c * h if remat == "dots" else 0)
+    probs = 2 * n * seq_len if attention == "xla" else n
+    elementwise = 6 * d + 7 * c * h + n * h + 6 * r + 2 * (cfg.num_router_classes) + 2 * i + 3 * d
+    return carry + matmul_outputs + elementwise + probs
+
+
+def dispatch_numbers_per_layer(cfg: ModelConfig, tokens: float, mesh: dict[str, int], platform: str) -> float:
+    """Buffers the MoE dispatch backend keeps for the backward pass, per layer and device."""
+    d, i, e = cfg.hidden_size, cfg.moe_intermediate_size / mesh["tensor"], cfg.num_experts
+    if mesh["expert"] > 1:  # fixed-capacity buckets exchanged with all_to_all
+        backend = "capacity"
+    else:
+        backend = resolve_moe_backend(cfg.moe_backend, platform)
+    if backend == "tiles":
+        n_tiles = max_tiles(int(tokens), e, cfg.moe_tile_size)
+        return n_tiles * 3 * d * i + n_tiles * cfg.moe_tile_size * (d + 3 * i)  # per-tile weights + rows
+    if backend == "capacity":
+        return e * capacity_per_expert(int(tokens), e, cfg.capacity_factor) * (d + 3 * i)
+    if backend == "dense":
+        return tokens * e * (d + 3 * i)
+    return tokens * (d + 3 * i)
+
+
+def activation_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape) -> dict[str, float]:
+    token_shards = mesh["data"] * mesh["fsdp"] * mesh["expert"] * mesh["context"]
+    tokens = shape.global_batch * shape.seq_len / shape.grad_accum / token_shards
+    dtype_bytes = 2 if cfg.dtype == "bfloat16" else 4
+    attention = "xla" if cfg.attention_kernel in ("auto", "xla") else "flash"
+    per_layer = saved_numbers_per_token_per_layer(cfg, cfg.remat, shape.seq_len // mesh["context"], attention)
+    saved = tokens * per_layer * cfg.num_layers * dtype_bytes
+    if cfg.remat != "full":
+        saved += dispatch_numbers_per_layer(cfg, tokens, mesh, shape.platform) * cfg.num_layers * dtype_bytes
+    # during the backward of one layer its full set of intermediates is live again
+    live = tokens * saved_numbers_per_token_per_layer(cfg, "none", shape.seq_len // mesh["context"], attention)
+    live *= dtype_bytes
+    logits_chunk = tokens * cfg.vocab_size / mesh["tensor"] * 4 / max(1, shape.seq_len // 512)
+    return {"activations_saved": saved, "activations_live_layer": live, "loss_logits_chunk": logits_chunk,
+            "tokens_per_device_per_microbatch": tokens}
+
+
+def fsdp_gathered_memory(mem: dict[str, float], cfg: ModelConfig, mesh: dict[str, int]) -> float:
+    """With the layers stacked under scan, XLA gathers the whole FSDP-sharded stack at once (in the
+    compute dtype) rather than one layer at a time: the cost of FSDP without per-layer gathers."""
+    if mesh["fsdp"] == 1:
+        return 0.0
+    dtype_bytes = 2 if cfg.dtype == "bfloat16" else 4
+    return mem["params"] * mesh["fsdp"] / 4 * dtype_bytes
+
+
+def collective_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: dict[str, float]) -> dict:
+    """Bytes each device sends per optimizer step, by collective kind (ring algorithms)."""
+    out = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0, "all_to_all": 0.0}
+    dtype_bytes = 2 if cfg.dtype == "bfloat16" else 4
+    ring = lambda n: (n - 1) / n if n > 1 else 0.0  # noqa: E731
+    grads = mem["grads"]
+    fsdp = mesh["fsdp"]
+    # FSDP: gather params (compute dtype) in forward and backward of every micro-batch; scatter grads.
+    out["all_gather"] += 2 * shape.grad_accum * grads / 4 * dtype_bytes * fsdp * ring(fsdp)
+    out["reduce_scatter"] += grads * fsdp * ring(fsdp)
+    # data (and expert, for the non-expert weights) replicas: all-reduce, or reduce-scatter +
+    # all-gather of the update with optimizer-state sharding (same bytes).
+    dp = mesh["data"]
+    if shape.shard_optimizer_over_data:
+        out["reduce_scatter"] += grads * ring(dp)
+        out["all_gather"] += grads * ring(dp)
+    else:
+        out["all_reduce"] += 2 * grads * ring(dp)
+    tokens = shape.global_batch * shape.seq_len / (mesh["data"] * fsdp * mesh["expert"] * mesh["context"])
+    act = tokens * cfg.hidden_size * dtype_bytes
+    ep, tp, cp = mesh["expert"], mesh["tensor"], mesh["context"]
+    # expert parallel: tokens out and back, forward and backward, at capacity factor
+    out["all_to_all"] += cfg.num_layers * 4 * act * cfg.capacity_factor * ring(ep)
+    # tensor parallel: attention output and MoE partial sums all-reduced, forward and backward
+    out["all_reduce"] += cfg.num_layers * 2 * 2 * 2 * act * ring(tp)
+    # context parallel: K/V all-gathered per attention layer, forward and backward
+    kv = tokens * 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+    out["all_gather"] += cfg.num_layers * 2 * kv * cp * ring(cp)
+    return out
+
+
+def plan(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, device_memory_gb: float = 192.0) -> dict:
+    mesh = {a: int(mesh.get(a, 1)) for a in MESH_AXES}
+    if shape.global_batch % (mesh["data"] * mesh["fsdp"] * mesh["expert"] * shape.grad_accum):
+        raise ValueError(f"train.global_batch_size {shape.global_batch} is not divisible by the batch axes "
+                         f"(data*fsdp*expert = {mesh['data'] * mesh['fsdp'] * mesh['expert']}) times "
+                         f"grad_accum {shape.grad_accum}")
+    if shape.seq_len % mesh["context"]:
+        raise ValueError(f"train.seq_len {shape.seq_len} is not divisible by mesh.context {mesh['context']}")
+    mem = parameter_memory(cfg, mesh, shape)
+    act = activation_memory(cfg, mesh, shape)
+    act["fsdp_gathered"] = fsdp_gathered_memory(mem, cfg, mesh)
+    total = sum(mem.values()) + sum(v for k, v in act.items() if k != "tokens_per_device_per_microbatch")
+    return {
+        "mesh": mesh, "devices": math.prod(mesh.values()),
+        "step": dataclasses.asdict(shape), "remat": cfg.remat, "dtype": cfg.dtype,
+        "bytes_per_device": {**mem, **{k: v for k, v in act.items() if k != "tokens_per_device_per_microbatch"},
+                             "total": total},
+        "tokens_per_device_per_microbatch": act["tokens_per_device_per_microbatch"],
+        "collective_bytes_per_step_per_device": collective_bytes(cfg, mesh, shape, mem),
+        "device_memory_bytes": device_memory_gb * 1e9,
+        "fits": total <= device_memory_gb * 1e9,
+    }
