@@ -22,6 +22,7 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 MOE_BACKENDS = ("auto", "dense", "capacity", "ragged", "tiles")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 KERNELS = ("auto", "xla", "pallas")
+EXPERT_PARALLEL = ("all_to_all", "all_gather")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,7 @@ class ModelConfig:
     moe_backend: str = "auto"
     capacity_factor: float = 1.25
     moe_tile_size: int = 64
+    expert_parallel: str = "all_to_all"
     attention_kernel: str = "auto"
     moe_matmul_kernel: str = "auto"
     init_std: float = 0.02
@@ -121,7 +123,7 @@ def _validate(c: ModelConfig) -> None:
                          f"number of rotary dims in (0, head_dim]; got {c.rotary_dim}")
     for name, allowed in (("layout", LAYOUTS), ("dtype", COMPUTE_DTYPES), ("moe_backend", MOE_BACKENDS),
                           ("remat", REMAT_POLICIES), ("attention_kernel", KERNELS),
-                          ("moe_matmul_kernel", KERNELS)):
+                          ("moe_matmul_kernel", KERNELS), ("expert_parallel", EXPERT_PARALLEL)):
         if getattr(c, name) not in allowed:
             raise ValueError(f"model.{name}={getattr(c, name)!r} does not exist; choose one of {allowed}")
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):

@@ -40,6 +40,7 @@ class MoE(nnx.Module):
         self.down = param(init, rngs.params(), (e, i, d), ("experts", "expert_mlp", "embed"))
         self.skip_passes_input = cfg.layout == "base"
         self.capacity_factor = cfg.capacity_factor
+        self.expert_parallel = cfg.expert_parallel
 
     def __call__(self, x: jax.Array, prev_state: jax.Array, token_mask: jax.Array, dispatch: Callable
                  ) -> tuple[jax.Array, jax.Array, MoEStats]:
@@ -49,7 +50,8 @@ class MoE(nnx.Module):
         num_experts = self.gate.shape[0]
         weights = ExpertWeights(self.gate[...].astype(dt), self.up[...].astype(dt), self.down[...].astype(dt))
         expert_out, dropped = dispatch_on_mesh(dispatch, x, routing.choice, weights,
-                                               capacity_factor=self.capacity_factor)
+                                               capacity_factor=self.capacity_factor,
+                                               expert_parallel=self.expert_parallel)
         if self.skip_passes_input:
             expert_out = jnp.where((routing.choice == num_experts)[..., None], x, expert_out)
         y = expert_out * routing.weight[..., None].astype(dt)

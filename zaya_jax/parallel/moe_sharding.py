@@ -3,9 +3,14 @@
 Inside `jax.shard_map` each device routes its own tokens (batch over data/fsdp/expert, seq over
 context), so sorting never gathers the global batch. Expert weights arrive as their shards:
   tensor > 1   each device holds a slice of every expert's hidden size; partial outputs psum.
-  expert > 1   each device holds E / expert experts; tokens are bucketed per expert with a
-               fixed capacity and exchanged with all_to_all there and back (the CPU-testable
-               expert-parallel path; overflow is dropped and counted).
+  expert > 1   each device holds E / expert experts, and `expert_parallel` picks how tokens
+               meet them:
+                 all_to_all  tokens are bucketed per expert with a fixed capacity and exchanged
+                             with all_to_all there and back (overflow is dropped and counted);
+                 all_gather  dropless: the expert group's tokens are all-gathered, each device
+                             runs its own experts with the local backend, outputs are
+                             reduce-scattered back (more traffic, no drops).
+               (ragged_all_to_all does not run on XLA:CPU, so neither path needs it.)
 Without a mesh (or with every axis 1) the local dispatch runs as is.
 """
 
@@ -44,8 +49,19 @@ def expert_parallel_capacity(x: jax.Array, expert: jax.Array, w: ExpertWeights, 
     return unsort(out[slot], s.order), jnp.sum(routed & ~keep).astype(jnp.int32)
 
 
+def expert_parallel_gather(x: jax.Array, expert: jax.Array, w: ExpertWeights, *, axis: str, dispatch: Callable
+                           ) -> tuple[jax.Array, jax.Array]:
+    """Local x [T,D], expert [T]; w holds this device's experts -> (y [T,D], dropped by `dispatch`)."""
+    local_experts = w.gate.shape[0]
+    x_all = jax.lax.all_gather(x, axis, tiled=True)                       # [ep*T, D]
+    local = jax.lax.all_gather(expert, axis, tiled=True) - jax.lax.axis_index(axis) * local_experts
+    mine = (local >= 0) & (local < local_experts)
+    y_all, dropped = dispatch(x_all, jnp.where(mine, local, local_experts), w)  # others: local "skip"
+    return jax.lax.psum_scatter(y_all, axis, scatter_dimension=0, tiled=True), dropped
+
+
 def dispatch_on_mesh(dispatch: Callable, x: jax.Array, expert: jax.Array, w: ExpertWeights, *,
-                     capacity_factor: float) -> tuple[jax.Array, jax.Array]:
+                     capacity_factor: float, expert_parallel: str = "all_to_all") -> tuple[jax.Array, jax.Array]:
     """x: [B,S,D], expert: [B,S] -> (y [B,S,D], dropped []) with `dispatch` on each device's tokens."""
     b, s, d = x.shape
     shape = current_mesh_shape()
@@ -62,7 +78,9 @@ def dispatch_on_mesh(dispatch: Callable, x: jax.Array, expert: jax.Array, w: Exp
     def local(x, expert, gate, up, down):
         lb, ls, _ = x.shape
         xf, ef, wl = x.reshape(lb * ls, d), expert.reshape(lb * ls), ExpertWeights(gate, up, down)
-        if ep:
+        if ep and expert_parallel == "all_gather":
+            y, dropped = expert_parallel_gather(xf, ef, wl, axis=ep, dispatch=dispatch)  # own experts' drops
+        elif ep:
             y, dropped = expert_parallel_capacity(xf, ef, wl, axis=ep, num_experts=num_experts,
                                                   capacity_factor=capacity_factor)
         else:
