@@ -15,4 +15,10 @@ def save_hf(model, path, **options):
     return _save_hf(model, path, **options)
 
 
-__all__ = ["ModelConfig", "load_hf", "save_hf"]
+def generate(model, prompt_ids, max_new_tokens, **options):
+    """New token ids after each prompt, [B, max_new_tokens] (see zaya_jax.infer.generate)."""
+    from zaya_jax.infer.generate import generate as _generate
+    return _generate(model, prompt_ids, max_new_tokens, **options)
+
+
+__all__ = ["ModelConfig", "generate", "load_hf", "save_hf"]

@@ -100,8 +100,8 @@ class CCA(nnx.Module):
 
     def start_carry(self, batch: int, dtype) -> CCACarry:
         """The carry before a sequence's first token: P[-1] = 0, Y[-1] = b0, no delayed value."""
-        n, h = self.num_q_heads, self.conv_depthwise_bias.shape[-1]
-        c, half = self.conv_depthwise_bias.shape[0], self.v_proj_delayed.shape[1]
+        c, h = self.conv_depthwise_bias.shape
+        half = self.v_proj_delayed.shape[1]
         b0 = self.conv_depthwise_bias[...].astype(dtype)
         return CCACarry(jnp.zeros((batch, c, h), dtype), jnp.broadcast_to(b0, (batch, c, h)),
                         jnp.zeros((batch, half, h), dtype))

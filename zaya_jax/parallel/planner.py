@@ -91,10 +91,11 @@ def saved_numbers_per_token_per_layer(cfg: ModelConfig, remat: str, seq_len: int
 def dispatch_numbers_per_layer(cfg: ModelConfig, tokens: float, mesh: dict[str, int], platform: str) -> float:
     """Buffers the MoE dispatch backend keeps for the backward pass, per layer and device."""
     d, i, e = cfg.hidden_size, cfg.moe_intermediate_size / mesh["tensor"], cfg.num_experts
-    if mesh["expert"] > 1:  # fixed-capacity buckets exchanged with all_to_all
+    backend = resolve_moe_backend(cfg.moe_backend, platform)
+    if mesh["expert"] > 1 and cfg.expert_parallel == "all_to_all":  # fixed-capacity buckets
         backend = "capacity"
-    else:
-        backend = resolve_moe_backend(cfg.moe_backend, platform)
+    elif mesh["expert"] > 1:  # all_gather: the local backend sees the whole expert group's tokens
+        tokens *= mesh["expert"]
     if backend == "tiles":
         n_tiles = max_tiles(int(tokens), e, cfg.moe_tile_size)
         return n_tiles * 3 * d * i + n_tiles * cfg.moe_tile_size * (d + 3 * i)  # per-tile weights + rows
@@ -152,8 +153,13 @@ def collective_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, m
     tokens = shape.global_batch * shape.seq_len / (mesh["data"] * fsdp * mesh["expert"] * mesh["context"])
     act = tokens * cfg.hidden_size * dtype_bytes
     ep, tp, cp = mesh["expert"], mesh["tensor"], mesh["context"]
-    # expert parallel: tokens out and back, forward and backward, at capacity factor
-    out["all_to_all"] += cfg.num_layers * 4 * act * cfg.capacity_factor * ring(ep)
+    # expert parallel, forward and backward: tokens out and back at the capacity factor
+    # (all_to_all), or the group's tokens gathered and outputs reduce-scattered (all_gather)
+    if cfg.expert_parallel == "all_to_all":
+        out["all_to_all"] += cfg.num_layers * 4 * act * cfg.capacity_factor * ring(ep)
+    else:
+        out["all_gather"] += cfg.num_layers * 2 * act * ep * ring(ep)
+        out["reduce_scatter"] += cfg.num_layers * 2 * act * ep * ring(ep)
     # tensor parallel: attention output and MoE partial sums all-reduced, forward and backward
     out["all_reduce"] += cfg.num_layers * 2 * 2 * 2 * act * ring(tp)
     # context parallel: K/V all-gathered per attention layer, forward and backward
