@@ -1,0 +1,95 @@
+"""Generation speed of configs/bench_small.py: zaya_jax.generate against HF transformers'
+ZayaForCausalLM.generate (PyTorch, its ZAYA cache) on the same CPU, same weights, greedy, timed
+alternately. Prints JSON.
+
+  python benchmarks/decode.py [--batch 1,8] [--prompt-len 128] [--new-tokens 64] [--repeats 3]
+
+For each side: prefill_s = generate(max_new_tokens=1) (the prompt pass and one token), total_s =
+generate(max_new_tokens=N) with eos ignored (HF: min_new_tokens=N), decode tokens/s =
+B * (N - 1) / (total_s - prefill_s). Weights: HF's random init of the bench_small shape (the
+same tensors converted into zaya_jax); the work does not depend on the values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from transformers import ZayaConfig, ZayaForCausalLM  # noqa: E402
+
+from benchmarks.common import best_time  # noqa: E402
+from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
+from zaya_jax.convert.hf_config import hf_config_from_model  # noqa: E402
+from zaya_jax.convert.hf_load import model_from_tensors  # noqa: E402
+from zaya_jax.infer import generate  # noqa: E402
+
+
+def measure(model, hf, vocab_size: int, batch: int, prompt_len: int, n: int, repeats: int) -> dict:
+    prompts = np.random.default_rng(batch).integers(3, vocab_size, (batch, prompt_len))
+    prompts_t = torch.as_tensor(prompts)
+    mask = torch.ones_like(prompts_t)
+
+    def ours(new):
+        return generate(model, prompts, new, stop_at_eos=False)
+
+    def theirs(new):
+        with torch.no_grad():
+            out = hf.generate(prompts_t, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+        return out[:, prompt_len:].numpy()
+
+    agree = float(np.mean(ours(n) == theirs(n)))  # also compiles / warms up both lengths
+    ours(1), theirs(1)
+    times = {key: [] for key in ("ours_prefill", "ours_total", "hf_prefill", "hf_total")}
+    for _ in range(repeats):  # alternate so both see the same machine state
+        times["ours_prefill"].append(best_time(lambda: ours(1), 1, warmup=0))
+        times["hf_prefill"].append(best_time(lambda: theirs(1), 1, warmup=0))
+        times["ours_total"].append(best_time(lambda: ours(n), 1, warmup=0))
+        times["hf_total"].append(best_time(lambda: theirs(n), 1, warmup=0))
+    t = {key: float(np.median(v)) for key, v in times.items()}
+    ours_tps = batch * (n - 1) / (t["ours_total"] - t["ours_prefill"])
+    hf_tps = batch * (n - 1) / (t["hf_total"] - t["hf_prefill"])
+    return {
+        "batch": batch, "prompt_len": prompt_len, "new_tokens": n,
+        "zaya_jax_prefill_s": round(t["ours_prefill"], 4), "hf_torch_prefill_s": round(t["hf_prefill"], 4),
+        "zaya_jax_decode_tokens_per_s": round(ours_tps, 1), "hf_torch_decode_tokens_per_s": round(hf_tps, 1),
+        "prefill_speedup_vs_hf": round(t["hf_prefill"] / t["ours_prefill"], 3),
+        "decode_speedup_vs_hf": round(ours_tps / hf_tps, 3),
+        "greedy_tokens_equal_to_hf": round(agree, 4),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch", default="1,8", help="comma-separated batch sizes")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--torch-threads", type=int, default=os.cpu_count())
+    args = parser.parse_args()
+    load_at_start = os.getloadavg()[0]
+    cfg = model_config(load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py")))
+    torch.manual_seed(0)
+    torch.set_num_threads(args.torch_threads)
+    hf = ZayaForCausalLM(ZayaConfig(**hf_config_from_model(cfg, "native"))).eval()
+    state = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+    model = model_from_tensors(hf.config.to_dict(), set(state), state.__getitem__, "bench")
+    results = [measure(model, hf, cfg.vocab_size, int(b), args.prompt_len, args.new_tokens, args.repeats)
+               for b in args.batch.split(",")]
+    print(json.dumps({
+        "config": "bench_small", "weights": "HF random init (same tensors on both sides)",
+        "platform": jax.default_backend(), "cpu_count": os.cpu_count(),
+        "load_average_1m": [round(load_at_start, 2), round(os.getloadavg()[0], 2)],  # start, end: other jobs
+        "torch_threads": torch.get_num_threads(),
+        "results": results,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

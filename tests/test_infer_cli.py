@@ -1,0 +1,104 @@
+"""python -m zaya_jax.generate: ids, streamed text through a tokenizer.json, and --checkpoint."""
+
+import dataclasses
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+import tokenizers
+from flax import nnx
+
+import zaya_jax
+from tests.hf_reference import make_hf_model
+from zaya_jax.infer import QuantizedArray
+from zaya_jax.model.params import BalancingBias
+
+cli = importlib.import_module("zaya_jax.generate")  # the CLI module (the package attribute is the function)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def expected_ids(model, prompt: list[int], new: int) -> list[int]:
+    """What the CLI should print: generate with eos ignored (through the same compiled streaming loop)."""
+    return zaya_jax.infer.generate(model, [prompt], new, stop_at_eos=False, on_token=lambda *_: None)[0].tolist()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "hf"
+    make_hf_model(seed=0).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory):
+    """A word-level tokenizer.json: token i is the word 'w<i>' (vocab 97, as the tiny model)."""
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"w{i}": i for i in range(97)}, unk_token="w0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.decoder = tokenizers.decoders.WordPiece(prefix="##")  # joins words with spaces
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def test_prompt_ids_print_the_generated_ids(checkpoint, capsys):
+    cli.main(["--hf", str(checkpoint), "--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--ignore-eos"])
+    printed = [int(x) for x in capsys.readouterr().out.split()]
+    assert printed == expected_ids(zaya_jax.load_hf(checkpoint), [5, 6, 7], 6)
+
+
+def test_module_streams_text_with_a_tokenizer(checkpoint, tokenizer_file):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    args = ["--hf", str(checkpoint), "--tokenizer", str(tokenizer_file), "--prompt", "w5 w6 w7",
+            "--max-new-tokens", "6", "--ignore-eos"]
+    run = subprocess.run([sys.executable, "-m", "zaya_jax.generate", *args], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=240)
+    assert run.returncode == 0, run.stderr
+    words = run.stdout.split()
+    assert len(words) == 6 and all(w.startswith("w") for w in words), run.stdout
+    model = zaya_jax.load_hf(checkpoint)
+    assert words == [f"w{i}" for i in expected_ids(model, [model.config.bos_token_id, 5, 6, 7], 6)]
+    assert "tokens in" in run.stderr
+
+
+def test_checkpoint_reads_a_training_checkpoint(checkpoint, tmp_path, capsys):
+    from zaya_jax.train.checkpoint import save_model
+    model = zaya_jax.load_hf(checkpoint)
+    _, params, biases = nnx.split(model, nnx.Param, BalancingBias)
+    save_model(str(tmp_path / "run"), nnx.to_pure_dict(params),
+               nnx.to_pure_dict(biases)["layers"]["moe"]["router"]["balancing_biases"],
+               {"model": dataclasses.asdict(model.config)})
+    cli.main(["--checkpoint", str(tmp_path / "run"), "--prompt-ids", "5,6,7", "--max-new-tokens", "6",
+              "--ignore-eos"])
+    printed = [int(x) for x in capsys.readouterr().out.split()]
+    assert printed == expected_ids(model, [5, 6, 7], 6)
+
+
+def test_quantize_and_dtype_options_reach_the_loader(checkpoint):
+    args = cli.parse_args(["--hf", str(checkpoint), "--prompt-ids", "5", "--quantize", "int4", "--group-size", "8",
+                           "--dtype", "bfloat16"])
+    model = cli.load_model(args)
+    assert model.config.dtype == "bfloat16"
+    gate = model.layers.moe.gate.get_value()
+    assert isinstance(gate, QuantizedArray) and gate.bits == 4 and gate.scales.shape[-2] == 32 // 8
+
+
+def test_checkpoint_without_the_trainer_names_the_missing_module(checkpoint, monkeypatch):
+    monkeypatch.setitem(sys.modules, "zaya_jax.train", None)  # as if zaya_jax.train were not installed
+    with pytest.raises(SystemExit, match=r"needs zaya_jax\.train\.checkpoint"):
+        cli.main(["--checkpoint", str(checkpoint), "--prompt-ids", "5", "--max-new-tokens", "2"])
+
+
+def test_prompt_text_needs_a_tokenizer(checkpoint, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--hf", str(checkpoint), "--prompt", "hello"])
+    assert "--prompt needs --tokenizer" in capsys.readouterr().err
+
+
+def test_importing_the_cli_keeps_zaya_jax_generate_callable(monkeypatch):
+    assert zaya_jax.generate is cli  # the import machinery rebinds the package attribute to the module
+    calls = []
+    monkeypatch.setattr(cli, "generate", lambda *args, **kwargs: calls.append((args, kwargs)) or "ids")
+    assert zaya_jax.generate("model", [[5]], 3, temperature=0.5) == "ids"
+    assert calls == [(("model", [[5]], 3), {"temperature": 0.5})]

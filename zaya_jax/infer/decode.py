@@ -1,0 +1,142 @@
+"""Prefill and single-token decode of a ZayaLM over a DecodeState (zaya_jax.infer.cache).
+
+Conventions: B sequences, S prompt width, T cache slots, D hidden, V vocab, L layers.
+Both walk the same stacked layers as ZayaLM._run_layers (lax.scan, or a Python loop when
+`scan_layers` is off) and call the model's own modules; what differs from the training forward:
+
+  prefill      prompts right-padded to S, with per-sequence `lengths`. The padding comes after
+               every real token, so causal attention, the convolutions and the value shift of
+               real tokens never see it; it is the plain causal forward. Keys and values of all S
+               slots go into the cache (slots past a sequence's length are hidden by the decode
+               mask until decoding overwrites them); the CCA carry is taken at each sequence's
+               last real token.
+  decode_step  one token per sequence at position `lengths`: CCA continues from the carry,
+               writes its key and value into slot `lengths`, attends to slots 0..lengths.
+               When the batch has no more tokens than there are experts, each token's expert
+               weights are gathered (rows of integers, for a quantized model) instead of
+               running the dispatch backend over every expert.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from zaya_jax.infer.cache import DecodeState, cached_attention
+from zaya_jax.infer.quantize import rows
+from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn
+from zaya_jax.model.moe import MoE
+from zaya_jax.model.rope import rope_cos_sin
+from zaya_jax.model.zaya import ZayaLM
+
+
+def _over_layers(body: Callable, carry, xs, num_layers: int, scan: bool):
+    """lax.scan(body, carry, xs), or the same as a Python loop over layer slices."""
+    if scan:
+        return jax.lax.scan(body, carry, xs)
+    outs = []
+    for i in range(num_layers):
+        carry, out = body(carry, jax.tree.map(lambda x, i=i: x[i], xs))
+        outs.append(out)
+    return carry, jax.tree.map(lambda *o: jnp.stack(o), *outs)
+
+
+def _embed(model: ZayaLM, ids: jax.Array) -> jax.Array:
+    """ids: [B,S] -> the residual stream entering layer 0, [B,S,D]."""
+    emb = jnp.take(model.embed[...], ids, axis=0)
+    stream_dtype = jnp.float32 if model.config.residual_in_fp32 else jnp.dtype(model.config.dtype)
+    return ((emb + model.input_bias[...]) * model.input_scale[...]).astype(stream_dtype)
+
+
+def gathered_moe(moe: MoE, x: jax.Array, router_state: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """MoE.__call__ for a few tokens: each token's expert weights gathered, no dispatch.
+
+    x: [B,S,D] normed; router_state: [B,S,R] -> y [B,S,D], next router state [B,S,R].
+    """
+    dt = x.dtype
+    routing = moe.router(x, router_state)
+    num_experts = moe.gate.shape[0]
+    expert = jnp.minimum(routing.choice, num_experts - 1)                             # [B,S]
+    gate, up, down = (rows(p, expert, dt) for p in (moe.gate, moe.up, moe.down))      # [B,S,D,I], [B,S,I,D]
+    hidden = jax.nn.silu(jnp.einsum("bsd,bsdi->bsi", x, gate)) * jnp.einsum("bsd,bsdi->bsi", x, up)
+    out = jnp.einsum("bsi,bsid->bsd", hidden, down)
+    skip = (routing.choice == num_experts)[..., None]
+    out = jnp.where(skip, x if moe.skip_passes_input else jnp.zeros_like(x), out)
+    return out * routing.weight[..., None].astype(dt), routing.next_state
+
+
+def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int
+            ) -> tuple[jax.Array, DecodeState]:
+    """ids: [B,S] right-padded prompts; lengths: [B] (1 <= lengths <= S) ->
+    logits at each sequence's last prompt token [B,V] float32 and the state of T = cache_size slots."""
+    cfg = model.config
+    dtype = jnp.dtype(cfg.dtype)
+    stream_dtype = jnp.float32 if cfg.residual_in_fp32 else dtype
+    b, s = ids.shape
+    cos, sin = rope_cos_sin(jnp.broadcast_to(jnp.arange(s), (b, s)), cfg.rotary_dim, cfg.rope_theta)
+    continues = jnp.broadcast_to(jnp.arange(s) > 0, (b, s))
+    token_mask = jnp.arange(s)[None, :] < lengths[:, None]
+    attention, dispatch = attention_fn(cfg), moe_dispatch_fn(cfg)
+    last = lengths - 1
+    graphdef, layer_states = nnx.split(model.layers)
+
+    def body(carry, layer_state):
+        stream, router_state = carry
+        layer = nnx.merge(graphdef, layer_state)
+        q, k, v, cca_carry = layer.attention.qkv(layer.input_norm(stream, dtype), cos, sin, continues)
+        a = layer.attention.output(attention(q, k, v, None))
+        stream = layer.attention_residual(a, stream, stream_dtype)
+        m, router_state, _ = layer.moe(layer.post_attention_norm(stream, dtype), router_state, token_mask, dispatch)
+        stream = layer.moe_residual(m, stream, stream_dtype)
+        return (stream, router_state), (k, v, jax.tree.map(lambda x: x[jnp.arange(b), last], cca_carry))
+
+    router_state = jnp.zeros((b, s, cfg.router_hidden_size), dtype)
+    (stream, _), (keys, values, carry) = _over_layers(body, (_embed(model, ids), router_state), layer_states,
+                                                      cfg.num_layers, cfg.scan_layers)
+    pad = [(0, 0), (0, 0), (0, cache_size - s), (0, 0), (0, 0)]
+    state = DecodeState(jnp.pad(keys, pad), jnp.pad(values, pad), carry, lengths.astype(jnp.int32))
+    hidden = model.final_norm(stream[jnp.arange(b), last], dtype)
+    return model.logits(hidden), state
+
+
+def decode_step(model: ZayaLM, state: DecodeState, tokens: jax.Array) -> tuple[jax.Array, DecodeState]:
+    """tokens: [B] int, one per sequence, at positions state.lengths -> logits [B,V] float32 and
+    the state holding them (lengths + 1). Slots must remain: state.lengths < T."""
+    cfg = model.config
+    dtype = jnp.dtype(cfg.dtype)
+    stream_dtype = jnp.float32 if cfg.residual_in_fp32 else dtype
+    b = tokens.shape[0]
+    positions = state.lengths
+    cos, sin = rope_cos_sin(positions[:, None], cfg.rotary_dim, cfg.rope_theta)
+    continues = jnp.ones((b, 1), bool)
+    few_tokens = b <= cfg.num_experts
+    dispatch = moe_dispatch_fn(cfg)
+    graphdef, layer_states = nnx.split(model.layers)
+    batch = jnp.arange(b)
+
+    def body(carry, xs):
+        stream, router_state, keys, values = carry
+        layer_state, index, prev = xs
+        layer = nnx.merge(graphdef, layer_state)
+        q, k, v, new = layer.attention.qkv(layer.input_norm(stream, dtype), cos, sin, continues, prev)
+        keys = keys.at[index, batch, positions].set(k[:, 0])
+        values = values.at[index, batch, positions].set(v[:, 0])
+        o = cached_attention(q, keys[index], values[index], positions)
+        stream = layer.attention_residual(layer.attention.output(o), stream, stream_dtype)
+        x = layer.post_attention_norm(stream, dtype)
+        if few_tokens:
+            m, router_state = gathered_moe(layer.moe, x, router_state)
+        else:
+            m, router_state, _ = layer.moe(x, router_state, jnp.ones((b, 1), bool), dispatch)
+        stream = layer.moe_residual(m, stream, stream_dtype)
+        return (stream, router_state, keys, values), jax.tree.map(lambda x: x[:, 0], new)
+
+    init = (_embed(model, tokens[:, None]), jnp.zeros((b, 1, cfg.router_hidden_size), dtype),
+            state.keys, state.values)
+    (stream, _, keys, values), carry = _over_layers(
+        body, init, (layer_states, jnp.arange(cfg.num_layers), state.carry), cfg.num_layers, cfg.scan_layers)
+    logits = model.logits(model.final_norm(stream[:, 0], dtype))
+    return logits, DecodeState(keys, values, carry, state.lengths + 1)

@@ -1,0 +1,152 @@
+"""generate(): prompts in, new token ids out.
+
+One jitted prefill over the right-padded prompts, then one jitted `lax.while_loop` that feeds
+each sampled token back through `decode_step` with a static cache of
+T = prompt width + max_new_tokens - 1 slots. Prompt widths are rounded up to a multiple of
+PROMPT_BUCKET so that similar prompts reuse the compiled programs.
+
+    new = zaya_jax.generate(model, [[2, 17, 5], [2, 9]], max_new_tokens=32)   # [2, 32] int32
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.experimental import io_callback
+
+from zaya_jax.infer.cache import DecodeState
+from zaya_jax.infer.decode import decode_step, prefill
+from zaya_jax.infer.sampling import Sampler, sample
+from zaya_jax.model.zaya import ZayaLM
+
+PROMPT_BUCKET = 16
+_listeners: dict[int, Callable] = {}  # on_token hooks of running generate calls, by id
+_listener_ids = itertools.count()
+
+
+def _deliver(listener, step, tokens) -> None:
+    _listeners[int(listener)](step, tokens)
+
+
+def pad_prompts(prompt_ids, lengths: Sequence[int] | None, pad_id: int, vocab_size: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """-> ids [B, S] int32 right-padded with pad_id (S a multiple of PROMPT_BUCKET), lengths [B].
+
+    prompt_ids: a list of token-id lists of any lengths, one flat list of ids (one prompt), or
+    an int array [B, S] of right-padded prompts whose real lengths are `lengths` (default S).
+    """
+    if isinstance(prompt_ids, (list, tuple)) and prompt_ids and all(np.ndim(p) == 0 for p in prompt_ids):
+        prompt_ids = [prompt_ids]
+    if isinstance(prompt_ids, (list, tuple)):
+        if lengths is not None:
+            raise ValueError("lengths is only for a padded [B, S] array; a list of lists carries its own")
+        rows = [np.asarray(p, np.int64).reshape(-1) for p in prompt_ids]
+        lengths = [len(r) for r in rows]
+    else:
+        array = np.asarray(prompt_ids)
+        if array.ndim != 2 or not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(f"prompt_ids must be a list of id lists or an int array [B, S]; got "
+                             f"{array.dtype} {array.shape}")
+        lengths = [array.shape[1]] * array.shape[0] if lengths is None else [int(n) for n in lengths]
+        if len(lengths) != array.shape[0] or max(lengths) > array.shape[1]:
+            raise ValueError(f"lengths {lengths} do not fit prompt_ids of shape {array.shape}")
+        rows = [array[i, :n] for i, n in enumerate(lengths)]
+    if not rows or min(lengths) < 1:
+        raise ValueError("every prompt needs at least one token")
+    for i, r in enumerate(rows):
+        if r.min() < 0 or r.max() >= vocab_size:
+            raise ValueError(f"prompt {i} holds ids outside the vocabulary [0, {vocab_size})")
+    width = -(-max(lengths) // PROMPT_BUCKET) * PROMPT_BUCKET
+    ids = np.full((len(rows), width), pad_id, np.int32)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = r
+    return ids, np.asarray(lengths, np.int32)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _prefill(graphdef, params, ids, lengths, cache_size: int) -> tuple[jax.Array, DecodeState]:
+    return prefill(nnx.merge(graphdef, params), ids, lengths, cache_size)
+
+
+@functools.partial(jax.jit, static_argnums=(0,),
+                   static_argnames=("max_new_tokens", "sampler", "eos_id", "pad_id", "stream"))
+def _decode(graphdef, params, state: DecodeState, logits: jax.Array, key: jax.Array, listener: jax.Array, *,
+            max_new_tokens: int, sampler: Sampler, eos_id: int | None, pad_id: int, stream: bool) -> jax.Array:
+    """logits: [B,V] of the last prompt tokens -> new tokens [B, max_new_tokens] int32.
+
+    With `stream`, every new column goes to the host hook registered as `listener` (a traced id,
+    so any hook reuses the compiled loop)."""
+    model = nnx.merge(graphdef, params)
+    b = logits.shape[0]
+
+    def emit(step, tokens):
+        if stream:
+            io_callback(_deliver, None, listener, step, tokens, ordered=True)
+
+    first = sample(logits, jax.random.fold_in(key, 0), sampler)
+    emit(0, first)
+    tokens = jnp.full((b, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(first)
+    done = first == eos_id if eos_id is not None else jnp.zeros((b,), bool)
+
+    def cond(carry):
+        step, _, _, done = carry
+        return (step < max_new_tokens) & ~jnp.all(done)
+
+    def body(carry):
+        step, tokens, state, done = carry
+        logits, state = decode_step(model, state, tokens[:, step - 1])
+        new = jnp.where(done, pad_id, sample(logits, jax.random.fold_in(key, step), sampler))
+        emit(step, new)
+        if eos_id is not None:
+            done = done | (new == eos_id)
+        return step + 1, tokens.at[:, step].set(new), state, done
+
+    return jax.lax.while_loop(cond, body, (jnp.int32(1), tokens, state, done))[1]
+
+
+def generate(model: ZayaLM, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+             lengths: Sequence[int] | None = None, stop_at_eos: bool = True,
+             on_token: Callable[[np.ndarray, np.ndarray], None] | None = None) -> np.ndarray:
+    """Generates up to `max_new_tokens` tokens after each prompt -> int32 [B, max_new_tokens].
+
+    prompt_ids: a list of token-id lists (any lengths; a flat list is one prompt), or an int
+      array [B, S] of right-padded prompts with their real `lengths` [B] (default: all S).
+    temperature, top_k, top_p: 0 is greedy; otherwise see zaya_jax.infer.sampling. The random
+      stream is fixed by `seed`.
+    stop_at_eos: once a sequence emits model.config.eos_token_id (kept in the output), its later
+      slots hold pad_token_id; decoding ends when every sequence has stopped.
+    on_token(step, tokens [B]): called from inside the compiled loop, in order, for each new
+      column (a streaming hook); every generate call with a hook shares one compiled loop.
+    """
+    cfg = model.config
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    sampler = Sampler(float(temperature), top_k, top_p).validate(cfg.vocab_size)
+    ids, lengths = pad_prompts(prompt_ids, lengths, cfg.pad_token_id, cfg.vocab_size)
+    if int(lengths.max()) + max_new_tokens - 1 > cfg.max_position_embeddings:
+        raise ValueError(f"prompt ({int(lengths.max())} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+                         f"model.max_position_embeddings={cfg.max_position_embeddings}")
+    graphdef, params = nnx.split(model)
+    logits, state = _prefill(graphdef, params, jnp.asarray(ids), jnp.asarray(lengths),
+                             ids.shape[1] + max_new_tokens - 1)
+    listener = next(_listener_ids)
+    if on_token is not None:
+        _listeners[listener] = on_token
+    try:
+        tokens = _decode(graphdef, params, state, logits, jax.random.key(seed), jnp.int32(listener),
+                         max_new_tokens=max_new_tokens, sampler=sampler,
+                         eos_id=cfg.eos_token_id if stop_at_eos else None, pad_id=cfg.pad_token_id,
+                         stream=on_token is not None)
+        tokens = np.asarray(tokens)
+        if on_token is not None:
+            jax.effects_barrier()  # every hook call has run
+    finally:
+        _listeners.pop(listener, None)
+    return tokens
