@@ -1,6 +1,8 @@
 """The throughput benchmark shape: vocab 4096, hidden 512, 4 blocks (CCA + MoE), 8 query and
 2 KV heads of head_dim 32, 16 experts of intermediate size 512, router width 64, sequence 256,
-batch 8. Compared against HF transformers on the same CPU (benchmarks/)."""
+batch 8. Compared against HF transformers on the same CPU (benchmarks/). Trains on synthetic
+tokens with AdamW (what the HF comparison runs: torch.optim.AdamW), so
+`python -m zaya_jax.train --config configs/bench_small.py --workdir DIR` shows throughput alone."""
 
 import ml_collections
 
@@ -17,4 +19,19 @@ def get_config():
     ))
     config.kernels = ml_collections.ConfigDict(dict(attention="auto", moe_matmul="auto"))
     config.train = ml_collections.ConfigDict(dict(seq_len=256, global_batch_size=8, seed=0))
+    config.train.update(dict(
+        steps=50, data="synthetic", microbatches=1, loss_chunk_size=256, log_every_steps=5,
+        peak_flops_per_device=0.0, init_from_hf="", max_nonfinite_streak=3,
+    ))
+    config.optimizer = ml_collections.ConfigDict(dict(
+        name="adamw", learning_rate=1e-3, adam_learning_rate=0.0, schedule="cosine", warmup_steps=5,
+        decay_fraction=0.2, min_lr_ratio=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, decay_embedding=True,
+        grad_clip_norm=1.0, muon_momentum=0.95, muon_ns_steps=5, muon_nesterov=True, muon_rms_scale=0.2,
+    ))
+    config.balancing = ml_collections.ConfigDict(dict(enabled=True, rate=1e-3, b1=0.9, b2=0.999, include_skip=False))
+    config.checkpoint = ml_collections.ConfigDict(dict(every_steps=0, max_to_keep=1, async_save=True))
+    config.eval = ml_collections.ConfigDict(dict(every_steps=0, max_batches=0))
+    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=1,
+                                                 shard_optimizer_over_data=False))
+    config.monitor = ml_collections.ConfigDict(dict(progress_bar=True, tensorboard=True, heatmap_every_steps=0))
     return config

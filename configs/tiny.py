@@ -26,11 +26,11 @@ def get_config():
         peak_flops_per_device=0.0, init_from_hf="", max_nonfinite_streak=3,
     ))
     config.optimizer = ml_collections.ConfigDict(dict(
-        name="muon", learning_rate=3e-3, adam_learning_rate=0.0, schedule="cosine", warmup_steps=20,
+        name="muon", learning_rate=3e-3, adam_learning_rate=0.0, schedule="cosine", warmup_steps=10,
         decay_fraction=0.2, min_lr_ratio=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, decay_embedding=True,
         grad_clip_norm=1.0, muon_momentum=0.95, muon_ns_steps=5, muon_nesterov=True, muon_rms_scale=0.2,
     ))
-    config.balancing = ml_collections.ConfigDict(dict(enabled=True, rate=1e-3, b1=0.9, b2=0.999, include_skip=False))
+    config.balancing = ml_collections.ConfigDict(dict(enabled=True, rate=1e-4, b1=0.9, b2=0.999, include_skip=False))
     config.checkpoint = ml_collections.ConfigDict(dict(every_steps=100, max_to_keep=3, async_save=True))
     config.eval = ml_collections.ConfigDict(dict(every_steps=100, max_batches=2))
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=1,

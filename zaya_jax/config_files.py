@@ -3,7 +3,9 @@
 A config file defines `get_config()` returning a ConfigDict with sections:
   model    ModelConfig fields (zaya_jax.config)
   kernels  attention, moe_matmul: auto | xla | pallas
-  train    seq_len, global_batch_size, seed (more once the trainer lands)
+  train, optimizer, balancing, checkpoint, eval, mesh, monitor
+           the trainer's (validated by zaya_jax.train.settings; docs/training.md)
+  data     the data curriculum (zaya_jax.data.curriculum; docs/data.md)
 """
 
 from __future__ import annotations

@@ -1,0 +1,167 @@
+"""Train-step tokens/s of configs/bench_small.py: zaya_jax against HF transformers' ZayaForCausalLM
+with torch.optim.AdamW, on the same CPU, same weights and tokens, timed alternately. Prints JSON.
+
+  python benchmarks/train_step.py [--repeats 5] [--muon]
+
+One train step = forward, backward and an AdamW update on a batch of 8 x 256 tokens. Ours is the
+trainer's own jitted step (zaya_jax.train.step: chunked fused loss, router balancing controller,
+global-norm clipping, non-finite check). The breakdown times each part on its own with the same
+shapes (attention and MoE: one layer's forward+backward, times the layer count; loss head:
+output projection + cross-entropy forward+backward; optimizer: the AdamW update), so the next
+bottleneck is visible; `other` is the step minus those parts. --muon adds our Muon step's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import torch  # noqa: E402
+from flax import nnx  # noqa: E402
+from transformers import ZayaConfig, ZayaForCausalLM  # noqa: E402
+
+from benchmarks.common import best_time  # noqa: E402
+from zaya_jax.config_files import load_config_file  # noqa: E402
+from zaya_jax.convert.hf_config import hf_config_from_model  # noqa: E402
+from zaya_jax.convert.hf_load import model_from_tensors  # noqa: E402
+from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn, resolve_moe_backend  # noqa: E402
+from zaya_jax.model.rope import rope_cos_sin  # noqa: E402
+from zaya_jax.train import balancing  # noqa: E402
+from zaya_jax.train.loss import chunked_nll_sum  # noqa: E402
+from zaya_jax.train.optimizer import make_optimizer  # noqa: E402
+from zaya_jax.train.settings import settings_from_config  # noqa: E402
+from zaya_jax.train.state import ModelParts, initial_state  # noqa: E402
+from zaya_jax.train.step import train_step  # noqa: E402
+
+
+def blocking(fn):
+    return lambda: jax.block_until_ready(fn())
+
+
+def grad_time(fn, args, repeats: int) -> float:
+    """Median seconds of forward+backward of sum(fn(*args)) with respect to every argument."""
+    step = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a)), argnums=tuple(range(len(args)))))
+    return best_time(blocking(lambda: step(*args)), repeats)
+
+
+def breakdown(model, settings, batch, tx, repeats: int) -> dict[str, float]:
+    cfg = model.config
+    b, s = batch["inputs"].shape
+    layer_def, layer_states = nnx.split(model.layers)
+    layer = nnx.merge(layer_def, jax.tree.map(lambda x: x[0], layer_states))
+    x = jax.random.normal(jax.random.key(1), (b, s, cfg.hidden_size))
+    cos, sin = rope_cos_sin(jnp.asarray(batch["positions"]), cfg.rotary_dim, cfg.rope_theta)
+    seg = jnp.asarray(batch["segment_ids"])
+    attn_def, attn_state = nnx.split(layer.attention)
+    moe_def, moe_state = nnx.split(layer.moe)
+    attention, dispatch = attention_fn(cfg), moe_dispatch_fn(cfg)
+    router_state = jnp.zeros((b, s, cfg.router_hidden_size))
+
+    def attn(p, x):
+        return nnx.merge(attn_def, p)(x, cos, sin, seg, attention)
+
+    def moe(p, x):
+        return nnx.merge(moe_def, p)(x, router_state, seg > 0, dispatch)[0]
+
+    def head(embed, h):
+        return chunked_nll_sum(lambda c: jnp.einsum("bcd,vd->bcv", c, embed), h, jnp.asarray(batch["targets"]),
+                               jnp.asarray(batch["loss_mask"]), settings.train.loss_chunk_size)
+
+    params, _ = ModelParts.arrays(model)
+    opt_state = tx.init(params)
+    update = jax.jit(lambda g, st, p: optax.apply_updates(p, tx.update(g, st, p)[0]))
+    return {
+        "attention_s": cfg.num_layers * grad_time(attn, (attn_state, x), repeats),
+        "moe_s": cfg.num_layers * grad_time(moe, (moe_state, x), repeats),
+        "loss_head_s": grad_time(head, (model.embed[...], x), repeats),
+        "optimizer_s": best_time(blocking(lambda: update(params, opt_state, params)), repeats),
+    }
+
+
+def jax_step_fn(model, settings, tx):
+    parts = ModelParts(model)
+    controller = balancing.make_controller(settings.balancing)
+    params, biases = ModelParts.arrays(model)
+    state = initial_state(params, biases, tx, controller, settings.train.seed)
+    step = jax.jit(functools.partial(
+        train_step, parts=parts, tx=tx, controller=controller, lr_schedule=lambda count: 0.0,
+        rope_theta=model.config.rope_theta, microbatches=1, loss_chunk=settings.train.loss_chunk_size,
+        balance=settings.balancing.enabled, include_skip=False, mesh=None))
+    return state, step
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--muon", action="store_true", help="also time the Muon + AdamW step")
+    args = parser.parse_args()
+    config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py"))
+    settings = settings_from_config(config)
+    cfg = settings.model
+    batch_size, seq = settings.train.global_batch_size, settings.train.seq_len
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count())
+    hf = ZayaForCausalLM(ZayaConfig(**hf_config_from_model(cfg, "native"))).train()
+    hf_opt = torch.optim.AdamW(hf.parameters(), lr=settings.optimizer.learning_rate,
+                               betas=(settings.optimizer.b1, settings.optimizer.b2), eps=settings.optimizer.eps,
+                               weight_decay=settings.optimizer.weight_decay)
+    tensors = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+    model = model_from_tensors(hf.config.to_dict(), set(tensors), tensors.__getitem__, "bench",
+                               moe_backend=cfg.moe_backend)
+
+    ids = np.random.default_rng(0).integers(3, cfg.vocab_size, (batch_size, seq + 1)).astype(np.int32)
+    batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "segment_ids": np.ones((batch_size, seq), np.int32),
+             "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), (batch_size, seq)).copy(),
+             "loss_mask": np.ones((batch_size, seq), np.float32)}
+    ids_t = torch.as_tensor(ids[:, :-1].astype(np.int64))  # HF shifts the labels itself (S-1 predictions)
+
+    adamw = make_optimizer(settings.optimizer, settings.train.steps)
+    state, step = jax_step_fn(model, settings, adamw)
+    holder = {"state": state}
+
+    def jax_step():
+        holder["state"], metrics = step(holder["state"], batch)
+        jax.block_until_ready(metrics)
+
+    def torch_step():
+        hf_opt.zero_grad(set_to_none=True)
+        hf(ids_t, labels=ids_t).loss.backward()
+        hf_opt.step()
+
+    jax_s, torch_s = [], []
+    jax_step(), torch_step()  # compile / warm up
+    for _ in range(args.repeats):  # alternate so both see the same machine state
+        jax_s.append(best_time(jax_step, 1, warmup=0))
+        torch_s.append(best_time(torch_step, 1, warmup=0))
+    tokens = batch_size * seq
+    jax_t, torch_t = float(np.median(jax_s)), float(np.median(torch_s))
+    parts = breakdown(model, settings, batch, adamw, args.repeats)
+    parts["other_s"] = jax_t - sum(parts.values())
+    result = {
+        "config": "bench_small", "platform": jax.default_backend(), "tokens_per_step": tokens,
+        "optimizer": "adamw (both)", "moe_backend": resolve_moe_backend(cfg.moe_backend), "drop_rate": 0.0,
+        "zaya_jax_s_per_step": round(jax_t, 4), "hf_torch_s_per_step": round(torch_t, 4),
+        "zaya_jax_tokens_per_s": round(tokens / jax_t, 1), "hf_torch_tokens_per_s": round(tokens / torch_t, 1),
+        "speedup_vs_hf": round(torch_t / jax_t, 3),
+        "zaya_jax_breakdown_s": {k: round(v, 4) for k, v in parts.items()},
+        "torch_threads": torch.get_num_threads(),
+    }
+    if args.muon:
+        muon_settings = settings.optimizer.__class__(**{**vars(settings.optimizer), "name": "muon"})
+        muon_state, muon_step = jax_step_fn(model, settings, make_optimizer(muon_settings, settings.train.steps))
+        result["zaya_jax_muon_s_per_step"] = round(
+            best_time(blocking(lambda: muon_step(muon_state, batch)[1]), args.repeats), 4)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

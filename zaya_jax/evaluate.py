@@ -1,0 +1,72 @@
+"""Held-out loss and perplexity per data source, for a checkpoint or HF weights.
+
+  python -m zaya_jax.evaluate --checkpoint runs/demo [--step N] [--config configs/demo.py]
+  python -m zaya_jax.evaluate --hf HF_DIR --config configs/demo.py [--config.mesh.data=...]
+
+--checkpoint takes a training WORKDIR, its checkpoints/ directory, or a `convert to_orbax` output;
+without --config it uses the config saved with the checkpoint. The held-out batches are those of
+the training run (zaya_jax.train.data.eval_batches: each source's held-out split, or synthetic
+held-out batches), scored with the RoPE base of the curriculum phase the checkpoint's step was in
+(--rope_theta overrides; for --hf the model config's). Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (default: the checkpoint's own).")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Orbax checkpoint (WORKDIR, WORKDIR/checkpoints, to_orbax).")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+_HF = flags.DEFINE_string("hf", None, "HF checkpoint directory (config.json + safetensors).")
+_ROPE_THETA = flags.DEFINE_float("rope_theta", None, "RoPE base to evaluate with.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if bool(_CHECKPOINT.value) == bool(_HF.value):
+        raise app.UsageError("give exactly one of --checkpoint and --hf")
+    from zaya_jax.parallel import distributed
+    distributed.initialize()
+    from zaya_jax.model.build import abstract_model
+    from zaya_jax.parallel.mesh import make_mesh
+    from zaya_jax.train.checkpoint import checkpoint_dir, read_config, restore_model
+    from zaya_jax.train.data import eval_batches, phase_at_step, phases_of
+    from zaya_jax.train.loop import evaluate_params, load_hf_matching
+    from zaya_jax.train.settings import settings_from_config
+    from zaya_jax.train.state import ModelParts, to_shardings
+    from zaya_jax.train.step import jit_eval_step
+
+    if _CONFIG.value is None and _HF.value:
+        raise app.UsageError("--hf needs --config (it names the evaluation data and the mesh)")
+    config = _CONFIG.value if _CONFIG.value is not None else read_config(checkpoint_dir(_CHECKPOINT.value), _STEP.value)
+    settings = settings_from_config(config)
+    mesh = make_mesh(settings.mesh.sizes)
+    parts = ModelParts(abstract_model(settings.model))
+    shardings = {"params": to_shardings(parts.param_specs(mesh), mesh),
+                 "biases": jax.sharding.NamedSharding(mesh, parts.biases_spec(mesh))}
+    if _HF.value:
+        params, biases = ModelParts.arrays(load_hf_matching(_HF.value, settings.model, "--hf"))
+        model = jax.device_put({"params": params, "biases": biases}, shardings)
+        step, rope_theta = None, settings.model.rope_theta
+    else:
+        params, biases = ModelParts.arrays(abstract_model(settings.model))
+        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                              {"params": params, "biases": biases}, shardings)
+        model, step = restore_model(checkpoint_dir(_CHECKPOINT.value), target, _STEP.value)
+        rope_theta = phase_at_step(phases_of(config, settings), step).rope_theta
+    rope_theta = _ROPE_THETA.value or rope_theta
+    eval_step = jit_eval_step(shardings["params"], shardings["biases"], mesh, parts=parts,
+                              loss_chunk=settings.train.loss_chunk_size)
+    results = evaluate_params(eval_step, model["params"], model["biases"], eval_batches(config, settings), mesh,
+                              rope_theta)
+    print(json.dumps({"checkpoint": _CHECKPOINT.value, "hf": _HF.value, "step": step, "rope_theta": rope_theta,
+                      "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    app.run(main)

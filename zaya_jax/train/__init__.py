@@ -1,0 +1,15 @@
+"""Training ZAYA1: `python -m zaya_jax.train --config configs/<name>.py --workdir DIR`.
+
+  settings.py    the train / optimizer / balancing / checkpoint / eval / mesh / monitor sections
+  data.py        the curriculum pipeline or synthetic batches, held-out batches
+  state.py       TrainState (params, balancing biases, optimizer states, step, rng) and shardings
+  loss.py        chunked next-token cross-entropy (no [B,S,V] logits)
+  optimizer.py   Muon (matrices) + AdamW (the rest), or AdamW; schedules; weight-decay masks
+  balancing.py   the router balancing controller (AdamW on load fraction - 1/E)
+  step.py        the jitted train step (micro-batches, clipping, non-finite skip) and eval step
+  checkpoint.py  async Orbax checkpoints (model, train state, data iterator, config)
+  metrics.py     router statistics, model FLOPs, MFU
+  monitor.py     metrics.jsonl, TensorBoard, progress bar, expert-load heatmap
+  faults.py      rollback after repeated non-finite steps; SIGTERM / SIGINT
+  loop.py        the Trainer
+"""

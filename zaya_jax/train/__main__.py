@@ -1,0 +1,48 @@
+"""Train ZAYA1.
+
+  python -m zaya_jax.train --config configs/demo.py --workdir runs/demo [--config.train.steps=200 ...]
+
+Resumes from the latest checkpoint in WORKDIR/checkpoints when there is one. Writes
+WORKDIR/metrics.jsonl, WORKDIR/tensorboard/, WORKDIR/expert_load.png. SIGTERM / SIGINT save a
+checkpoint and stop. Compiled programs are cached in $JAX_COMPILATION_CACHE_DIR (default
+~/.cache/zaya_jax/jit), so a restart compiles nothing it has compiled before.
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, plots.")
+
+
+def enable_compilation_cache() -> None:
+    import jax
+    if not jax.config.jax_compilation_cache_dir:
+        root = os.environ.get("ZAYA_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "zaya_jax"))
+        jax.config.update("jax_compilation_cache_dir", os.path.join(root, "jit"))
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _CONFIG.value is None:
+        raise app.UsageError("--config is required, e.g. --config configs/demo.py")
+    if not _WORKDIR.value:
+        raise app.UsageError("--workdir is required")
+    from zaya_jax.parallel import distributed
+    distributed.initialize()
+    enable_compilation_cache()
+    from zaya_jax.train.loop import Trainer
+    trainer = Trainer(_CONFIG.value, _WORKDIR.value)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,235 @@
+"""The training loop: config -> mesh, data, model, optimizer, state -> steps, logs, checkpoints.
+
+  Trainer(config, workdir)   validates every section, checks each phase's batch against the mesh,
+                             opens the data (missing files are named here) -- all before any
+                             compilation -- then builds or restores the state:
+                               latest checkpoint in workdir  >  train.init_from_hf  >  fresh init
+  Trainer.run()              steps until train.steps (or the data ends), then saves, waits for
+                             the checkpoint and draws the expert-load heatmap
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from zaya_jax.model.zaya import ZayaLM
+from zaya_jax.parallel import distributed
+from zaya_jax.parallel.mesh import make_mesh
+from zaya_jax.train import balancing, faults
+from zaya_jax.train.checkpoint import Checkpointer, config_json, restore_model
+from zaya_jax.train.data import eval_batches, open_training_data, phases_of
+from zaya_jax.train.metrics import expert_load, flops_per_token, peak_flops, router_metrics
+from zaya_jax.train.monitor import Monitor
+from zaya_jax.train.optimizer import make_optimizer, schedule
+from zaya_jax.train.settings import check_batch_layout, settings_from_config
+from zaya_jax.train.state import (ModelParts, TrainState, initial_state, state_specs, to_shardings,
+                                  with_shardings)
+from zaya_jax.train.step import jit_eval_step, jit_train_step
+
+# ModelConfig fields that an HF checkpoint does not carry (they come from our config).
+RUNTIME_MODEL_FIELDS = ("dtype", "scan_layers", "remat", "moe_backend", "capacity_factor", "moe_tile_size",
+                        "attention_kernel", "moe_matmul_kernel", "init_std", "key_temperature_init",
+                        "isolate_documents")
+
+
+def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
+    """An HF checkpoint whose architecture must equal `cfg`'s (errors name the first difference)."""
+    import zaya_jax
+    model = zaya_jax.load_hf(path, **{f: getattr(cfg, f) for f in RUNTIME_MODEL_FIELDS})
+    for name, value in vars(model.config).items():
+        if value != getattr(cfg, name):
+            raise ValueError(f"{field}: {path} has model.{name}={value!r} but the config says {getattr(cfg, name)!r}")
+    return model
+
+
+class Trainer:
+    def __init__(self, config, workdir: str):
+        self.config, self.workdir = config, os.path.abspath(workdir)
+        s = self.settings = settings_from_config(config)
+        distributed.initialize()
+        self.phases = phases_of(config, s)
+        self.mesh = make_mesh(s.mesh.sizes)
+        mesh_shape = dict(self.mesh.shape)
+        for p in self.phases:
+            check_batch_layout(p.global_batch_size, p.seq_len, s.train.microbatches, mesh_shape,
+                               f"phase {p.name!r}" if s.train.data == "pipeline" else "train.global_batch_size")
+        if s.train.init_from_hf and not os.path.isdir(s.train.init_from_hf):
+            raise FileNotFoundError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory")
+        os.makedirs(self.workdir, exist_ok=True)
+        self.is_main = jax.process_index() == 0
+        self.data = open_training_data(config, s)
+        self.eval_data = eval_batches(config, s) if s.eval.every_steps else {}
+
+        self.tx = make_optimizer(s.optimizer, s.train.steps)
+        self.controller = balancing.make_controller(s.balancing)
+        self.lr_schedule = schedule(s.optimizer, s.train.steps, s.optimizer.learning_rate)
+        abstract_model = nnx.eval_shape(lambda: ZayaLM(s.model, rngs=nnx.Rngs(s.train.seed)))
+        self.parts = ModelParts(abstract_model)
+        params_abs, biases_abs = ModelParts.arrays(abstract_model)
+        self.abstract_state = jax.eval_shape(
+            lambda p, b: initial_state(p, b, self.tx, self.controller, s.train.seed), params_abs, biases_abs)
+        specs = state_specs(self.abstract_state, self.parts.param_specs(self.mesh), self.parts.biases_spec(self.mesh),
+                            self.mesh, s.mesh.shard_optimizer_over_data)
+        self.shardings = to_shardings(specs, self.mesh)
+        self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), s.checkpoint)
+        self.monitor = Monitor(self.workdir, s.train.steps, progress_bar=s.monitor.progress_bar,
+                               tensorboard=s.monitor.tensorboard, enabled=self.is_main)
+        self.monitor.log(f"topology: {distributed.topology()}; mesh {mesh_shape}")
+        with jax.set_mesh(self.mesh):
+            self.state, origin = self._initial_state()
+        self.monitor.advance(int(self.state.step))
+        self.monitor.log(f"start at step {int(self.state.step)}: {origin}")
+        self._static = dict(parts=self.parts, loss_chunk=s.train.loss_chunk_size)
+        self._train_step = jit_train_step(
+            self.shardings, self.mesh, tx=self.tx, controller=self.controller, lr_schedule=self.lr_schedule,
+            microbatches=s.train.microbatches, balance=s.balancing.enabled, include_skip=s.balancing.include_skip,
+            **self._static)
+        self._eval_step = jit_eval_step(self.shardings.params, self.shardings.biases, self.mesh, **self._static)
+        self._flops_per_token = {p.seq_len: flops_per_token(s.model, p.seq_len) for p in self.phases}
+        topo = distributed.topology()
+        self._peak = peak_flops(topo["device_kind"], topo["platform"], topo["global_devices"], topo["processes"],
+                                s.train.peak_flops_per_device)
+
+    # -- state ------------------------------------------------------------------------------
+    def _fresh(self, params: dict | None, biases: jax.Array | None) -> TrainState:
+        s = self.settings
+        if params is None:
+            def init():
+                p, b = ModelParts.arrays(ZayaLM(s.model, rngs=nnx.Rngs(s.train.seed)))
+                return initial_state(p, b, self.tx, self.controller, s.train.seed)
+            return jax.jit(init, out_shardings=self.shardings)()
+        return jax.jit(lambda p, b: initial_state(p, b, self.tx, self.controller, s.train.seed),
+                       in_shardings=(self.shardings.params, self.shardings.biases),
+                       out_shardings=self.shardings)(params, biases)
+
+    def _initial_state(self) -> tuple[TrainState, str]:
+        step = self.checkpointer.latest_step()
+        if step is not None and self.checkpointer.has_train_state(step):
+            return self._restore(step), f"restored checkpoint {step}"
+        if step is not None:
+            target = with_shardings({"params": self.abstract_state.params, "biases": self.abstract_state.biases},
+                                    {"params": self.shardings.params, "biases": self.shardings.biases})
+            model, _ = restore_model(self.checkpointer.directory, target, step)
+            return self._fresh(model["params"], model["biases"]), f"weights of model-only checkpoint {step}"
+        if self.settings.train.init_from_hf:
+            path = self.settings.train.init_from_hf
+            params, biases = ModelParts.arrays(load_hf_matching(path, self.settings.model, "train.init_from_hf"))
+            params = jax.device_put(params, self.shardings.params)
+            return self._fresh(params, jax.device_put(biases, self.shardings.biases)), f"HF weights {path}"
+        return self._fresh(None, None), "fresh initialisation"
+
+    def _restore(self, step: int) -> TrainState:
+        return self.checkpointer.restore(step, with_shardings(self.abstract_state, self.shardings), self.data)
+
+    def save(self) -> int:
+        return self.checkpointer.save(self.state, self.data, config_json(self.config))
+
+    # -- loop -------------------------------------------------------------------------------
+    def run(self) -> TrainState:
+        s = self.settings
+        step = start = int(jax.device_get(self.state.step))
+        last_saved = step if self.checkpointer.latest_step() == step else None
+        window_start, window_tokens = time.perf_counter(), 0
+        with faults.StopSignal() as stop, jax.set_mesh(self.mesh):
+            while step < s.train.steps and not stop.requested:
+                try:
+                    local = next(self.data)
+                except StopIteration:
+                    self.monitor.log(f"data exhausted after {step} steps")
+                    break
+                phase = self.data.phase
+                self.state, metrics = self._train_step(self.state, distributed.global_batch(local, self.mesh),
+                                                       phase.rope_theta)
+                step += 1
+                window_tokens += phase.tokens_per_batch
+                streak = int(jax.device_get(metrics["nonfinite_streak"]))
+                if step % s.train.log_every_steps == 0 or step == s.train.steps:
+                    elapsed = time.perf_counter() - window_start
+                    self._log_train(step, jax.device_get(metrics), window_tokens / elapsed, phase)
+                    window_start, window_tokens = time.perf_counter(), 0
+                    if s.monitor.heatmap_every_steps and step % s.monitor.heatmap_every_steps < s.train.log_every_steps:
+                        self.monitor.draw_heatmap()
+                self._after_step(step)
+                if faults.should_roll_back(streak, s.train.max_nonfinite_streak):
+                    step = self._roll_back(step, streak)
+                    continue
+                paused = time.perf_counter()  # evaluation and saving do not count against tokens/s
+                if s.eval.every_steps and step % s.eval.every_steps == 0:
+                    self.evaluate(step, phase.rope_theta)
+                if s.checkpoint.every_steps and step % s.checkpoint.every_steps == 0 and not streak:
+                    last_saved = self.save()
+                window_start += time.perf_counter() - paused
+            if stop.requested:
+                self.monitor.log(f"signal {stop.requested}: saving step {step} and stopping")
+            elif s.eval.every_steps and step % s.eval.every_steps and step > start:
+                self.evaluate(step, self.data.phase.rope_theta)  # the final model is always evaluated
+            if last_saved != step and not int(jax.device_get(self.state.nonfinite_streak)):
+                self.save()  # never a state whose last step was non-finite: a rollback must not find it
+            self.checkpointer.wait()
+        self.monitor.draw_heatmap()
+        return self.state
+
+    def _after_step(self, step: int) -> None:
+        """Called after every step (a seam for fault-injection tests)."""
+
+    def _roll_back(self, step: int, streak: int) -> int:
+        self.checkpointer.wait()
+        latest = self.checkpointer.latest_step()
+        if latest is None or not self.checkpointer.has_train_state(latest):
+            raise RuntimeError(f"{streak} non-finite steps in a row at step {step} and no checkpoint to roll back to")
+        position, skipped = self.data.get_state(), self.state.skipped_steps
+        self.state = self._restore(latest).replace(skipped_steps=skipped)  # skipped_steps counts the whole run
+        self.data.set_state(position)  # keep reading forward: do not replay the batches that failed
+        self.monitor.write({"kind": "rollback", "step": step, "restored_step": latest, "nonfinite_streak": streak})
+        self.monitor.log(f"{streak} non-finite steps in a row at step {step}: rolled back to checkpoint {latest}")
+        return latest
+
+    def close(self) -> None:
+        self.checkpointer.close()
+        self.monitor.close()
+        self.data.close()
+
+    # -- metrics ------------------------------------------------------------------------------
+    def _log_train(self, step: int, m: dict, tokens_per_sec: float, phase) -> None:
+        flops = self._flops_per_token[phase.seq_len] * tokens_per_sec
+        mfu = flops / self._peak if self._peak else None
+        record = {"kind": "train", "step": step, "loss": float(m["loss"]), "tokens_per_sec": tokens_per_sec,
+                  "mfu": mfu, "lr": float(m["lr"]), "grad_norm": float(m["grad_norm"]),
+                  "skipped_steps": int(m["skipped_steps"]), "phase": phase.name, "rope_theta": phase.rope_theta,
+                  **router_metrics(m["expert_counts"], m["dropped"]),
+                  "expert_load": np.round(expert_load(m["expert_counts"]), 5).tolist()}
+        self.monitor.write(record)
+        self.monitor.progress(step, record["loss"], tokens_per_sec, mfu)
+
+    def evaluate(self, step: int, rope_theta: float) -> dict:
+        """Held-out loss and perplexity per source, logged at `step`."""
+        results = evaluate_params(self._eval_step, self.state.params, self.state.biases, self.eval_data, self.mesh,
+                                  rope_theta)
+        record: dict = {"kind": "eval", "step": step}
+        for source, r in results.items():
+            record[f"eval/{source}/loss"], record[f"eval/{source}/perplexity"] = r["loss"], r["perplexity"]
+        self.monitor.write(record)
+        self.monitor.log(" ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("eval/")))
+        return record
+
+
+def evaluate_params(eval_step, params: dict, biases: jax.Array, batches: dict, mesh,
+                    rope_theta: float) -> dict[str, dict[str, float]]:
+    """{source: {loss, perplexity, tokens}} on held-out `batches`; eval_step from step.jit_eval_step."""
+    out = {}
+    with jax.set_mesh(mesh):
+        for source, source_batches in batches.items():
+            nll, tokens = jnp.zeros(()), jnp.zeros(())
+            for local in source_batches:
+                n, t = eval_step(params, biases, distributed.global_batch(local, mesh), rope_theta)
+                nll, tokens = nll + n, tokens + t
+            loss = float(nll) / max(float(tokens), 1.0)
+            out[source] = {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": int(tokens)}
+    return out

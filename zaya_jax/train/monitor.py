@@ -1,0 +1,127 @@
+"""Where training metrics go (process 0 only): metrics.jsonl, TensorBoard, tqdm, a PNG heatmap.
+
+  DIR/metrics.jsonl         one JSON object per logged step ({"kind": "train", "step", "loss",
+                            "tokens_per_sec", "mfu", "lr", "grad_norm", "router_entropy",
+                            "expert_load_min", "expert_load_max", "drop_rate", "skip_rate",
+                            "skipped_steps", "expert_load": [L][E+1], ...}) and per evaluation
+                            ({"kind": "eval", "step", "eval/<source>/loss", ".../perplexity"})
+  DIR/tensorboard/          event files (tensorboardX): every scalar above
+  DIR/expert_load.png       expert load per layer over training (rows: layer x expert slot,
+                            columns: logged steps), redrawn from metrics.jsonl, so it survives
+                            restarts
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+HEATMAP_FILE = "expert_load.png"
+
+
+class Monitor:
+    def __init__(self, workdir: str, total_steps: int, *, progress_bar: bool, tensorboard: bool,
+                 enabled: bool = True):
+        self.workdir, self.enabled = workdir, enabled
+        self._jsonl = open(os.path.join(workdir, METRICS_FILE), "a") if enabled else None
+        self._tb = None
+        if enabled and tensorboard:
+            from tensorboardX import SummaryWriter
+            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        self._bar = None
+        if enabled and progress_bar:
+            from tqdm import tqdm
+            self._bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Appends one record (needs 'step' and 'kind') to metrics.jsonl and TensorBoard."""
+        if not self.enabled:
+            return
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if self._tb is not None:
+            for key, value in record.items():
+                if key not in ("step", "kind") and isinstance(value, (int, float)):
+                    self._tb.add_scalar(key if "/" in key else f"{record['kind']}/{key}", value, record["step"])
+            self._tb.flush()
+
+    def advance(self, step: int) -> None:
+        """Moves the progress bar to `step` (e.g. after a restore)."""
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.refresh()
+
+    def progress(self, step: int, loss: float, tokens_per_sec: float, mfu: float | None) -> None:
+        if self._bar is None:
+            return
+        self._bar.n = step
+        postfix = {"loss": f"{loss:.4f}", "tok/s": f"{tokens_per_sec:,.0f}"}
+        if mfu is not None:
+            postfix["mfu"] = f"{100 * mfu:.1f}%"
+        self._bar.set_postfix(postfix, refresh=True)
+
+    def log(self, message: str) -> None:
+        if self.enabled:
+            if self._bar is not None:
+                self._bar.write(message)
+            else:
+                print(message, flush=True)
+
+    def draw_heatmap(self) -> None:
+        if self.enabled:
+            draw_heatmap(os.path.join(self.workdir, METRICS_FILE), os.path.join(self.workdir, HEATMAP_FILE))
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+
+
+def read_metrics(path: str, kind: str = "train") -> list[dict]:
+    """Records of `kind`; when a restarted run logged a step again, the last record of each step wins."""
+    by_step: dict[int, dict] = {}
+    with open(path) as f:
+        for line in f:
+            record = json.loads(line)
+            if record.get("kind") == kind:
+                by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def draw_heatmap(metrics_path: str, png_path: str) -> None:
+    """Expert load fractions [logged steps] x [layer, expert slot] as one image."""
+    records = [r for r in read_metrics(metrics_path) if "expert_load" in r] if os.path.exists(metrics_path) else []
+    if not records:
+        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    load = np.asarray([r["expert_load"] for r in records])  # [T, L, E+1]
+    steps = [r["step"] for r in records]
+    t, layers, slots = load.shape
+    image = load.transpose(1, 2, 0).reshape(layers * slots, t)
+    fig, ax = plt.subplots(figsize=(min(16, 8 + t / 40), min(24, 2 + layers * slots / 8)))
+    mesh = ax.imshow(image, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0,
+                     vmax=max(float(image.max()), 2.0 / (slots - 1)),
+                     extent=(steps[0] - 0.5, steps[-1] + 0.5, layers * slots - 0.5, -0.5))
+    for layer in range(1, layers):
+        ax.axhline(layer * slots - 0.5, color="white", linewidth=0.8)
+    ax.set_yticks([layer * slots + slots / 2 - 0.5 for layer in range(layers)])
+    ax.set_yticklabels([f"layer {layer}" for layer in range(layers)])
+    ax.set_xlabel("step")
+    ax.set_title(f"expert load per layer: rows are experts 0..{slots - 2}, then the skip slot "
+                 f"(balanced: {1 / (slots - 1):.3f} each)", fontsize=10)
+    fig.colorbar(mesh, ax=ax, label="fraction of the layer's tokens")
+    fig.tight_layout()
+    tmp = png_path + ".tmp.png"
+    fig.savefig(tmp, dpi=80)
+    plt.close(fig)
+    os.replace(tmp, png_path)

@@ -1,0 +1,129 @@
+"""Optimizers (Muon + AdamW as Zyphra trained ZAYA1, or AdamW alone), schedules, decay masks.
+
+Parameters are a nested dict of arrays (nnx.to_pure_dict of the model's nnx.Param state) with
+leading stacked axes: [L, ...] for every layer parameter and [L, E, ...] for the experts.
+
+Muon (optax.contrib.scale_by_muon) takes the matrix parameters listed in MUON_MATRICES: each
+entry says which trailing axes are the matrix's input (reduction) and output dims; every
+leading axis (layers, experts) is a batch axis, so Newton-Schulz orthogonalises each layer's
+(and each expert's) own matrix, never the stack. Updates are RMS-matched to AdamW
+(Moonlight, arXiv 2502.16982): scaled by muon_rms_scale * sqrt(max(fan_in, fan_out)).
+AdamW takes everything else: the embedding (tied with the output head), norms, biases,
+residual scales, key temperatures and the small CCA convolutions.
+
+Weight decay: matrices, convolution kernels and (if optimizer.decay_embedding) the embedding;
+never norms, biases, scales or temperatures. Both groups share the schedule's shape; AdamW's
+peak is optimizer.adam_learning_rate (0: the same as Muon's).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import optax
+from optax.contrib import MuonDimensionNumbers, scale_by_muon
+
+from zaya_jax.train.settings import OptimizerSettings
+
+# parameter path -> (reduction axes, output axes), counted from the end.
+MUON_MATRICES: dict[str, MuonDimensionNumbers] = {
+    "layers/attention/q_proj": MuonDimensionNumbers((-3,), (-2, -1)),          # [L, D, N, H]
+    "layers/attention/k_proj": MuonDimensionNumbers((-3,), (-2, -1)),          # [L, D, K, H]
+    "layers/attention/v_proj_current": MuonDimensionNumbers((-3,), (-2, -1)),  # [L, D, K/2, H]
+    "layers/attention/v_proj_delayed": MuonDimensionNumbers((-3,), (-2, -1)),  # [L, D, K/2, H]
+    "layers/attention/o_proj": MuonDimensionNumbers((-3, -2), (-1,)),          # [L, N, H, D]
+    "layers/moe/gate": MuonDimensionNumbers((-2,), (-1,)),                     # [L, E, D, I]
+    "layers/moe/up": MuonDimensionNumbers((-2,), (-1,)),                       # [L, E, D, I]
+    "layers/moe/down": MuonDimensionNumbers((-2,), (-1,)),                     # [L, E, I, D]
+    "layers/moe/router/down_proj": MuonDimensionNumbers((-2,), (-1,)),         # [L, D, R]
+    "layers/moe/router/fc1": MuonDimensionNumbers((-2,), (-1,)),               # [L, R, R]
+    "layers/moe/router/fc2": MuonDimensionNumbers((-2,), (-1,)),               # [L, R, R]
+    "layers/moe/router/out_proj": MuonDimensionNumbers((-2,), (-1,)),          # [L, R, E+1]
+}
+CONV_KERNELS = ("layers/attention/conv_depthwise_weight", "layers/attention/conv_grouped_weight")
+EMBEDDING = "embed"
+
+
+def path_name(path) -> str:
+    """A tree path of dict keys -> 'layers/moe/gate'."""
+    return "/".join(str(getattr(k, "key", k)) for k in path)
+
+
+def _map_params(fn: Callable[[str], object], tree):
+    """fn(path name) for every leaf of a (possibly partition-masked) parameter tree."""
+    return jax.tree_util.tree_map_with_path(lambda path, _: fn(path_name(path)), tree)
+
+
+def param_labels(params, settings: OptimizerSettings):
+    """'muon' or 'adamw' per parameter."""
+    if settings.name == "adamw":
+        return _map_params(lambda _: "adamw", params)
+    return _map_params(lambda name: "muon" if name in MUON_MATRICES else "adamw", params)
+
+
+def decay_mask(params, settings: OptimizerSettings):
+    """True where weight decay applies."""
+    decayed = set(MUON_MATRICES) | set(CONV_KERNELS) | ({EMBEDDING} if settings.decay_embedding else set())
+    return _map_params(lambda name: name in decayed, params)
+
+
+def schedule(settings: OptimizerSettings, total_steps: int, peak: float) -> optax.Schedule:
+    """Learning rate at each applied update.
+
+    cosine: linear warmup to `peak`, cosine decay to peak * min_lr_ratio at total_steps.
+    wsd: linear warmup, constant, then a linear decay to peak * min_lr_ratio over the last
+         decay_fraction of the steps (warmup-stable-decay).
+    constant: linear warmup, then `peak`.
+    """
+    s = settings
+    end = peak * s.min_lr_ratio
+    if s.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(0.0, peak, s.warmup_steps, total_steps, end)
+    warmup = optax.linear_schedule(0.0, peak, s.warmup_steps)
+    if s.schedule == "constant":
+        return optax.join_schedules([warmup, optax.constant_schedule(peak)], [s.warmup_steps])
+    decay_start = max(s.warmup_steps, int(total_steps * (1 - s.decay_fraction)))
+    return optax.join_schedules(
+        [warmup, optax.constant_schedule(peak), optax.linear_schedule(peak, end, total_steps - decay_start)],
+        [s.warmup_steps, decay_start])
+
+
+def _muon(settings: OptimizerSettings, lr: optax.Schedule) -> optax.GradientTransformation:
+    s = settings
+    dims = lambda updates: _map_params(MUON_MATRICES.__getitem__, updates)  # noqa: E731
+
+    def rms_match(updates, state, params=None):
+        del params
+
+        def scale(name, u):
+            spec = MUON_MATRICES[name]
+            fan_in = 1
+            for ax in spec.reduction_axis:
+                fan_in *= u.shape[ax]
+            fan_out = 1
+            for ax in spec.output_axis:
+                fan_out *= u.shape[ax]
+            return u * (s.muon_rms_scale * max(fan_in, fan_out) ** 0.5)
+        return jax.tree_util.tree_map_with_path(lambda p, u: scale(path_name(p), u), updates), state
+
+    return optax.chain(
+        scale_by_muon(ns_steps=s.muon_ns_steps, beta=s.muon_momentum, eps=s.eps, nesterov=s.muon_nesterov,
+                      weight_dimension_numbers=dims),
+        optax.GradientTransformation(optax.init_empty_state, rms_match),
+        optax.add_decayed_weights(s.weight_decay, mask=lambda p: decay_mask(p, s)),
+        optax.scale_by_learning_rate(lr),
+    )
+
+
+def make_optimizer(settings: OptimizerSettings, total_steps: int) -> optax.GradientTransformation:
+    """Global-norm clipping, then Muon on MUON_MATRICES and AdamW on the rest (or AdamW on all)."""
+    s = settings
+    adam_lr = schedule(s, total_steps, s.adam_learning_rate or s.learning_rate)
+    adamw = optax.adamw(adam_lr, b1=s.b1, b2=s.b2, eps=s.eps, weight_decay=s.weight_decay,
+                        mask=lambda p: decay_mask(p, s))
+    transforms = {"adamw": adamw}
+    if s.name == "muon":
+        transforms["muon"] = _muon(s, schedule(s, total_steps, s.learning_rate))
+    parts = optax.partition(transforms, lambda p: param_labels(p, s))
+    return optax.chain(optax.clip_by_global_norm(s.grad_clip_norm), parts) if s.grad_clip_norm else parts

@@ -1,0 +1,200 @@
+"""The training sections of a config, validated before anything is built or compiled.
+
+Sections (ml_collections ConfigDicts; every field has the default shown by the dataclasses
+below, and every error names the offending `section.field`):
+
+  train       steps, seed, data ('synthetic' | 'pipeline'), seq_len and global_batch_size (the
+              synthetic batch shape; with 'pipeline' the curriculum phases set them),
+              microbatches (gradient accumulation), loss_chunk_size, log_every_steps,
+              peak_flops_per_device (0: from the device-kind table), init_from_hf (an HF
+              checkpoint dir to start from), max_nonfinite_streak (roll back after that many
+              non-finite steps in a row; 0: never)
+  optimizer   name ('muon' | 'adamw'), learning_rate, adam_learning_rate (0: learning_rate),
+              schedule ('cosine' | 'wsd' | 'constant'), warmup_steps, decay_fraction (WSD),
+              min_lr_ratio, b1, b2, eps, weight_decay, decay_embedding, grad_clip_norm (0: off),
+              muon_momentum, muon_ns_steps, muon_nesterov, muon_rms_scale
+  balancing   enabled, rate, b1, b2, include_skip (whether the skip slot is balanced too)
+  checkpoint  every_steps (0: only at the end and on a signal), max_to_keep, async_save
+  eval        every_steps (0: never), max_batches (0: data.eval.max_batches)
+  mesh        data, fsdp, expert, tensor, context (one may be -1), shard_optimizer_over_data
+  monitor     progress_bar, tensorboard, heatmap_every_steps (0: only at the end)
+  data        the curriculum (zaya_jax.data.curriculum), read when train.data == 'pipeline'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from zaya_jax.config import ModelConfig
+from zaya_jax.config_files import model_config
+from zaya_jax.parallel.mesh import MESH_AXES
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    steps: int = 100
+    seed: int = 0
+    data: str = "synthetic"
+    seq_len: int = 0
+    global_batch_size: int = 0
+    microbatches: int = 1
+    loss_chunk_size: int = 1024
+    log_every_steps: int = 10
+    peak_flops_per_device: float = 0.0
+    init_from_hf: str = ""
+    max_nonfinite_streak: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+    name: str = "muon"
+    learning_rate: float = 3e-3
+    adam_learning_rate: float = 0.0
+    schedule: str = "cosine"
+    warmup_steps: int = 100
+    decay_fraction: float = 0.2
+    min_lr_ratio: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    decay_embedding: bool = True
+    grad_clip_norm: float = 1.0
+    muon_momentum: float = 0.95
+    muon_ns_steps: int = 5
+    muon_nesterov: bool = True
+    muon_rms_scale: float = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class BalancingSettings:
+    enabled: bool = True
+    rate: float = 1e-3
+    b1: float = 0.9
+    b2: float = 0.999
+    include_skip: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSettings:
+    every_steps: int = 1000
+    max_to_keep: int = 3
+    async_save: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    every_steps: int = 0
+    max_batches: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSettings:
+    data: int = -1
+    fsdp: int = 1
+    expert: int = 1
+    tensor: int = 1
+    context: int = 1
+    shard_optimizer_over_data: bool = False
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {axis: getattr(self, axis) for axis in MESH_AXES}
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitorSettings:
+    progress_bar: bool = True
+    tensorboard: bool = True
+    heatmap_every_steps: int = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    model: ModelConfig
+    train: TrainSettings
+    optimizer: OptimizerSettings
+    balancing: BalancingSettings
+    checkpoint: CheckpointSettings
+    eval: EvalSettings
+    mesh: MeshSettings
+    monitor: MonitorSettings
+
+
+SECTIONS = {"train": TrainSettings, "optimizer": OptimizerSettings, "balancing": BalancingSettings,
+            "checkpoint": CheckpointSettings, "eval": EvalSettings, "mesh": MeshSettings,
+            "monitor": MonitorSettings}
+CHOICES = {("train", "data"): ("synthetic", "pipeline"), ("optimizer", "name"): ("muon", "adamw"),
+           ("optimizer", "schedule"): ("cosine", "wsd", "constant")}
+POSITIVE = {("train", "steps"), ("train", "microbatches"), ("train", "loss_chunk_size"),
+            ("train", "log_every_steps"), ("optimizer", "learning_rate"), ("optimizer", "eps"),
+            ("optimizer", "muon_ns_steps"), ("optimizer", "muon_rms_scale"), ("balancing", "rate"),
+            ("checkpoint", "max_to_keep")}
+FRACTIONS = {("optimizer", "b1"), ("optimizer", "b2"), ("optimizer", "muon_momentum"), ("balancing", "b1"),
+             ("balancing", "b2"), ("optimizer", "decay_fraction"), ("optimizer", "min_lr_ratio")}
+
+
+def _check_type(section: str, field: dataclasses.Field, value: Any) -> Any:
+    name = f"{section}.{field.name}"
+    kind = type(field.default)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+    elif kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        value = float(value)
+    elif not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {value!r}")
+    if (section, field.name) in CHOICES and value not in CHOICES[section, field.name]:
+        raise ValueError(f"{name}={value!r} does not exist; choose one of {CHOICES[section, field.name]}")
+    if (section, field.name) in POSITIVE and not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    if (section, field.name) in FRACTIONS and not 0 <= value < 1:
+        raise ValueError(f"{name} must lie in [0, 1), got {value!r}")
+    if kind in (int, float) and (section, field.name) not in POSITIVE and section != "mesh" and value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return value
+
+
+def _section(config, section: str):
+    cls = SECTIONS[section]
+    values = dict(config[section].items()) if section in config else {}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ValueError(f"{section}.{unknown[0]}: unknown field (known fields: {', '.join(sorted(fields))})")
+    return cls(**{k: _check_type(section, fields[k], v) for k, v in values.items()})
+
+
+def settings_from_config(config) -> Settings:
+    """Validates every training section of `config`; raises ValueError naming the field."""
+    s = Settings(model=model_config(config), **{name: _section(config, name) for name in SECTIONS})
+    if s.train.data == "synthetic":
+        for field in ("seq_len", "global_batch_size"):
+            if getattr(s.train, field) <= 0:
+                raise ValueError(f"train.{field} must be > 0 with train.data='synthetic', "
+                                 f"got {getattr(s.train, field)}")
+    elif "data" not in config:
+        raise ValueError("train.data='pipeline' needs a data section (zaya_jax.data.curriculum)")
+    if s.train.steps <= s.optimizer.warmup_steps and s.optimizer.schedule != "constant":
+        raise ValueError(f"optimizer.warmup_steps ({s.optimizer.warmup_steps}) must be below "
+                         f"train.steps ({s.train.steps})")
+    return s
+
+
+def check_batch_layout(batch: int, seq_len: int, microbatches: int, mesh_shape: dict[str, int], where: str) -> None:
+    """A global batch [batch, seq_len] must split into micro-batches that shard over the mesh."""
+    if batch % microbatches:
+        raise ValueError(f"train.microbatches={microbatches} must divide the global batch {batch} ({where})")
+    shards = math.prod(mesh_shape.get(a, 1) for a in ("data", "fsdp", "expert"))
+    if (batch // microbatches) % shards:
+        raise ValueError(f"{where}: micro-batch of {batch // microbatches} rows (global batch {batch} / "
+                         f"train.microbatches {microbatches}) does not split over mesh data*fsdp*expert = {shards}")
+    if seq_len % mesh_shape.get("context", 1):
+        raise ValueError(f"{where}: seq_len {seq_len} is not divisible by mesh.context={mesh_shape['context']}")
