@@ -79,6 +79,7 @@ def main():
     parser.add_argument("--optimizer", default="muon", choices=["muon", "adamw"])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    load_start = os.getloadavg()[0]
     config = load_config_file(args.config)
     settings = settings_from_config(config)
     state = build_state(settings, args.optimizer)
@@ -92,6 +93,7 @@ def main():
         "devices": jax.device_count(), "state_mb": round(nbytes / 2**20, 1),
         "async": asynchronous, "sync": synchronous,
         "loop_blocked_async_vs_sync": round(asynchronous["blocking_s"] / synchronous["blocking_s"], 3),
+        "load_average_1min_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }, indent=2))
 
 

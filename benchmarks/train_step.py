@@ -104,6 +104,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--muon", action="store_true", help="also time the Muon + AdamW step")
     args = parser.parse_args()
+    load_start = os.getloadavg()[0]  # the CPU is shared: other jobs' load skews both sides, torch more
     config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py"))
     settings = settings_from_config(config)
     cfg = settings.model
@@ -154,6 +155,7 @@ def main():
         "speedup_vs_hf": round(torch_t / jax_t, 3),
         "zaya_jax_breakdown_s": {k: round(v, 4) for k, v in parts.items()},
         "torch_threads": torch.get_num_threads(),
+        "load_average_1min_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }
     if args.muon:
         muon_settings = settings.optimizer.__class__(**{**vars(settings.optimizer), "name": "muon"})

