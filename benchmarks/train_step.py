@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 from transformers import ZayaConfig, ZayaForCausalLM  # noqa: E402
 
-from benchmarks.common import best_time  # noqa: E402
+from benchmarks.common import alternate_medians, best_time  # noqa: E402
 from zaya_jax.config_files import load_config_file  # noqa: E402
 from zaya_jax.convert.hf_config import hf_config_from_model  # noqa: E402
 from zaya_jax.convert.hf_load import model_from_tensors  # noqa: E402
@@ -138,13 +138,8 @@ def main():
         hf(ids_t, labels=ids_t).loss.backward()
         hf_opt.step()
 
-    jax_s, torch_s = [], []
-    jax_step(), torch_step()  # compile / warm up
-    for _ in range(args.repeats):  # alternate so both see the same machine state
-        jax_s.append(best_time(jax_step, 1, warmup=0))
-        torch_s.append(best_time(torch_step, 1, warmup=0))
+    jax_t, torch_t = alternate_medians(jax_step, torch_step, args.repeats)
     tokens = batch_size * seq
-    jax_t, torch_t = float(np.median(jax_s)), float(np.median(torch_s))
     parts = breakdown(model, settings, batch, adamw, args.repeats)
     parts["other_s"] = jax_t - sum(parts.values())
     result = {
