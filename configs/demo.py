@@ -14,6 +14,7 @@ that top-1 routing shows at random init (router entropy 0 -> 0.98 within 150 ste
 
 import ml_collections
 
+from zaya_jax.config_files import model_section
 from zaya_jax.data import demo_data_config
 
 STEPS = (100, 100, 60)  # global batches per phase
@@ -22,14 +23,14 @@ BATCH = 8               # rows per global batch (the demo data config's 16, halv
 
 def get_config():
     config = ml_collections.ConfigDict()
-    config.model = ml_collections.ConfigDict(dict(
+    config.model = model_section(
         vocab_size=4096, hidden_size=128, num_layers=4, num_q_heads=4, num_kv_heads=2, head_dim=32,
         num_experts=8, moe_intermediate_size=128, router_hidden_size=32,
         rope_theta=10_000.0, partial_rotary_factor=0.5, max_position_embeddings=1024,
         rms_norm_eps=1e-5, router_norm_eps=1e-6, layout="base", residual_in_fp32=False,
         dtype="float32", scan_layers=True, remat="none", moe_backend="auto",
         pad_token_id=0, bos_token_id=2, eos_token_id=1,
-    ))
+    )
     config.kernels = ml_collections.ConfigDict(dict(attention="auto", moe_matmul="auto"))
     config.data = demo_data_config()
     for phase, steps in zip(config.data.phases, STEPS):

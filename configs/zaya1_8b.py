@@ -8,19 +8,20 @@ Zyphra published nothing).
 
 import ml_collections
 
+from zaya_jax.config_files import model_section
 from zaya_jax.data import parse_phases, zaya1_base_data_config
 
 
 def get_config():
     config = ml_collections.ConfigDict()
-    config.model = ml_collections.ConfigDict(dict(
+    config.model = model_section(
         vocab_size=262_272, hidden_size=2048, num_layers=40, num_q_heads=8, num_kv_heads=2, head_dim=128,
         num_experts=16, moe_intermediate_size=2048, router_hidden_size=256,
         rope_theta=5_000_000.0, partial_rotary_factor=0.5, max_position_embeddings=131_072,
         rms_norm_eps=1e-5, router_norm_eps=1e-5, layout="native", residual_in_fp32=True,
         dtype="bfloat16", scan_layers=True, remat="dots_no_batch", moe_backend="auto",
         pad_token_id=0, bos_token_id=2, eos_token_id=106,
-    ))
+    )
     config.kernels = ml_collections.ConfigDict(dict(attention="auto", moe_matmul="auto"))
     config.train = ml_collections.ConfigDict(dict(seq_len=4096, global_batch_size=4096, seed=0))
     config.data = zaya1_base_data_config()

@@ -1,5 +1,7 @@
 """Sharded == unsharded: loss and gradients of configs/tiny.py on every 8-device layout."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,13 +9,16 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from tests.ragged_emulation import ragged_all_to_all_by_all_gather
 from zaya_jax.config_files import load_config_file, model_config
+from zaya_jax.model import moe
 from zaya_jax.model.build import create_model
 from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag, resolve_mesh_shape
+from zaya_jax.parallel.moe_sharding import dispatch_on_mesh
 from zaya_jax.parallel.rules import batch_spec, state_shardings
 
 CONFIG = load_config_file("configs/tiny.py")
-# Dropless everywhere (expert parallelism uses fixed capacity), so every layout computes one function.
+# Dropless everywhere (all_to_all expert parallelism uses fixed capacity), so every layout computes one function.
 CFG = model_config(CONFIG).replace(capacity_factor=float(CONFIG.model.num_experts))
 B, S = CONFIG.train.global_batch_size, CONFIG.train.seq_len
 RNG = np.random.default_rng(0)
@@ -39,12 +44,16 @@ def reference():
 
 
 @pytest.mark.parametrize("layout", ["data=8", "fsdp=8", "data=2,fsdp=2,expert=2", "data=2,tensor=2,expert=2",
-                                    "data=4,context=2", "expert=4,tensor=2", "all_gather:data=2,expert=4"])
-def test_layout_matches_single_device(reference, layout):
+                                    "data=4,context=2", "expert=4,tensor=2", "all_gather:data=2,expert=4",
+                                    "ragged_all_to_all:data=2,expert=4"])
+def test_layout_matches_single_device(reference, layout, monkeypatch):
     model, ref_loss, ref_grads = reference
-    if layout.startswith("all_gather:"):  # dropless expert parallelism: same init, no capacity to rely on
-        layout = layout.split(":")[1]
-        model = create_model(CFG.replace(expert_parallel="all_gather", capacity_factor=1.0))
+    if ":" in layout:  # dropless expert parallelism: same init, no capacity to rely on
+        mode, layout = layout.split(":")
+        model = create_model(CFG.replace(expert_parallel=mode, capacity_factor=1.0))
+        # XLA:CPU cannot run ragged_all_to_all: the model's MoE blocks get the emulation
+        monkeypatch.setattr(moe, "dispatch_on_mesh",
+                            functools.partial(dispatch_on_mesh, exchange=ragged_all_to_all_by_all_gather))
     mesh = make_mesh(parse_mesh_flag(layout))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     with jax.set_mesh(mesh):

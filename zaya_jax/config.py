@@ -15,14 +15,14 @@ are separate fields that the config files set per layout.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 LAYOUTS = ("base", "native")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 MOE_BACKENDS = ("auto", "dense", "capacity", "ragged", "tiles")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 KERNELS = ("auto", "xla", "pallas")
-EXPERT_PARALLEL = ("all_to_all", "all_gather")
+EXPERT_PARALLEL = ("all_to_all", "all_gather", "ragged_all_to_all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,13 +69,23 @@ class ModelConfig:
         _validate(self)
 
     @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """{field: default} for every field, in declaration order."""
+        return {f.name: f.default for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def check_field_names(cls, names: Iterable[str]) -> None:
+        """Raises naming the first name that is not a field."""
+        known = cls.defaults()
+        unknown = sorted(set(names) - set(known))
+        if unknown:
+            raise ValueError(f"model.{unknown[0]}: unknown field (known fields: {', '.join(sorted(known))})")
+
+    @classmethod
     def from_config(cls, section: Mapping[str, Any] | Any) -> "ModelConfig":
         """Builds from the `model` section of a config (ConfigDict or mapping)."""
         values = dict(section.items()) if hasattr(section, "items") else dict(section)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"model.{unknown[0]}: unknown field (known fields: {', '.join(sorted(known))})")
+        cls.check_field_names(values)
         return cls(**values)
 
     def replace(self, **changes) -> "ModelConfig":

@@ -1,8 +1,10 @@
 """Loading ml_collections config files and turning their sections into validated objects.
 
 A config file defines `get_config()` returning a ConfigDict with sections:
-  model    ModelConfig fields (zaya_jax.config)
-  kernels  attention, moe_matmul: auto | xla | pallas
+  model    every ModelConfig field (zaya_jax.config), built with `model_section(**values)` so
+           that any field can be overridden from the command line (`--config.model.remat=full`)
+  kernels  attention, moe_matmul: auto | xla | pallas (the same settings as
+           model.attention_kernel and model.moe_matmul_kernel; set either, not both differently)
   train, optimizer, balancing, checkpoint, eval, mesh, monitor
            the trainer's (validated by zaya_jax.train.settings; docs/training.md)
   data     the data curriculum (zaya_jax.data.curriculum; docs/data.md)
@@ -31,13 +33,38 @@ def load_config_file(path: str | os.PathLike) -> ml_collections.ConfigDict:
     return module.get_config()
 
 
+KERNEL_FIELDS = {"attention": "attention_kernel", "moe_matmul": "moe_matmul_kernel"}  # kernels.* -> model.*
+
+
+def model_section(**values) -> ml_collections.ConfigDict:
+    """A config's `model` section: every ModelConfig field, its default unless given in `values`.
+
+    Listing every field is what lets ml_collections accept `--config.model.<field>=...` for any
+    of them; an int given for a float field is stored as a float, so float overrides parse.
+    """
+    ModelConfig.check_field_names(values)
+    section = {**ModelConfig.defaults(), **values}
+    for name, default in ModelConfig.defaults().items():
+        if isinstance(default, float) and isinstance(section[name], int) and not isinstance(section[name], bool):
+            section[name] = float(section[name])
+    return ml_collections.ConfigDict(section)
+
+
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
-    """The validated ModelConfig of a full config (model section plus kernel choices)."""
+    """The validated ModelConfig of a full config (model section plus kernel choices).
+
+    A `kernels` entry and its model field are one setting: whichever differs from the default
+    applies; both set to different non-default values is an error naming both.
+    """
     if "model" not in config:
         raise ValueError("config has no 'model' section")
     values = dict(config.model.items())
-    kernels = config.get("kernels", {})
-    for field, key in (("attention_kernel", "attention"), ("moe_matmul_kernel", "moe_matmul")):
-        if key in kernels:
-            values[field] = kernels[key]
+    kernels, defaults = config.get("kernels", {}), ModelConfig.defaults()
+    for key, field in KERNEL_FIELDS.items():
+        if key not in kernels or kernels[key] == defaults[field]:
+            continue
+        if values.get(field, defaults[field]) not in (defaults[field], kernels[key]):
+            raise ValueError(f"kernels.{key}={kernels[key]!r} and model.{field}={values[field]!r} are the same "
+                             "setting with different values; set one of them")
+        values[field] = kernels[key]
     return ModelConfig.from_config(values)

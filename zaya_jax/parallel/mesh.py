@@ -2,7 +2,8 @@
 
 Axes (always all five, in this order): data, fsdp, expert, tensor, context. A config gives each
 a size; one may be -1 (the rest of the devices). `--mesh data=128,fsdp=8` style strings parse
-to the same mapping.
+to the same mapping. `check_platform_support` rejects a layout that needs a collective the
+platform lacks (ragged_all_to_all on XLA:CPU), before anything compiles.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
+from zaya_jax.model.kernels import platform
+
 MESH_AXES = ("data", "fsdp", "expert", "tensor", "context")
+RAGGED_ALL_TO_ALL_PLATFORMS = ("gpu", "tpu")  # XLA:CPU: "UNIMPLEMENTED: HLO opcode 'ragged-all-to-all'"
 
 
 def parse_mesh_flag(text: str) -> dict[str, int]:
@@ -54,6 +58,18 @@ def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int) -> dict[str, 
         raise ValueError(f"mesh: product of mesh axes ({described}) = {math.prod(shape.values())} "
                          f"!= {num_devices} devices")
     return shape
+
+
+def check_platform_support(mesh_shape: Mapping[str, int], expert_parallel: str,
+                           target_platform: str | None = None) -> None:
+    """A layout needing a collective that the platform (default: this process's) lacks fails here."""
+    target = target_platform or platform()
+    if (expert_parallel == "ragged_all_to_all" and mesh_shape.get("expert", 1) > 1
+            and target not in RAGGED_ALL_TO_ALL_PLATFORMS):
+        raise ValueError(f"model.expert_parallel='ragged_all_to_all' with mesh.expert={mesh_shape['expert']} needs "
+                         f"jax.lax.ragged_all_to_all, which platform {target!r} cannot run (it runs on "
+                         f"{' and '.join(RAGGED_ALL_TO_ALL_PLATFORMS)}); use model.expert_parallel=all_to_all "
+                         "(fixed capacity) or model.expert_parallel=all_gather (dropless)")
 
 
 def make_mesh(sizes: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:

@@ -10,7 +10,9 @@ context), so sorting never gathers the global batch. Expert weights arrive as th
                  all_gather  dropless: the expert group's tokens are all-gathered, each device
                              runs its own experts with the local backend, outputs are
                              reduce-scattered back (more traffic, no drops).
-               (ragged_all_to_all does not run on XLA:CPU, so neither path needs it.)
+                 ragged_all_to_all  dropless: only the routed tokens travel, with
+                             jax.lax.ragged_all_to_all there and back (GPU/TPU; XLA:CPU cannot
+                             run it; zaya_jax.parallel.ragged_exchange).
 Without a mesh (or with every axis 1) the local dispatch runs as is.
 """
 
@@ -24,6 +26,8 @@ from jax.sharding import PartitionSpec as P
 
 from zaya_jax.model.moe_dispatch import ExpertWeights, capacity_per_expert, sort_by_expert, unsort
 from zaya_jax.parallel.context import active_axes, current_mesh, current_mesh_shape
+from zaya_jax.parallel.mesh import check_platform_support
+from zaya_jax.parallel.ragged_exchange import expert_parallel_ragged
 from zaya_jax.parallel.rules import RULES
 
 
@@ -61,8 +65,14 @@ def expert_parallel_gather(x: jax.Array, expert: jax.Array, w: ExpertWeights, *,
 
 
 def dispatch_on_mesh(dispatch: Callable, x: jax.Array, expert: jax.Array, w: ExpertWeights, *,
-                     capacity_factor: float, expert_parallel: str = "all_to_all") -> tuple[jax.Array, jax.Array]:
-    """x: [B,S,D], expert: [B,S] -> (y [B,S,D], dropped []) with `dispatch` on each device's tokens."""
+                     capacity_factor: float, expert_parallel: str = "all_to_all",
+                     exchange: Callable | None = None) -> tuple[jax.Array, jax.Array]:
+    """x: [B,S,D], expert: [B,S] -> (y [B,S,D], dropped []) with `dispatch` on each device's tokens.
+
+    `exchange` (ragged_all_to_all's signature) serves `expert_parallel="ragged_all_to_all"`; None
+    means jax.lax.ragged_all_to_all, after checking that this platform has it (tests inject an
+    emulation on CPU).
+    """
     b, s, d = x.shape
     shape = current_mesh_shape()
     if not any(n > 1 for n in shape.values()):
@@ -74,12 +84,18 @@ def dispatch_on_mesh(dispatch: Callable, x: jax.Array, expert: jax.Array, w: Exp
     ep = "expert" if shape.get("expert", 1) > 1 else None
     num_experts = w.gate.shape[0]
     token_axes = tuple(batch or ()) + tuple(seq or ())
+    if ep and expert_parallel == "ragged_all_to_all" and exchange is None:
+        check_platform_support(shape, expert_parallel)
+        exchange = jax.lax.ragged_all_to_all
 
     def local(x, expert, gate, up, down):
         lb, ls, _ = x.shape
         xf, ef, wl = x.reshape(lb * ls, d), expert.reshape(lb * ls), ExpertWeights(gate, up, down)
         if ep and expert_parallel == "all_gather":
             y, dropped = expert_parallel_gather(xf, ef, wl, axis=ep, dispatch=dispatch)  # own experts' drops
+        elif ep and expert_parallel == "ragged_all_to_all":
+            y, dropped = expert_parallel_ragged(xf, ef, wl, axis=ep, num_experts=num_experts, dispatch=dispatch,
+                                                exchange=exchange)                    # own experts' drops
         elif ep:
             y, dropped = expert_parallel_capacity(xf, ef, wl, axis=ep, num_experts=num_experts,
                                                   capacity_factor=capacity_factor)

@@ -21,7 +21,7 @@ from zaya_jax.config import ModelConfig
 from zaya_jax.model.build import abstract_model
 from zaya_jax.model.kernels import resolve_moe_backend
 from zaya_jax.model.moe_dispatch import capacity_per_expert, max_tiles
-from zaya_jax.parallel.mesh import MESH_AXES
+from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
 from zaya_jax.parallel.rules import state_specs, with_data_axis
 
 GIB = 2**30
@@ -94,7 +94,7 @@ def dispatch_numbers_per_layer(cfg: ModelConfig, tokens: float, mesh: dict[str, 
     backend = resolve_moe_backend(cfg.moe_backend, platform)
     if mesh["expert"] > 1 and cfg.expert_parallel == "all_to_all":  # fixed-capacity buckets
         backend = "capacity"
-    elif mesh["expert"] > 1:  # all_gather: the local backend sees the whole expert group's tokens
+    elif mesh["expert"] > 1:  # all_gather, ragged_all_to_all: the local backend gets a buffer of the group's tokens
         tokens *= mesh["expert"]
     if backend == "tiles":
         n_tiles = max_tiles(int(tokens), e, cfg.moe_tile_size)
@@ -124,8 +124,8 @@ def activation_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape) 
 
 
 def fsdp_gathered_memory(mem: dict[str, float], cfg: ModelConfig, mesh: dict[str, int]) -> float:
-    """With the layers stacked under scan, XLA gathers the whole FSDP-sharded stack at once (in the
-    compute dtype) rather than one layer at a time: the cost of FSDP without per-layer gathers."""
+    """The whole FSDP-sharded stack gathered at once (in the compute dtype): an upper bound. The
+    compiled step gathers one layer at a time inside the scan (docs/parallel.md, data / fsdp)."""
     if mesh["fsdp"] == 1:
         return 0.0
     dtype_bytes = 2 if cfg.dtype == "bfloat16" else 4
@@ -153,13 +153,15 @@ def collective_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, m
     tokens = shape.global_batch * shape.seq_len / (mesh["data"] * fsdp * mesh["expert"] * mesh["context"])
     act = tokens * cfg.hidden_size * dtype_bytes
     ep, tp, cp = mesh["expert"], mesh["tensor"], mesh["context"]
-    # expert parallel, forward and backward: tokens out and back at the capacity factor
-    # (all_to_all), or the group's tokens gathered and outputs reduce-scattered (all_gather)
-    if cfg.expert_parallel == "all_to_all":
-        out["all_to_all"] += cfg.num_layers * 4 * act * cfg.capacity_factor * ring(ep)
-    else:
+    # expert parallel, forward and backward: tokens out and back, padded to the capacity factor
+    # (all_to_all) or just the tokens (ragged_all_to_all; uniform routing, skip-slot tokens
+    # counted as sent), or the group's tokens gathered and outputs reduce-scattered (all_gather)
+    if cfg.expert_parallel == "all_gather":
         out["all_gather"] += cfg.num_layers * 2 * act * ep * ring(ep)
         out["reduce_scatter"] += cfg.num_layers * 2 * act * ep * ring(ep)
+    else:
+        padding = cfg.capacity_factor if cfg.expert_parallel == "all_to_all" else 1.0
+        out["all_to_all"] += cfg.num_layers * 4 * act * padding * ring(ep)
     # tensor parallel: attention output and MoE partial sums all-reduced, forward and backward
     out["all_reduce"] += cfg.num_layers * 2 * 2 * 2 * act * ring(tp)
     # context parallel: K/V all-gathered per attention layer, forward and backward
@@ -170,6 +172,7 @@ def collective_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, m
 
 def plan(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, device_memory_gb: float = 192.0) -> dict:
     mesh = {a: int(mesh.get(a, 1)) for a in MESH_AXES}
+    check_platform_support(mesh, cfg.expert_parallel, shape.platform)
     if shape.global_batch % (mesh["data"] * mesh["fsdp"] * mesh["expert"] * shape.grad_accum):
         raise ValueError(f"train.global_batch_size {shape.global_batch} is not divisible by the batch axes "
                          f"(data*fsdp*expert = {mesh['data'] * mesh['fsdp'] * mesh['expert']}) times "
