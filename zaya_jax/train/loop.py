@@ -1,9 +1,13 @@
 """The training loop: config -> mesh, data, model, optimizer, state -> steps, logs, checkpoints.
 
-  Trainer(config, workdir)   validates every section, checks each phase's batch against the mesh,
+  Trainer(config, workdir, *, init_model=None, on_log=None)
+                             validates every section, checks each phase's batch against the mesh,
                              opens the data (missing files are named here) -- all before any
                              compilation -- then builds or restores the state:
-                               latest checkpoint in workdir  >  train.init_from_hf  >  fresh init
+                               latest checkpoint in workdir  >  init_model (a ZayaLM in memory,
+                               e.g. from a notebook)  >  train.init_from_hf  >  fresh init
+                             on_log(record) sees every record written to metrics.jsonl (train,
+                             eval, rollback), as it is written: a live plot's hook
   Trainer.run()              steps until train.steps (or the data ends), then saves, waits for
                              the checkpoint and draws the expert-load heatmap
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +26,7 @@ from flax import nnx
 
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.parallel import distributed
-from zaya_jax.parallel.mesh import make_mesh
+from zaya_jax.parallel.mesh import check_platform_support, make_mesh
 from zaya_jax.train import balancing, faults
 from zaya_jax.train.checkpoint import Checkpointer, config_json, restore_model
 from zaya_jax.train.data import eval_batches, open_training_data, phases_of
@@ -49,10 +54,22 @@ def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
     return model
 
 
+def check_same_architecture(model: ZayaLM, cfg, field: str) -> None:
+    """`model`'s architecture must equal `cfg`'s (runtime fields may differ); names the first difference."""
+    for name, value in vars(model.config).items():
+        if name not in RUNTIME_MODEL_FIELDS and value != getattr(cfg, name):
+            raise ValueError(f"{field}: the model has model.{name}={value!r} "
+                             f"but the config says {getattr(cfg, name)!r}")
+
+
 class Trainer:
-    def __init__(self, config, workdir: str):
+    def __init__(self, config, workdir: str, *, init_model: ZayaLM | None = None,
+                 on_log: Callable[[dict], None] | None = None):
         self.config, self.workdir = config, os.path.abspath(workdir)
         s = self.settings = settings_from_config(config)
+        if init_model is not None:
+            check_same_architecture(init_model, s.model, "init_model")
+        self._init_model, self.on_log = init_model, on_log
         distributed.initialize()
         self.phases = phases_of(config, s)
         self.mesh = make_mesh(s.mesh.sizes)
@@ -60,6 +77,7 @@ class Trainer:
         for p in self.phases:
             check_batch_layout(p.global_batch_size, p.seq_len, s.train.microbatches, mesh_shape,
                                f"phase {p.name!r}" if s.train.data == "pipeline" else "train.global_batch_size")
+        check_platform_support(mesh_shape, s.model.expert_parallel)
         if s.train.init_from_hf and not os.path.isdir(s.train.init_from_hf):
             raise FileNotFoundError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory")
         os.makedirs(self.workdir, exist_ok=True)
@@ -118,6 +136,10 @@ class Trainer:
                                     {"params": self.shardings.params, "biases": self.shardings.biases})
             model, _ = restore_model(self.checkpointer.directory, target, step)
             return self._fresh(model["params"], model["biases"]), f"weights of model-only checkpoint {step}"
+        if self._init_model is not None:
+            params, biases = ModelParts.arrays(self._init_model)
+            params = jax.device_put(params, self.shardings.params)
+            return self._fresh(params, jax.device_put(biases, self.shardings.biases)), "the given init_model's weights"
         if self.settings.train.init_from_hf:
             path = self.settings.train.init_from_hf
             params, biases = ModelParts.arrays(load_hf_matching(path, self.settings.model, "train.init_from_hf"))
@@ -187,7 +209,7 @@ class Trainer:
         position, skipped = self.data.get_state(), self.state.skipped_steps
         self.state = self._restore(latest).replace(skipped_steps=skipped)  # skipped_steps counts the whole run
         self.data.set_state(position)  # keep reading forward: do not replay the batches that failed
-        self.monitor.write({"kind": "rollback", "step": step, "restored_step": latest, "nonfinite_streak": streak})
+        self._write({"kind": "rollback", "step": step, "restored_step": latest, "nonfinite_streak": streak})
         self.monitor.log(f"{streak} non-finite steps in a row at step {step}: rolled back to checkpoint {latest}")
         return latest
 
@@ -197,6 +219,12 @@ class Trainer:
         self.data.close()
 
     # -- metrics ------------------------------------------------------------------------------
+    def _write(self, record: dict) -> None:
+        """One record to metrics.jsonl / TensorBoard, then to the on_log hook (process 0 only)."""
+        self.monitor.write(record)
+        if self.on_log is not None and self.is_main:
+            self.on_log(record)
+
     def _log_train(self, step: int, m: dict, tokens_per_sec: float, phase) -> None:
         flops = self._flops_per_token[phase.seq_len] * tokens_per_sec
         mfu = flops / self._peak if self._peak else None
@@ -205,7 +233,7 @@ class Trainer:
                   "skipped_steps": int(m["skipped_steps"]), "phase": phase.name, "rope_theta": phase.rope_theta,
                   **router_metrics(m["expert_counts"], m["dropped"]),
                   "expert_load": np.round(expert_load(m["expert_counts"]), 5).tolist()}
-        self.monitor.write(record)
+        self._write(record)
         self.monitor.progress(step, record["loss"], tokens_per_sec, mfu)
 
     def evaluate(self, step: int, rope_theta: float) -> dict:
@@ -215,7 +243,7 @@ class Trainer:
         record: dict = {"kind": "eval", "step": step}
         for source, r in results.items():
             record[f"eval/{source}/loss"], record[f"eval/{source}/perplexity"] = r["loss"], r["perplexity"]
-        self.monitor.write(record)
+        self._write(record)
         self.monitor.log(" ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("eval/")))
         return record
 

@@ -100,15 +100,14 @@ def draw_heatmap(metrics_path: str, png_path: str) -> None:
     records = [r for r in read_metrics(metrics_path) if "expert_load" in r] if os.path.exists(metrics_path) else []
     if not records:
         return
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: no global backend switch (safe inside a notebook)
 
     load = np.asarray([r["expert_load"] for r in records])  # [T, L, E+1]
     steps = [r["step"] for r in records]
     t, layers, slots = load.shape
     image = load.transpose(1, 2, 0).reshape(layers * slots, t)
-    fig, ax = plt.subplots(figsize=(min(16, 8 + t / 40), min(24, 2 + layers * slots / 8)))
+    fig = Figure(figsize=(min(16, 8 + t / 40), min(24, 2 + layers * slots / 8)))
+    ax = fig.subplots()
     mesh = ax.imshow(image, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0,
                      vmax=max(float(image.max()), 2.0 / (slots - 1)),
                      extent=(steps[0] - 0.5, steps[-1] + 0.5, layers * slots - 0.5, -0.5))
@@ -123,5 +122,4 @@ def draw_heatmap(metrics_path: str, png_path: str) -> None:
     fig.tight_layout()
     tmp = png_path + ".tmp.png"
     fig.savefig(tmp, dpi=80)
-    plt.close(fig)
     os.replace(tmp, png_path)
