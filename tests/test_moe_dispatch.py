@@ -72,3 +72,10 @@ def test_tile_bound_is_enough_for_worst_case():
     _, _, w = _problem(False)
     np.testing.assert_allclose(moe_dispatch.tiles(x, expert, w, tile=tile)[0], moe_dispatch.dense(x, expert, w)[0],
                                atol=1e-5)
+
+
+def test_expert_runs_locate_each_experts_rows():
+    from zaya_jax.model.expert_windows import expert_runs
+    runs = expert_runs(jnp.asarray([0, 9, 8, 1]))
+    np.testing.assert_array_equal(runs.start, [0, 0, 9, 17])
+    np.testing.assert_array_equal(runs.size, [0, 9, 8, 1])

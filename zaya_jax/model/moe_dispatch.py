@@ -9,9 +9,8 @@ all backends compute the same function whenever nothing is dropped.
   capacity  sort by expert into E fixed buckets of C = ceil(capacity_factor * T / E) rows,
             one batched einsum; overflow is dropped and counted.
   ragged    dropless: sort by expert, grouped matmul (jax.lax.ragged_dot or the Pallas kernel).
-  tiles     dropless in plain XLA: sort by expert, pad each expert's run to whole tiles of
-            `tile` rows (at most ceil(T/tile) + E tiles, a static bound) and run one batched
-            matmul over tiles, each with its expert's weights.
+  tiles     dropless in plain XLA: sort by expert, then a loop over the experts and over windows
+            of `tile` rows of each expert's run (zaya_jax.model.expert_windows).
 """
 
 from __future__ import annotations
@@ -21,6 +20,12 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from zaya_jax.model.expert_windows import expert_runs, expert_windows
+
+
+def max_tiles(num_tokens: int, num_experts: int, tile: int) -> int:  # TEMP: planner import, removed with its update
+    return math.ceil(num_tokens / tile) + num_experts
 
 
 class ExpertWeights(NamedTuple):
@@ -96,25 +101,9 @@ def ragged(x: jax.Array, expert: jax.Array, w: ExpertWeights, *,
     return unsort(matmul(hidden, w.down, sizes), s.order), jnp.int32(0)
 
 
-def max_tiles(num_tokens: int, num_experts: int, tile: int) -> int:
-    """Static bound on sum_e ceil(n_e / tile) for sum_e n_e <= num_tokens."""
-    return math.ceil(num_tokens / tile) + num_experts
-
-
 def tiles(x: jax.Array, expert: jax.Array, w: ExpertWeights, *, tile: int) -> tuple[jax.Array, jax.Array]:
     (t, d), num_experts = x.shape, w.gate.shape[0]
-    n_tiles = max_tiles(t, num_experts, tile)
     s = sort_by_expert(expert, num_experts)
-    tiles_per_expert = (s.group_sizes[:num_experts] + tile - 1) // tile
-    tile_ends = jnp.cumsum(tiles_per_expert)
-    first_tile = tile_ends - tiles_per_expert
-    routed = s.expert < num_experts
-    row = jnp.where(routed, first_tile[jnp.minimum(s.expert, num_experts - 1)] * tile + s.rank,
-                    n_tiles * tile)
-    buf = jnp.zeros((n_tiles * tile + 1, d), x.dtype).at[row].set(x[s.order])
-    tile_expert = jnp.minimum(jnp.searchsorted(tile_ends, jnp.arange(n_tiles), side="right"),
-                              num_experts - 1)
-    out = _swiglu(buf[:-1].reshape(n_tiles, tile, d), w.gate[tile_expert], w.up[tile_expert],
-                  w.down[tile_expert], "ntd,ndi->nti")
-    out = jnp.concatenate([out.reshape(n_tiles * tile, d), jnp.zeros((1, d), x.dtype)])
-    return unsort(out[row], s.order), jnp.int32(0)
+    rows = jnp.concatenate([x[s.order], jnp.zeros((tile, d), x.dtype)])
+    y = expert_windows(rows, w.gate, w.up, w.down, expert_runs(s.group_sizes[:num_experts]), tile)[:t]
+    return unsort(jnp.where((s.expert < num_experts)[:, None], y, 0), s.order), jnp.int32(0)

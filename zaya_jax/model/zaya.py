@@ -149,8 +149,11 @@ class ZayaLM(nnx.Module):
         if cfg.scan_layers:
             (stream, _), stats = jax.lax.scan(body, carry, layer_states)
             return stream, stats
+        # unstack (not x[i]): its gradient is one concatenate, not L zero-padded stacks summed
+        leaves, treedef = jax.tree.flatten(layer_states)
+        per_leaf = [jnp.unstack(leaf) for leaf in leaves]
         per_layer = []
         for i in range(cfg.num_layers):
-            carry, layer_stats = body(carry, jax.tree.map(lambda x: x[i], layer_states))
+            carry, layer_stats = body(carry, jax.tree.unflatten(treedef, [parts[i] for parts in per_leaf]))
             per_layer.append(layer_stats)
         return carry[0], jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
