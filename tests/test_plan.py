@@ -4,8 +4,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.model.accounting import model_summary
+from zaya_jax.parallel.mesh import resolve_mesh_shape
+from zaya_jax.parallel.planner import StepShape, dispatch_numbers_per_layer, plan
 
 
 def test_zaya1_base_counts():
@@ -51,3 +55,28 @@ def test_planner_state_bytes_equal_xla_arguments():
     state = ours["bytes_per_device"]["params"] + ours["bytes_per_device"]["optimizer_state"]
     batch_bytes = 8 * 64 * 4 / 8
     assert abs(xla["arguments"] - state - batch_bytes) / xla["arguments"] < 0.01
+
+
+def test_fsdp_gathered_is_one_layer_and_the_embedding_gradient():
+    """One layer's weights gathered (bf16) and its unsharded gradient (fp32), plus the embedding's
+    fp32 gradient: what the compiled step holds at once (docs/parallel.md), not the whole stack."""
+    cfg = model_config(load_config_file("configs/zaya1_base.py"))
+    counts = model_summary(cfg)
+    mesh = resolve_mesh_shape({"data": 128, "fsdp": 8}, 1024)
+    shape = StepShape(4096, 4096, optimizer="muon", shard_optimizer_over_data=True)
+    gathered = plan(cfg, mesh, shape)["bytes_per_device"]["fsdp_gathered"]
+    layer = counts["params_non_embedding"] / cfg.num_layers
+    embedding = counts["params_total"] - counts["params_non_embedding"]
+    assert gathered == pytest.approx(layer * (2 + 4) + embedding * 4, rel=0.01)
+    assert plan(cfg.replace(num_layers=20), mesh, shape)["bytes_per_device"]["fsdp_gathered"] == pytest.approx(
+        gathered, rel=1e-9)
+    assert plan(cfg, resolve_mesh_shape({"data": -1}, 1024), shape)["bytes_per_device"]["fsdp_gathered"] == 0
+
+
+@pytest.mark.parametrize("tensor", [1, 2])
+def test_tiles_dispatch_saves_sorted_rows_and_two_pre_activations(tensor):
+    """expert_windows keeps x [T+W, D], gate_pre and up_pre [T+W, I] for the backward pass."""
+    cfg = model_config(load_config_file("configs/tiny.py")).replace(moe_backend="tiles")
+    mesh = resolve_mesh_shape({"data": -1, "tensor": tensor}, 8)
+    d, i, w = cfg.hidden_size, cfg.moe_intermediate_size / tensor, cfg.moe_tile_size
+    assert dispatch_numbers_per_layer(cfg, 100, mesh, "cpu") == (100 + w) * (d + 2 * i)

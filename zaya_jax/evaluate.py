@@ -8,6 +8,10 @@ without --config it uses the config saved with the checkpoint. The held-out batc
 the training run (zaya_jax.train.data.eval_batches: each source's held-out split, or synthetic
 held-out batches), scored with the RoPE base of the curriculum phase the checkpoint's step was in
 (--rope_theta overrides; for --hf the model config's). Prints one JSON object.
+
+The weights are restored onto this process's mesh whatever mesh wrote them. Without --config,
+when the saved config's mesh does not fit this process's device count (a checkpoint trained on
+8 devices, evaluated on 1), the evaluation runs data parallel over all devices here instead.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import json
 
 import jax
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (default: the checkpoint's own).")
@@ -23,6 +27,21 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Orbax checkpoint (WORKDIR
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _HF = flags.DEFINE_string("hf", None, "HF checkpoint directory (config.json + safetensors).")
 _ROPE_THETA = flags.DEFINE_float("rope_theta", None, "RoPE base to evaluate with.")
+
+
+def evaluation_mesh_sizes(saved: dict[str, int], from_checkpoint: bool) -> dict[str, int]:
+    """The mesh to evaluate on: the config's, or for a checkpoint's own config whose mesh needs
+    another device count, data parallel over this process's devices."""
+    from zaya_jax.parallel.mesh import resolve_mesh_shape
+    try:
+        resolve_mesh_shape(saved, jax.device_count())
+        return saved
+    except ValueError as err:
+        if not from_checkpoint:
+            raise
+        logging.warning("the checkpoint's mesh does not fit here (%s): evaluating data parallel over %d devices",
+                        err, jax.device_count())
+        return {"data": -1}
 
 
 def main(argv):
@@ -34,7 +53,7 @@ def main(argv):
     distributed.initialize()
     from zaya_jax.model.build import abstract_model
     from zaya_jax.parallel.mesh import make_mesh
-    from zaya_jax.train.checkpoint import checkpoint_dir, read_config, restore_model
+    from zaya_jax.train.checkpoint import checkpoint_dir, model_target, read_config, restore_model
     from zaya_jax.train.data import eval_batches, phase_at_step, phases_of
     from zaya_jax.train.loop import evaluate_params, load_hf_matching
     from zaya_jax.train.settings import settings_from_config
@@ -45,8 +64,9 @@ def main(argv):
         raise app.UsageError("--hf needs --config (it names the evaluation data and the mesh)")
     config = _CONFIG.value if _CONFIG.value is not None else read_config(checkpoint_dir(_CHECKPOINT.value), _STEP.value)
     settings = settings_from_config(config)
-    mesh = make_mesh(settings.mesh.sizes)
-    parts = ModelParts(abstract_model(settings.model))
+    mesh = make_mesh(evaluation_mesh_sizes(settings.mesh.sizes, from_checkpoint=_CONFIG.value is None))
+    abstract = abstract_model(settings.model)
+    parts = ModelParts(abstract)
     shardings = {"params": to_shardings(parts.param_specs(mesh), mesh),
                  "biases": jax.sharding.NamedSharding(mesh, parts.biases_spec(mesh))}
     if _HF.value:
@@ -54,9 +74,7 @@ def main(argv):
         model = jax.device_put({"params": params, "biases": biases}, shardings)
         step, rope_theta = None, settings.model.rope_theta
     else:
-        params, biases = ModelParts.arrays(abstract_model(settings.model))
-        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                              {"params": params, "biases": biases}, shardings)
+        target = model_target(abstract, shardings)
         model, step = restore_model(checkpoint_dir(_CHECKPOINT.value), target, _STEP.value)
         rope_theta = phase_at_step(phases_of(config, settings), step).rope_theta
     rope_theta = _ROPE_THETA.value or rope_theta

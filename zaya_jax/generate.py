@@ -6,8 +6,9 @@
   python -m zaya_jax.generate --checkpoint DIR ...   # a trainer (Orbax) checkpoint
 
 --hf reads an HF ZAYA checkpoint (zaya_jax.load_hf); --checkpoint the latest step of a training
-run's Orbax checkpoint (zaya_jax.infer.load_checkpoint, through zaya_jax.train.checkpoint; without
-that module it fails and says so). Timing goes to stderr, generated text or ids to stdout.
+run's Orbax checkpoint, its WORKDIR or checkpoint directory (zaya_jax.infer.load_checkpoint, through
+zaya_jax.train.checkpoint; without that module it fails and says so), onto this process's first
+device whatever mesh and device count the training run had. Timing goes to stderr, generated text or ids to stdout.
 
 `zaya_jax.generate` is also the generate function (zaya_jax/__init__.py); importing this module
 would shadow it with the module, so the module itself is made callable as that function.
@@ -32,7 +33,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--hf", metavar="DIR", help="HF ZAYA checkpoint directory (config.json + safetensors)")
-    source.add_argument("--checkpoint", metavar="DIR", help="training checkpoint directory (Orbax)")
+    source.add_argument("--checkpoint", metavar="DIR", help="training run WORKDIR or its checkpoint directory (Orbax)")
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (needs --tokenizer)")
     prompt.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 2,17,5")

@@ -2,23 +2,17 @@
 
   load_hf(dir)          an HF ZAYA checkpoint (config.json + safetensors)
   load_checkpoint(dir)  a training run's Orbax checkpoint (zaya_jax.train.checkpoint): the saved
-                        run config gives the model; the `model` item gives weights and biases
+                        run config gives the model; the `model` item gives weights and biases,
+                        restored onto this process's first device whatever mesh wrote them
 """
 
 from __future__ import annotations
 
 import os
 
-from flax import nnx
-
-from zaya_jax.config_files import model_config
 from zaya_jax.convert.hf_load import load_hf as _load_hf
 from zaya_jax.infer.quantize import quantize_model
-from zaya_jax.model.build import abstract_model
-from zaya_jax.model.params import BalancingBias
 from zaya_jax.model.zaya import ZayaLM
-
-BIASES_PATH = ("layers", "moe", "router", "balancing_biases")
 
 
 def _maybe_quantize(model: ZayaLM, quantize: str | None, group_size: int) -> ZayaLM:
@@ -38,7 +32,8 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", quantize: str | 
 
 def load_checkpoint(directory: str | os.PathLike, *, step: int | None = None, quantize: str | None = None,
                     group_size: int = 64, **overrides) -> ZayaLM:
-    """A training checkpoint directory (default: its latest step) -> ZayaLM on the default device.
+    """A training checkpoint (a run's WORKDIR or its checkpoint directory; default: the latest step) ->
+    ZayaLM on this process's first device, whatever mesh and device count wrote it.
 
     overrides set ModelConfig fields of the saved config (dtype, moe_backend, ...).
     Needs zaya_jax.train.checkpoint; without it, raises ModuleNotFoundError saying so.
@@ -52,16 +47,5 @@ def load_checkpoint(directory: str | os.PathLike, *, step: int | None = None, qu
             f"loading a training checkpoint needs zaya_jax.train.checkpoint (the trainer's Orbax checkpoint "
             f"reader), which this installation does not have ({err}); load HF weights with load_hf / --hf",
             name=err.name) from err
-    directory = os.fspath(directory)
-    cfg = model_config(train_checkpoint.read_config(directory, step)).replace(**overrides)
-    graphdef, params, biases = nnx.split(abstract_model(cfg), nnx.Param, BalancingBias)
-    bias_tree = nnx.to_pure_dict(biases)
-    leaf = bias_tree
-    for key in BIASES_PATH[:-1]:
-        leaf = leaf[key]
-    target = {"params": nnx.to_pure_dict(params), "biases": leaf[BIASES_PATH[-1]]}
-    restored, _ = train_checkpoint.restore_model(directory, target, step)
-    nnx.replace_by_pure_dict(params, restored["params"])
-    leaf[BIASES_PATH[-1]] = restored["biases"]
-    nnx.replace_by_pure_dict(biases, bias_tree)
-    return _maybe_quantize(nnx.merge(graphdef, params, biases), quantize, group_size)
+    model, _ = train_checkpoint.load_checkpoint_model(os.fspath(directory), step, **overrides)
+    return _maybe_quantize(model, quantize, group_size)

@@ -24,9 +24,6 @@ import jax.numpy as jnp
 from zaya_jax.model.expert_windows import expert_runs, expert_windows
 
 
-def max_tiles(num_tokens: int, num_experts: int, tile: int) -> int:  # TEMP: planner import, removed with its update
-    return math.ceil(num_tokens / tile) + num_experts
-
 
 class ExpertWeights(NamedTuple):
     gate: jax.Array  # [E, D, I]

@@ -2,11 +2,12 @@
 
 Bytes per device for parameters (fp32 master), gradients (fp32, sharded like the parameters),
 optimizer state (AdamW: m and v; Muon: one momentum for matrices, m and v for the rest; sharded
-like the parameters, or also over `data` with optimizer-state sharding) and activations
-(what the remat policy keeps for the backward pass, per micro-batch), plus the collective
-bytes each device sends per step by kind. Activation counts are estimates (numbers saved per
-token per layer, listed below); benchmarks/planner_vs_xla.py compares them with XLA's compiled
-memory analysis.
+like the parameters, or also over `data` with optimizer-state sharding), activations (what the
+remat policy keeps for the backward pass, per micro-batch) and what FSDP holds unsharded at
+once (one layer's gathered parameters and unsharded gradient: fsdp_gathered_memory), plus the
+collective bytes each device sends per step by kind. Activation counts are estimates (numbers
+saved per token per layer, listed below); benchmarks/planner_vs_xla.py compares them with XLA's
+compiled memory analysis.
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
 from flax import nnx
 
 from zaya_jax.config import ModelConfig
 from zaya_jax.model.build import abstract_model
 from zaya_jax.model.kernels import resolve_moe_backend
-from zaya_jax.model.moe_dispatch import capacity_per_expert, max_tiles
+from zaya_jax.model.moe_dispatch import capacity_per_expert
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
 from zaya_jax.parallel.rules import state_specs, with_data_axis
 
@@ -51,18 +51,25 @@ def _is_matrix(path: tuple[str, ...], shape: tuple[int, ...]) -> bool:
     return path[0] != "embed" and len(shape) - leading >= 2
 
 
-def parameter_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape) -> dict[str, float]:
-    """Bytes per device of parameters, gradients and optimizer state."""
+def _parameters(cfg: ModelConfig, mesh: dict[str, int]) -> list[tuple[tuple[str, ...], tuple[int, ...], object]]:
+    """(path, shape, PartitionSpec) of every parameter of the model."""
     state = nnx.state(abstract_model(cfg), nnx.Param)
     specs = state_specs(state, mesh)
+    return [(tuple(map(str, path)), tuple(var.shape), spec.get_value())
+            for (path, spec), (_, var) in zip(nnx.to_flat_state(specs), nnx.to_flat_state(state))]
+
+
+def parameter_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape,
+                     parameters: list | None = None) -> dict[str, float]:
+    """Bytes per device of parameters, gradients and optimizer state."""
     params = grads = opt = 0.0
-    for (path, spec), (_, var) in zip(nnx.to_flat_state(specs), nnx.to_flat_state(state)):
-        spec, numel = spec.get_value(), int(np.prod(var.shape))
+    for path, var_shape, spec in parameters or _parameters(cfg, mesh):
+        numel = math.prod(var_shape)
         per_device = numel * 4 / _shard_factor(spec, mesh)
         params += per_device
         grads += per_device
-        opt_spec = with_data_axis(spec, var.shape, mesh) if shape.shard_optimizer_over_data else spec
-        slots = 1 if shape.optimizer == "muon" and _is_matrix(tuple(map(str, path)), var.shape) else 2
+        opt_spec = with_data_axis(spec, var_shape, mesh) if shape.shard_optimizer_over_data else spec
+        slots = 1 if shape.optimizer == "muon" and _is_matrix(path, var_shape) else 2
         opt += slots * numel * 4 / _shard_factor(opt_spec, mesh)
     return {"params": params, "grads": grads, "optimizer_state": opt}
 
@@ -96,9 +103,8 @@ def dispatch_numbers_per_layer(cfg: ModelConfig, tokens: float, mesh: dict[str, 
         backend = "capacity"
     elif mesh["expert"] > 1:  # all_gather, ragged_all_to_all: the local backend gets a buffer of the group's tokens
         tokens *= mesh["expert"]
-    if backend == "tiles":
-        n_tiles = max_tiles(int(tokens), e, cfg.moe_tile_size)
-        return n_tiles * 3 * d * i + n_tiles * cfg.moe_tile_size * (d + 3 * i)  # per-tile weights + rows
+    if backend == "tiles":  # expert_windows' residuals over T + W rows: the sorted rows, gate and up pre-activations
+        return (tokens + cfg.moe_tile_size) * (d + 2 * i)
     if backend == "capacity":
         return e * capacity_per_expert(int(tokens), e, cfg.capacity_factor) * (d + 3 * i)
     if backend == "dense":
@@ -123,13 +129,30 @@ def activation_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape) 
             "tokens_per_device_per_microbatch": tokens}
 
 
-def fsdp_gathered_memory(mem: dict[str, float], cfg: ModelConfig, mesh: dict[str, int]) -> float:
-    """The whole FSDP-sharded stack gathered at once (in the compute dtype): an upper bound. The
-    compiled step gathers one layer at a time inside the scan (docs/parallel.md, data / fsdp)."""
+def fsdp_gathered_memory(cfg: ModelConfig, mesh: dict[str, int], parameters: list | None = None) -> float:
+    """What FSDP keeps unsharded at the peak (the backward of one layer), bytes per device.
+
+    The stacked layers are gathered one layer at a time inside the scan, forward and backward,
+    with no prefetch of the next layer (docs/parallel.md, data / fsdp); while a layer's backward
+    runs, its gathered parameters (compute dtype) and its whole gradient before the reduce-scatter
+    (fp32) are live. So is the whole fp32 gradient of the unstacked FSDP-sharded weights (the
+    tied embedding: its loss-head and lookup contributions are summed before one reduce-scatter).
+    Only dimensions sharded over `fsdp` are unsharded; `tensor` and `expert` shards stay.
+    """
     if mesh["fsdp"] == 1:
         return 0.0
     dtype_bytes = 2 if cfg.dtype == "bfloat16" else 4
-    return mem["params"] * mesh["fsdp"] / 4 * dtype_bytes
+    without_fsdp = {**mesh, "fsdp": 1}
+    layer = unstacked = 0.0
+    for path, var_shape, spec in parameters or _parameters(cfg, mesh):
+        if _shard_factor(spec, mesh) == _shard_factor(spec, without_fsdp):
+            continue  # not sharded over fsdp: never gathered
+        numel = math.prod(var_shape) / _shard_factor(spec, without_fsdp)
+        if path[0] == "layers":
+            layer += numel / cfg.num_layers
+        else:
+            unstacked += numel
+    return layer * (dtype_bytes + 4) + unstacked * 4
 
 
 def collective_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: dict[str, float]) -> dict:
@@ -179,9 +202,10 @@ def plan(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, device_memory
                          f"grad_accum {shape.grad_accum}")
     if shape.seq_len % mesh["context"]:
         raise ValueError(f"train.seq_len {shape.seq_len} is not divisible by mesh.context {mesh['context']}")
-    mem = parameter_memory(cfg, mesh, shape)
+    parameters = _parameters(cfg, mesh)
+    mem = parameter_memory(cfg, mesh, shape, parameters)
     act = activation_memory(cfg, mesh, shape)
-    act["fsdp_gathered"] = fsdp_gathered_memory(mem, cfg, mesh)
+    act["fsdp_gathered"] = fsdp_gathered_memory(cfg, mesh, parameters)
     total = sum(mem.values()) + sum(v for k, v in act.items() if k != "tokens_per_device_per_microbatch")
     return {
         "mesh": mesh, "devices": math.prod(mesh.values()),

@@ -13,8 +13,11 @@ Saves are asynchronous (the loop blocks only while device arrays are copied to h
 runs in a background thread) and atomic: Orbax writes into `<step>.orbax-checkpoint-tmp-*` and
 renames it to `<step>` once every item is complete, so a process killed mid-write leaves only a
 temporary directory that is never restored (it is removed at the next start). Restores place
-every array onto the shardings of the *current* mesh, whatever mesh saved it (checkpoint
-reshaping).
+every array onto the shardings of the *current* process's devices, whatever mesh (and however
+many devices) saved it (checkpoint reshaping): every restore gives Orbax a target of
+ShapeDtypeStructs carrying shardings (Trainer: the run's mesh; `model_target`: any given
+shardings, by default this process's first device), never the saved ones, which name devices
+that may not exist here ("Topology mismatch").
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from zaya_jax.config_files import model_config
 from zaya_jax.model.build import abstract_model
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.train.settings import CheckpointSettings
-from zaya_jax.train.state import ModelParts, TrainState
+from zaya_jax.train.state import ModelParts, TrainState, with_shardings
 
 # Replicated arrays are written by one replica. Orbax's default (replica-parallel writes) compiles
 # a slicing program per device and array shape at the first save: about 0.5 s per parameter
@@ -92,13 +95,38 @@ class Checkpointer:
         self._manager.close()
 
 
+def _default_sharding() -> jax.sharding.Sharding:
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+
+def model_target(abstract: ZayaLM, shardings: dict | None = None) -> dict:
+    """The restore target of the `model` item for `abstract` (a model of ShapeDtypeStructs).
+
+    {params, biases} ShapeDtypeStructs carrying `shardings` (a {params: tree, biases: sharding}
+    matching them; default: every array on this process's first device).
+    """
+    params, biases = ModelParts.arrays(abstract)
+    tree = {"params": params, "biases": biases}
+    if shardings is None:
+        device = _default_sharding()
+        shardings = jax.tree.map(lambda _: device, tree)
+    return with_shardings(tree, shardings)
+
+
 def restore_model(directory: str, target: dict, step: int | None = None) -> tuple[dict, int]:
-    """The `model` item ({params, biases}) of `step` (default: the latest) onto `target`'s shardings."""
+    """The `model` item ({params, biases}) of `step` (default: the latest) onto `target`'s shardings.
+
+    A target leaf without a sharding goes onto this process's first device (Orbax would otherwise
+    use the sharding saved in the checkpoint, which fails whenever the saving process had other devices).
+    """
     manager = _manager(directory, None, False)
     step = manager.latest_step() if step is None else step
     if step is None:
         raise FileNotFoundError(f"{directory}: no finished checkpoint (a step directory written by the trainer "
                                 "or `python -m zaya_jax.convert to_orbax`)")
+    device = _default_sharding()
+    target = jax.tree.map(lambda a: a if getattr(a, "sharding", None) is not None
+                          else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target)
     restored = manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(target)))
     manager.close()
     return restored.model, step
@@ -130,13 +158,13 @@ def checkpoint_dir(path: str) -> str:
     return nested if os.path.isdir(nested) else path
 
 
-def load_checkpoint_model(path: str, step: int | None = None) -> tuple[ZayaLM, int]:
-    """(ZayaLM, step) from the `model` item and saved config of a checkpoint, on the default device."""
+def load_checkpoint_model(path: str, step: int | None = None, **overrides) -> tuple[ZayaLM, int]:
+    """(ZayaLM, step) from the `model` item and saved config of a checkpoint, on this process's first device.
+
+    `path`: a checkpoint directory or a run's WORKDIR; `overrides` set ModelConfig fields of the
+    saved config (dtype, moe_backend, ...). Works whatever mesh and device count wrote the checkpoint.
+    """
     directory = checkpoint_dir(path)
-    abstract = abstract_model(model_config(read_config(directory, step)))
-    params, biases = ModelParts.arrays(abstract)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-                          {"params": params, "biases": biases})
-    model, step = restore_model(directory, target, step)
+    abstract = abstract_model(model_config(read_config(directory, step)).replace(**overrides))
+    model, step = restore_model(directory, model_target(abstract), step)
     return ModelParts(abstract).merge(model["params"], model["biases"]), step
