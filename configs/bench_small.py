@@ -2,7 +2,9 @@
 2 KV heads of head_dim 32, 16 experts of intermediate size 512, router width 64, sequence 256,
 batch 8. Compared against HF transformers on the same CPU (benchmarks/). Trains on synthetic
 tokens with AdamW (what the HF comparison runs: torch.optim.AdamW), so
-`python -m zaya_jax.train --config configs/bench_small.py --workdir DIR` shows throughput alone."""
+`python -m zaya_jax.train --config configs/bench_small.py --workdir DIR` shows throughput alone.
+Layers run unrolled (scan_layers=False): with 4 layers that is ~12% faster on CPU than lax.scan,
+whose per-layer slicing of the stacked weights and stacking of their gradients costs more."""
 
 import ml_collections
 
@@ -16,7 +18,7 @@ def get_config():
         num_experts=16, moe_intermediate_size=512, router_hidden_size=64,
         rope_theta=10_000.0, partial_rotary_factor=0.5, max_position_embeddings=4096,
         rms_norm_eps=1e-5, router_norm_eps=1e-5, layout="native", residual_in_fp32=True,
-        dtype="float32", scan_layers=True, remat="none", moe_backend="auto",
+        dtype="float32", scan_layers=False, remat="none", moe_backend="auto",
         pad_token_id=0, bos_token_id=2, eos_token_id=1,
     )
     config.kernels = ml_collections.ConfigDict(dict(attention="auto", moe_matmul="auto"))
