@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).")
@@ -33,6 +33,8 @@ def main(argv):
         raise app.UsageError("--config is required, e.g. --config configs/demo.py")
     if not _WORKDIR.value:
         raise app.UsageError("--workdir is required")
+    if not flags.FLAGS["verbosity"].present:  # Orbax logs every save step at INFO; --verbosity=0 shows it
+        logging.set_verbosity(logging.WARNING)
     from zaya_jax.parallel import distributed
     distributed.initialize()
     enable_compilation_cache()
