@@ -2,18 +2,17 @@
 
 The skip slot outputs 0, the residual stream is kept in fp32, rope_theta 5e6, 131k context.
 
-Training sections as in zaya1_base.py (the same curriculum and optimizer; assumptions where
-Zyphra published nothing).
+Every other section is zaya1_base.py's, loaded from it (the same curriculum and optimizer;
+assumptions where Zyphra published nothing).
 """
 
-import ml_collections
+import os
 
-from zaya_jax.config_files import model_section
-from zaya_jax.data import parse_phases, zaya1_base_data_config
+from zaya_jax.config_files import load_config_file, model_section
 
 
 def get_config():
-    config = ml_collections.ConfigDict()
+    config = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "zaya1_base.py"))
     config.model = model_section(
         vocab_size=262_272, hidden_size=2048, num_layers=40, num_q_heads=8, num_kv_heads=2, head_dim=128,
         num_experts=16, moe_intermediate_size=2048, router_hidden_size=256,
@@ -22,23 +21,4 @@ def get_config():
         dtype="bfloat16", scan_layers=True, remat="dots_no_batch", moe_backend="auto",
         pad_token_id=0, bos_token_id=2, eos_token_id=106,
     )
-    config.kernels = ml_collections.ConfigDict(dict(attention="auto", moe_matmul="auto"))
-    config.train = ml_collections.ConfigDict(dict(seq_len=4096, global_batch_size=4096, seed=0))
-    config.data = zaya1_base_data_config()
-    config.train.update(dict(
-        steps=sum(p.num_batches for p in parse_phases(config.data)), data="pipeline", microbatches=1,
-        loss_chunk_size=512, log_every_steps=10, peak_flops_per_device=0.0, init_from_hf="",
-        max_nonfinite_streak=3,
-    ))
-    config.optimizer = ml_collections.ConfigDict(dict(
-        name="muon", learning_rate=3e-4, adam_learning_rate=0.0, schedule="wsd", warmup_steps=2000,
-        decay_fraction=0.1, min_lr_ratio=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, decay_embedding=True,
-        grad_clip_norm=1.0, muon_momentum=0.95, muon_ns_steps=5, muon_nesterov=True, muon_rms_scale=0.2,
-    ))
-    config.balancing = ml_collections.ConfigDict(dict(enabled=True, rate=1e-3, b1=0.9, b2=0.999, include_skip=False))
-    config.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, max_to_keep=3, async_save=True))
-    config.eval = ml_collections.ConfigDict(dict(every_steps=5000, max_batches=0))
-    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=1,
-                                                 shard_optimizer_over_data=True))
-    config.monitor = ml_collections.ConfigDict(dict(progress_bar=True, tensorboard=True, heatmap_every_steps=1000))
     return config

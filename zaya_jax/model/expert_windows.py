@@ -31,10 +31,15 @@ class ExpertRuns(NamedTuple):
     size: jax.Array   # [E] int32 rows
 
 
+def exclusive_cumsum(sizes: jax.Array) -> jax.Array:
+    """[n] sizes of consecutive runs -> [n] their starts."""
+    return jnp.cumsum(sizes) - sizes
+
+
 def expert_runs(group_sizes: jax.Array) -> ExpertRuns:
     """group_sizes: [E] rows per expert, runs in expert order -> their starts and sizes."""
     sizes = group_sizes.astype(jnp.int32)
-    return ExpertRuns(jnp.cumsum(sizes) - sizes, sizes)
+    return ExpertRuns(exclusive_cumsum(sizes), sizes)
 
 
 def _window(buf: jax.Array, start: jax.Array, window: int) -> jax.Array:

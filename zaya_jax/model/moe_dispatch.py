@@ -21,8 +21,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from zaya_jax.model.expert_windows import expert_runs, expert_windows
-
+from zaya_jax.model.expert_windows import exclusive_cumsum, expert_runs, expert_windows
 
 
 class ExpertWeights(NamedTuple):
@@ -42,7 +41,7 @@ def sort_by_expert(expert: jax.Array, num_experts: int) -> SortedTokens:
     order = jnp.argsort(expert, stable=True)
     sorted_expert = expert[order]
     group_sizes = jnp.bincount(expert, length=num_experts + 1).astype(jnp.int32)
-    starts = jnp.cumsum(group_sizes) - group_sizes
+    starts = exclusive_cumsum(group_sizes)
     rank = jnp.arange(expert.shape[0], dtype=jnp.int32) - starts[sorted_expert]
     return SortedTokens(order, sorted_expert, rank, group_sizes)
 

@@ -33,6 +33,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from zaya_jax.model.expert_windows import exclusive_cumsum
 from zaya_jax.model.moe_dispatch import ExpertWeights, sort_by_expert, unsort
 
 
@@ -45,10 +46,6 @@ class ExchangePlan(NamedTuple):
     recv_sizes: jax.Array      # rows source i sends me
     return_offsets: jax.Array  # where my outputs for source i land in its sorted buffer
     row_expert: jax.Array      # [ep*T] local expert of each receive-buffer row; L for unfilled rows
-
-
-def exclusive_cumsum(sizes: jax.Array) -> jax.Array:
-    return jnp.cumsum(sizes) - sizes
 
 
 def exchange_plan(group_sizes: jax.Array, *, axis: str, local_experts: int, buffer_rows: int) -> ExchangePlan:

@@ -95,22 +95,15 @@ class Checkpointer:
         self._manager.close()
 
 
-def _default_sharding() -> jax.sharding.Sharding:
-    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-
-
 def model_target(abstract: ZayaLM, shardings: dict | None = None) -> dict:
     """The restore target of the `model` item for `abstract` (a model of ShapeDtypeStructs).
 
     {params, biases} ShapeDtypeStructs carrying `shardings` (a {params: tree, biases: sharding}
-    matching them; default: every array on this process's first device).
+    matching them; default: none, which restore_model places on this process's first device).
     """
     params, biases = ModelParts.arrays(abstract)
     tree = {"params": params, "biases": biases}
-    if shardings is None:
-        device = _default_sharding()
-        shardings = jax.tree.map(lambda _: device, tree)
-    return with_shardings(tree, shardings)
+    return tree if shardings is None else with_shardings(tree, shardings)
 
 
 def restore_model(directory: str, target: dict, step: int | None = None) -> tuple[dict, int]:
@@ -124,7 +117,7 @@ def restore_model(directory: str, target: dict, step: int | None = None) -> tupl
     if step is None:
         raise FileNotFoundError(f"{directory}: no finished checkpoint (a step directory written by the trainer "
                                 "or `python -m zaya_jax.convert to_orbax`)")
-    device = _default_sharding()
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda a: a if getattr(a, "sharding", None) is not None
                           else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target)
     restored = manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(target)))

@@ -136,16 +136,16 @@ class Trainer:
                                     {"params": self.shardings.params, "biases": self.shardings.biases})
             model, _ = restore_model(self.checkpointer.directory, target, step)
             return self._fresh(model["params"], model["biases"]), f"weights of model-only checkpoint {step}"
+        path = self.settings.train.init_from_hf
+        if self._init_model is None and not path:
+            return self._fresh(None, None), "fresh initialisation"
         if self._init_model is not None:
-            params, biases = ModelParts.arrays(self._init_model)
-            params = jax.device_put(params, self.shardings.params)
-            return self._fresh(params, jax.device_put(biases, self.shardings.biases)), "the given init_model's weights"
-        if self.settings.train.init_from_hf:
-            path = self.settings.train.init_from_hf
-            params, biases = ModelParts.arrays(load_hf_matching(path, self.settings.model, "train.init_from_hf"))
-            params = jax.device_put(params, self.shardings.params)
-            return self._fresh(params, jax.device_put(biases, self.shardings.biases)), f"HF weights {path}"
-        return self._fresh(None, None), "fresh initialisation"
+            model, source = self._init_model, "the given init_model's weights"
+        else:
+            model, source = load_hf_matching(path, self.settings.model, "train.init_from_hf"), f"HF weights {path}"
+        params, biases = ModelParts.arrays(model)
+        return self._fresh(jax.device_put(params, self.shardings.params),
+                           jax.device_put(biases, self.shardings.biases)), source
 
     def _restore(self, step: int) -> TrainState:
         return self.checkpointer.restore(step, with_shardings(self.abstract_state, self.shardings), self.data)
