@@ -10,7 +10,9 @@ W rows (the last one partial) and runs the expert's three matmuls on each:
 Work is sum_e ceil(n_e / W) windows (at most ceil(T / W) + E), with no copies of the weights
 beyond one per expert. The inner trip count is data-dependent, which reverse-mode autodiff
 cannot take, hence the custom VJP: its backward walks the same windows, sums each expert's
-weight gradients over its windows in float32 and writes the input gradient window by window.
+weight gradients over its windows in float32 (starting from the first window's, so no zero-filled
+[E, ...] buffers; a scan over the experts stacks them) and writes the input gradient window by
+window.
 Forward saves the two pre-activations [T, I] (what autodiff of a dense SwiGLU would save).
 
 Shapes: T rows, D hidden, I expert hidden, E experts, W window rows.
@@ -57,10 +59,11 @@ def _put_valid(buf: jax.Array, rows: jax.Array, start: jax.Array, valid: jax.Arr
                                                start, 0)
 
 
-def _walk_run(runs: ExpertRuns, e: jax.Array, window: int, per_window, carry):
-    """carry = per_window(first row, valid rows, carry) over the windows of expert e's run."""
+def _walk_run(runs: ExpertRuns, e: jax.Array, window: int, per_window, carry, first: int = 0):
+    """carry = per_window(first row, valid rows, carry) over the windows of expert e's run,
+    from window number `first` on."""
     start, size = runs.start[e], runs.size[e]
-    return jax.lax.fori_loop(0, (size + window - 1) // window,
+    return jax.lax.fori_loop(first, (size + window - 1) // window,
                              lambda j, c: per_window(start + j * window, jnp.minimum(window, size - j * window), c),
                              carry)
 
@@ -108,8 +111,7 @@ def _expert_windows_bwd(window, residuals, dy):
     f32 = jnp.float32
     dot_t = lambda a, b: jnp.dot(a.T, b, preferred_element_type=f32)  # noqa: E731
 
-    def per_window(weights, start, valid, carry):
-        dx, d_gate, d_up, d_down = carry
+    def window_grads(weights, start, valid):
         g_w, u_w, d_w = weights
         dyw = jnp.where((jnp.arange(window) < valid)[:, None], _window(dy, start, window), 0)
         xw, g, u = _window(x, start, window), _window(gate_pre, start, window), _window(up_pre, start, window)
@@ -118,19 +120,23 @@ def _expert_windows_bwd(window, residuals, dy):
         dh = dyw @ d_w.T
         dg = dh * u * (sig * (1 + g * (1 - sig)))
         du = dh * silu
-        return (_put_valid(dx, dg @ g_w.T + du @ u_w.T, start, valid),
-                d_gate + dot_t(xw, dg), d_up + dot_t(xw, du), d_down + dot_t(silu * u, dyw))
+        return dg @ g_w.T + du @ u_w.T, (dot_t(xw, dg), dot_t(xw, du), dot_t(silu * u, dyw))
 
-    def expert_body(e, carry):
-        dx, d_gate, d_up, d_down = carry
-        zeros = tuple(jnp.zeros(w.shape[1:], f32) for w in (gate, up, down))
-        dx, *sums = _walk_run(runs, e, window, functools.partial(per_window, _weights_of(e, gate, up, down)),
-                              (dx, *zeros))
-        put = lambda acc, s: jax.lax.dynamic_update_index_in_dim(acc, s.astype(acc.dtype), e, 0)  # noqa: E731
-        return dx, put(d_gate, sums[0]), put(d_up, sums[1]), put(d_down, sums[2])
+    def per_window(weights, start, valid, carry):
+        dx, sums = carry
+        dxw, more = window_grads(weights, start, valid)
+        return _put_valid(dx, dxw, start, valid), tuple(a + b for a, b in zip(sums, more))
 
-    init = (jnp.zeros_like(x), jnp.zeros_like(gate), jnp.zeros_like(up), jnp.zeros_like(down))
-    dx, d_gate, d_up, d_down = jax.lax.fori_loop(0, gate.shape[0], expert_body, init)
+    def expert_body(dx, e):
+        weights = _weights_of(e, gate, up, down)
+        # the first window (all rows masked when the run is empty) starts the weight-gradient sums
+        start, valid = runs.start[e], jnp.minimum(window, runs.size[e])
+        dxw, sums = window_grads(weights, start, valid)
+        dx, sums = _walk_run(runs, e, window, functools.partial(per_window, weights),
+                             (_put_valid(dx, dxw, start, valid), sums), first=1)
+        return dx, tuple(acc.astype(w.dtype) for acc, w in zip(sums, (gate, up, down)))
+
+    dx, (d_gate, d_up, d_down) = jax.lax.scan(expert_body, jnp.zeros_like(x), jnp.arange(gate.shape[0]))
     return dx, d_gate, d_up, d_down, None
 
 
