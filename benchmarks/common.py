@@ -1,4 +1,4 @@
-"""Shared timing helper for benchmark scripts (which print JSON; they are never tests)."""
+"""Shared timing helpers for benchmark scripts (which print JSON; they are never tests)."""
 
 from __future__ import annotations
 
@@ -7,25 +7,34 @@ import time
 from typing import Callable
 
 
-def best_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+def wall_time(fn: Callable[[], object]) -> float:
+    """Seconds of one call of `fn` (fn must block)."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
     """Median wall time of `fn()` over `repeats` runs after `warmup` runs (fn must block)."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    return statistics.median(wall_time(fn) for _ in range(repeats))
 
 
-def alternate_medians(fn_a: Callable[[], object], fn_b: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """Median wall times of `fn_a` and `fn_b` (both must block), timed alternately after one
-    warm-up each, so both see the same machine state."""
+def alternate_times(fn_a: Callable[[], object], fn_b: Callable[[], object], repeats: int
+                    ) -> tuple[list[float], list[float]]:
+    """Wall times of `fn_a` and `fn_b` (both must block), timed alternately after one warm-up
+    each, so both see the same machine state."""
     fn_a(), fn_b()
     a: list[float] = []
     b: list[float] = []
     for _ in range(repeats):
-        a.append(best_time(fn_a, 1, warmup=0))
-        b.append(best_time(fn_b, 1, warmup=0))
+        a.append(wall_time(fn_a))
+        b.append(wall_time(fn_b))
+    return a, b
+
+
+def alternate_medians(fn_a: Callable[[], object], fn_b: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Median wall times of `fn_a` and `fn_b`, timed alternately (`alternate_times`)."""
+    a, b = alternate_times(fn_a, fn_b, repeats)
     return statistics.median(a), statistics.median(b)

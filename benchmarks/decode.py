@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import ZayaConfig, ZayaForCausalLM  # noqa: E402
 
-from benchmarks.common import best_time  # noqa: E402
+from benchmarks.common import wall_time  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
 from zaya_jax.convert.hf_config import hf_config_from_model  # noqa: E402
 from zaya_jax.convert.hf_load import model_from_tensors  # noqa: E402
@@ -48,10 +48,10 @@ def measure(model, hf, vocab_size: int, batch: int, prompt_len: int, n: int, rep
     ours(1), theirs(1)
     times = {key: [] for key in ("ours_prefill", "ours_total", "hf_prefill", "hf_total")}
     for _ in range(repeats):  # alternate so both see the same machine state
-        times["ours_prefill"].append(best_time(lambda: ours(1), 1, warmup=0))
-        times["hf_prefill"].append(best_time(lambda: theirs(1), 1, warmup=0))
-        times["ours_total"].append(best_time(lambda: ours(n), 1, warmup=0))
-        times["hf_total"].append(best_time(lambda: theirs(n), 1, warmup=0))
+        times["ours_prefill"].append(wall_time(lambda: ours(1)))
+        times["hf_prefill"].append(wall_time(lambda: theirs(1)))
+        times["ours_total"].append(wall_time(lambda: ours(n)))
+        times["hf_total"].append(wall_time(lambda: theirs(n)))
     t = {key: float(np.median(v)) for key, v in times.items()}
     ours_tps = batch * (n - 1) / (t["ours_total"] - t["ours_prefill"])
     hf_tps = batch * (n - 1) / (t["hf_total"] - t["hf_prefill"])

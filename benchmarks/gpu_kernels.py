@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import best_time  # noqa: E402
+from benchmarks.common import median_time  # noqa: E402
 from pallas_kernels import (attention_reference, cca_flash_attention,  # noqa: E402
                             grouped_matmul, grouped_matmul_reference)
 
@@ -69,7 +69,7 @@ def guarded(fn: Callable, *args):
 
 
 def measure(fn: Callable, args, flops: float, iters: int) -> dict:
-    seconds = guarded(best_time, lambda: jax.block_until_ready(fn(*args)), iters)
+    seconds = guarded(median_time, lambda: jax.block_until_ready(fn(*args)), iters)
     if isinstance(seconds, dict):
         return seconds
     return {"ms": _sig(seconds * 1e3), "tflops": _sig(flops / seconds / 1e12)}

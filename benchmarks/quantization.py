@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 import tokenizers  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from benchmarks.common import best_time  # noqa: E402
+from benchmarks.common import median_time  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
 from zaya_jax.data.demo_corpus import prose_documents  # noqa: E402
 from zaya_jax.data.tokenizer import train_bpe  # noqa: E402
@@ -75,8 +75,8 @@ def time_generation(model, prompt: np.ndarray, n: int, repeats: int) -> tuple[fl
         return generate(model, prompt, new, stop_at_eos=False)
 
     run(1), run(n)  # compile
-    prefill = best_time(lambda: run(1), repeats, warmup=0)
-    total = best_time(lambda: run(n), repeats, warmup=0)
+    prefill = median_time(lambda: run(1), repeats, warmup=0)
+    total = median_time(lambda: run(n), repeats, warmup=0)
     return prefill, (n - 1) / (total - prefill)
 
 
