@@ -19,12 +19,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from flax import nnx  # noqa: E402
-from transformers import ZayaConfig, ZayaForCausalLM  # noqa: E402
 
 from benchmarks.common import alternate_times  # noqa: E402
+from benchmarks.hf_pair import same_weights_pair  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
-from zaya_jax.convert.hf_config import hf_config_from_model  # noqa: E402
-from zaya_jax.convert.hf_load import model_from_tensors  # noqa: E402
 from zaya_jax.model.kernels import resolve_moe_backend  # noqa: E402
 
 
@@ -41,12 +39,7 @@ def main():
     config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py"))
     cfg = model_config(config).replace(moe_backend=args.moe_backend)
     batch, seq = config.train.global_batch_size, config.train.seq_len
-    torch.manual_seed(0)
-    torch.set_num_threads(os.cpu_count())
-    hf = ZayaForCausalLM(ZayaConfig(**hf_config_from_model(cfg, "native"))).train()
-    state = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
-    model = model_from_tensors(hf.config.to_dict(), set(state), state.__getitem__, "bench",
-                               moe_backend=args.moe_backend)
+    hf, model = same_weights_pair(cfg, os.cpu_count())
     ids_np = np.random.default_rng(0).integers(3, cfg.vocab_size, (batch, seq))
     ids = jnp.asarray(ids_np)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)

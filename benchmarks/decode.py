@@ -22,12 +22,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from transformers import ZayaConfig, ZayaForCausalLM  # noqa: E402
 
 from benchmarks.common import wall_time  # noqa: E402
+from benchmarks.hf_pair import same_weights_pair  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
-from zaya_jax.convert.hf_config import hf_config_from_model  # noqa: E402
-from zaya_jax.convert.hf_load import model_from_tensors  # noqa: E402
 from zaya_jax.infer import generate  # noqa: E402
 
 
@@ -75,11 +73,8 @@ def main():
     args = parser.parse_args()
     load_at_start = os.getloadavg()[0]
     cfg = model_config(load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py")))
-    torch.manual_seed(0)
-    torch.set_num_threads(args.torch_threads)
-    hf = ZayaForCausalLM(ZayaConfig(**hf_config_from_model(cfg, "native"))).eval()
-    state = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
-    model = model_from_tensors(hf.config.to_dict(), set(state), state.__getitem__, "bench")
+    hf, model = same_weights_pair(cfg, args.torch_threads)
+    hf.eval()
     results = [measure(model, hf, cfg.vocab_size, int(b), args.prompt_len, args.new_tokens, args.repeats)
                for b in args.batch.split(",")]
     print(json.dumps({

@@ -28,12 +28,10 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import torch  # noqa: E402
 from flax import nnx  # noqa: E402
-from transformers import ZayaConfig, ZayaForCausalLM  # noqa: E402
 
 from benchmarks.common import alternate_times, median_time  # noqa: E402
+from benchmarks.hf_pair import same_weights_pair  # noqa: E402
 from zaya_jax.config_files import load_config_file  # noqa: E402
-from zaya_jax.convert.hf_config import hf_config_from_model  # noqa: E402
-from zaya_jax.convert.hf_load import model_from_tensors  # noqa: E402
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn, resolve_moe_backend  # noqa: E402
 from zaya_jax.model.rope import rope_cos_sin  # noqa: E402
 from zaya_jax.train import balancing  # noqa: E402
@@ -110,15 +108,10 @@ def main():
     settings = settings_from_config(config)
     cfg = settings.model
     batch_size, seq = settings.train.global_batch_size, settings.train.seq_len
-    torch.manual_seed(0)
-    torch.set_num_threads(os.cpu_count())
-    hf = ZayaForCausalLM(ZayaConfig(**hf_config_from_model(cfg, "native"))).train()
+    hf, model = same_weights_pair(cfg, os.cpu_count())
     hf_opt = torch.optim.AdamW(hf.parameters(), lr=settings.optimizer.learning_rate,
                                betas=(settings.optimizer.b1, settings.optimizer.b2), eps=settings.optimizer.eps,
                                weight_decay=settings.optimizer.weight_decay)
-    tensors = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
-    model = model_from_tensors(hf.config.to_dict(), set(tensors), tensors.__getitem__, "bench",
-                               moe_backend=cfg.moe_backend)
 
     ids = np.random.default_rng(0).integers(3, cfg.vocab_size, (batch_size, seq + 1)).astype(np.int32)
     batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "segment_ids": np.ones((batch_size, seq), np.int32),

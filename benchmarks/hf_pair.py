@@ -1,0 +1,23 @@
+"""HF transformers' ZayaForCausalLM and our ZayaLM with the same (HF random-init) weights, for
+the benchmarks that compare the two on one CPU."""
+
+from __future__ import annotations
+
+import torch
+from transformers import ZayaConfig, ZayaForCausalLM
+
+from zaya_jax.config import ModelConfig
+from zaya_jax.convert.hf_config import hf_config_from_model
+from zaya_jax.convert.hf_load import model_from_tensors
+from zaya_jax.model.zaya import ZayaLM
+
+
+def same_weights_pair(cfg: ModelConfig, torch_threads: int, seed: int = 0) -> tuple[ZayaForCausalLM, ZayaLM]:
+    """-> (HF model in train mode, ours) built from one torch initialisation of `cfg` (native
+    layout); ours keeps cfg's MoE backend."""
+    torch.manual_seed(seed)
+    torch.set_num_threads(torch_threads)
+    hf = ZayaForCausalLM(ZayaConfig(**hf_config_from_model(cfg, "native"))).train()
+    tensors = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+    return hf, model_from_tensors(hf.config.to_dict(), set(tensors), tensors.__getitem__, "bench",
+                                  moe_backend=cfg.moe_backend)
