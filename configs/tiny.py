@@ -37,5 +37,6 @@ def get_config():
     config.eval = ml_collections.ConfigDict(dict(every_steps=100, max_batches=2))
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=1,
                                                  shard_optimizer_over_data=False))
-    config.monitor = ml_collections.ConfigDict(dict(progress_bar=True, tensorboard=True, heatmap_every_steps=50))
+    config.monitor = ml_collections.ConfigDict(dict(progress_bar=True, tensorboard=True, heatmap_every_steps=50,
+                                                   profile_start_step=0, profile_steps=3))
     return config

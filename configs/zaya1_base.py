@@ -47,5 +47,6 @@ def get_config():
     config.eval = ml_collections.ConfigDict(dict(every_steps=5000, max_batches=0))
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=1,
                                                  shard_optimizer_over_data=True))
-    config.monitor = ml_collections.ConfigDict(dict(progress_bar=True, tensorboard=True, heatmap_every_steps=1000))
+    config.monitor = ml_collections.ConfigDict(dict(progress_bar=True, tensorboard=True, heatmap_every_steps=1000,
+                                                   profile_start_step=0, profile_steps=3))
     return config

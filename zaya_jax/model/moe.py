@@ -46,12 +46,14 @@ class MoE(nnx.Module):
                  ) -> tuple[jax.Array, jax.Array, MoEStats]:
         """x: [B,S,D] normed; prev_state: [B,S,R]; token_mask: [B,S] bool -> y [B,S,D], state, stats."""
         dt = x.dtype
-        routing = self.router(x, prev_state)
+        with jax.named_scope("router"):
+            routing = self.router(x, prev_state)
         num_experts = self.gate.shape[0]
         weights = ExpertWeights(self.gate[...].astype(dt), self.up[...].astype(dt), self.down[...].astype(dt))
-        expert_out, dropped = dispatch_on_mesh(dispatch, x, routing.choice, weights,
-                                               capacity_factor=self.capacity_factor,
-                                               expert_parallel=self.expert_parallel)
+        with jax.named_scope("experts"):
+            expert_out, dropped = dispatch_on_mesh(dispatch, x, routing.choice, weights,
+                                                   capacity_factor=self.capacity_factor,
+                                                   expert_parallel=self.expert_parallel)
         if self.skip_passes_input:
             expert_out = jnp.where((routing.choice == num_experts)[..., None], x, expert_out)
         y = expert_out * routing.weight[..., None].astype(dt)

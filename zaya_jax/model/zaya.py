@@ -60,11 +60,13 @@ class DecoderLayer(nnx.Module):
 
     def __call__(self, stream: jax.Array, router_state: jax.Array, ctx: LayerContext
                  ) -> tuple[jax.Array, jax.Array, MoEStats]:
-        a = self.attention(self.input_norm(stream, ctx.dtype), ctx.cos, ctx.sin, ctx.segment_ids, ctx.attention)
-        stream = self.attention_residual(a, stream, ctx.stream_dtype)
-        m, router_state, stats = self.moe(self.post_attention_norm(stream, ctx.dtype), router_state,
-                                          ctx.token_mask, ctx.dispatch)
-        return self.moe_residual(m, stream, ctx.stream_dtype), router_state, stats
+        with jax.named_scope("attention"):  # op-name scopes: profiles sum time per block
+            a = self.attention(self.input_norm(stream, ctx.dtype), ctx.cos, ctx.sin, ctx.segment_ids, ctx.attention)
+            stream = self.attention_residual(a, stream, ctx.stream_dtype)
+        with jax.named_scope("moe"):
+            m, router_state, stats = self.moe(self.post_attention_norm(stream, ctx.dtype), router_state,
+                                              ctx.token_mask, ctx.dispatch)
+            return self.moe_residual(m, stream, ctx.stream_dtype), router_state, stats
 
 
 def positions_from_segments(segment_ids: jax.Array) -> jax.Array:

@@ -33,6 +33,7 @@ from zaya_jax.train.data import eval_batches, open_training_data, phases_of
 from zaya_jax.train.metrics import expert_load, flops_per_token, peak_flops, router_metrics
 from zaya_jax.train.monitor import Monitor
 from zaya_jax.train.optimizer import make_optimizer, schedule
+from zaya_jax.train.profiling import StepProfiler
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
 from zaya_jax.train.state import (ModelParts, TrainState, initial_state, state_specs, to_shardings,
                                   with_shardings)
@@ -99,6 +100,8 @@ class Trainer:
         self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), s.checkpoint)
         self.monitor = Monitor(self.workdir, s.train.steps, progress_bar=s.monitor.progress_bar,
                                tensorboard=s.monitor.tensorboard, enabled=self.is_main)
+        self.profiler = StepProfiler(os.path.join(self.workdir, "profile"), s.monitor.profile_start_step,
+                                     s.monitor.profile_steps)
         self.monitor.log(f"topology: {distributed.topology()}; mesh {mesh_shape}")
         with jax.set_mesh(self.mesh):
             self.state, origin = self._initial_state()
@@ -170,6 +173,7 @@ class Trainer:
                 self.state, metrics = self._train_step(self.state, distributed.global_batch(local, self.mesh),
                                                        phase.rope_theta)
                 step += 1
+                self._log_profile(self.profiler.after_step(step, metrics))
                 window_tokens += phase.tokens_per_batch
                 streak = int(jax.device_get(metrics["nonfinite_streak"]))
                 if step % s.train.log_every_steps == 0 or step == s.train.steps:
@@ -188,6 +192,7 @@ class Trainer:
                 if s.checkpoint.every_steps and step % s.checkpoint.every_steps == 0 and not streak:
                     last_saved = self.save()
                 window_start += time.perf_counter() - paused
+            self._log_profile(self.profiler.stop(self.state))  # a run that ended inside the traced steps
             if stop.requested:
                 self.monitor.log(f"signal {stop.requested}: saving step {step} and stopping")
             elif s.eval.every_steps and step % s.eval.every_steps and step > start:
@@ -197,6 +202,10 @@ class Trainer:
             self.checkpointer.wait()
         self.monitor.draw_heatmap()
         return self.state
+
+    def _log_profile(self, directory: str | None) -> None:
+        if directory is not None:
+            self.monitor.log(f"profiler trace (from step {self.profiler.start_step + 1}) written to {directory}")
 
     def _after_step(self, step: int) -> None:
         """Called after every step (a seam for fault-injection tests)."""

@@ -17,7 +17,9 @@ below, and every error names the offending `section.field`):
   checkpoint  every_steps (0: only at the end and on a signal), max_to_keep, async_save
   eval        every_steps (0: never), max_batches (0: data.eval.max_batches)
   mesh        data, fsdp, expert, tensor, context (one may be -1), shard_optimizer_over_data
-  monitor     progress_bar, tensorboard, heatmap_every_steps (0: only at the end)
+  monitor     progress_bar, tensorboard, heatmap_every_steps (0: only at the end),
+              profile_start_step (0: off; else trace the profile_steps steps after it to
+              WORKDIR/profile, zaya_jax.train.profiling), profile_steps
   data        the curriculum (zaya_jax.data.curriculum), read when train.data == 'pipeline'
 """
 
@@ -109,6 +111,8 @@ class MonitorSettings:
     progress_bar: bool = True
     tensorboard: bool = True
     heatmap_every_steps: int = 100
+    profile_start_step: int = 0
+    profile_steps: int = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +135,7 @@ CHOICES = {("train", "data"): ("synthetic", "pipeline"), ("optimizer", "name"): 
 POSITIVE = {("train", "steps"), ("train", "microbatches"), ("train", "loss_chunk_size"),
             ("train", "log_every_steps"), ("optimizer", "learning_rate"), ("optimizer", "eps"),
             ("optimizer", "muon_ns_steps"), ("optimizer", "muon_rms_scale"), ("balancing", "rate"),
-            ("checkpoint", "max_to_keep")}
+            ("checkpoint", "max_to_keep"), ("monitor", "profile_steps")}
 FRACTIONS = {("optimizer", "b1"), ("optimizer", "b2"), ("optimizer", "muon_momentum"), ("balancing", "b1"),
              ("balancing", "b2"), ("optimizer", "decay_fraction"), ("optimizer", "min_lr_ratio")}
 

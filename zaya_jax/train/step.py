@@ -39,7 +39,8 @@ def batch_nll(parts: ModelParts, params: dict, biases: jax.Array, batch: dict, r
     model = parts.merge(params, biases)
     hidden, stats = model.hidden_states(batch["inputs"], segment_ids=batch["segment_ids"],
                                         positions=batch["positions"], rope_theta=rope_theta)
-    return chunked_nll_sum(model.logits, hidden, batch["targets"], batch["loss_mask"], loss_chunk), stats
+    with jax.named_scope("loss_head"):
+        return chunked_nll_sum(model.logits, hidden, batch["targets"], batch["loss_mask"], loss_chunk), stats
 
 
 def split_microbatches(batch: dict, m: int, mesh: Mesh | None) -> dict:
@@ -82,12 +83,15 @@ def train_step(state: TrainState, batch: dict, *, parts: ModelParts, tx: optax.G
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def apply(s: TrainState) -> TrainState:
-        updates, opt_state = tx.update(grads, s.opt_state, s.params)
+        with jax.named_scope("optimizer"):
+            updates, opt_state = tx.update(grads, s.opt_state, s.params)
+            params = optax.apply_updates(s.params, updates)
         biases, controller_state = s.biases, s.controller_state
         if balance:
-            biases, controller_state = balancing.update_biases(s.biases, s.controller_state, counts, controller,
-                                                               include_skip)
-        return s.replace(params=optax.apply_updates(s.params, updates), opt_state=opt_state, biases=biases,
+            with jax.named_scope("balancing"):
+                biases, controller_state = balancing.update_biases(s.biases, s.controller_state, counts, controller,
+                                                                   include_skip)
+        return s.replace(params=params, opt_state=opt_state, biases=biases,
                          controller_state=controller_state, nonfinite_streak=jnp.zeros_like(s.nonfinite_streak))
 
     def skip(s: TrainState) -> TrainState:
@@ -115,15 +119,19 @@ def jit_train_step(state_shardings: TrainState, mesh: Mesh, **static) -> Callabl
     batch_sharding = {k: NamedSharding(mesh, batch_spec(mesh)) for k in BATCH_KEYS}
     replicated = NamedSharding(mesh, P())
     fn = functools.partial(train_step, mesh=mesh, **static)
-    return jax.jit(lambda state, batch, rope_theta: fn(state, batch, rope_theta=rope_theta),
-                   in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
-                   static_argnums=2, donate_argnums=0)
+
+    def run_train_step(state, batch, rope_theta):  # the name profiles show
+        return fn(state, batch, rope_theta=rope_theta)
+    return jax.jit(run_train_step, in_shardings=(state_shardings, batch_sharding),
+                   out_shardings=(state_shardings, replicated), static_argnums=2, donate_argnums=0)
 
 
 def jit_eval_step(params_shardings: dict, biases_sharding: NamedSharding, mesh: Mesh, **static) -> Callable:
     """(params, biases, batch, rope_theta) -> (nll sum, tokens)."""
     batch_sharding = {k: NamedSharding(mesh, batch_spec(mesh)) for k in BATCH_KEYS}
     fn = functools.partial(eval_step, **static)
-    return jax.jit(lambda p, b, batch, rope_theta: fn(p, b, batch, rope_theta=rope_theta),
-                   in_shardings=(params_shardings, biases_sharding, batch_sharding),
+
+    def run_eval_step(params, biases, batch, rope_theta):
+        return fn(params, biases, batch, rope_theta=rope_theta)
+    return jax.jit(run_eval_step, in_shardings=(params_shardings, biases_sharding, batch_sharding),
                    out_shardings=NamedSharding(mesh, P()), static_argnums=3)

@@ -1,0 +1,44 @@
+"""A jax.profiler trace of a few training steps, written to WORKDIR/profile.
+
+`monitor.profile_start_step = N` (0: off) traces steps N+1 .. N+`monitor.profile_steps`: the
+trace starts after step N returns (compilation and warm-up are over) and stops once the last
+traced step's results are ready. The directory holds, per process, an XPlane file for
+TensorBoard's profile plugin / xprof and a Perfetto trace (`perfetto_trace.json.gz`, opens in
+ui.perfetto.dev). Ops carry the model's scopes in their names (`attention`, `moe/router`,
+`moe/experts`, `loss_head`, `optimizer`), so time can be summed per block. On CPU, XLA records
+each op only with XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true (set before the run starts).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+
+class StepProfiler:
+    def __init__(self, directory: str, start_step: int, num_steps: int):
+        self.directory, self.start_step, self.num_steps = directory, start_step, num_steps
+        self.active = False
+
+    def after_step(self, step: int, outputs) -> str | None:
+        """Call after each step with its outputs -> the trace directory when a trace was written."""
+        if not self.start_step:
+            return None
+        if step == self.start_step and not self.active:
+            jax.block_until_ready(outputs)  # steps before the window do not leak into it
+            os.makedirs(self.directory, exist_ok=True)
+            jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
+            self.active = True
+        elif self.active and step >= self.start_step + self.num_steps:
+            return self.stop(outputs)
+        return None
+
+    def stop(self, outputs=None) -> str | None:
+        """Ends a trace in progress (also at the end of a run cut short) -> its directory."""
+        if not self.active:
+            return None
+        jax.block_until_ready(outputs)
+        jax.profiler.stop_trace()
+        self.active = False
+        return self.directory
