@@ -12,6 +12,7 @@ import pytest
 
 from zaya_jax.config_files import load_config_file
 from zaya_jax.train.loop import Trainer
+from zaya_jax.train.profiling import BLOCK_SCOPES, block_of
 from zaya_jax.train.settings import settings_from_config
 from zaya_jax.train.step import BATCH_KEYS
 
@@ -50,10 +51,16 @@ def test_trace_of_chosen_steps_and_block_scopes_in_op_names(tmp_path, capsys):
     names = [e.get("name", "") for e in _trace_events(tmp_path) if e.get("ph") == "X"]
     dispatches = [n for n in names if n.startswith("PjitFunction(run_train_step)")]
     assert len(dispatches) in (2, 4), dispatches  # one or two trace events per call, by jax version
-    op_names = set(re.findall(r'op_name="([^"]*)"', hlo))
-    for scope in ("attention", "moe/router", "moe/experts", "loss_head", "optimizer", "balancing"):
-        # a scope is a path component, or wrapped by a transformation: 'jvp(loss_head)/...'
-        assert any(re.search(rf"(^|[/(]){scope}([/)]|$)", name) for name in op_names), scope
+    blocks = {block_of(name) for name in re.findall(r'op_name="([^"]*)"', hlo)}
+    assert blocks == set(BLOCK_SCOPES) | {"other"}, blocks
+
+
+def test_block_of_reads_scopes_through_transformations():
+    assert block_of("jit(run_train_step)/while/body/closed_call/transpose(jvp(loss_head))/dot_general") == "loss_head"
+    assert block_of("jit(f)/jvp()/while/body/closed_call/moe/router/jit(take_along_axis)/gather") == "moe/router"
+    assert block_of("jit(f)/jvp()/moe/mul") == "moe"
+    assert block_of("jit(f)/while/body/closed_call/transpose(jvp(moe))/experts/while/body/dot_general") == "moe/experts"
+    assert block_of("jit(f)/moe_like/attention_x/add") == "other"
 
 
 def test_trace_ends_with_a_run_cut_short(tmp_path):

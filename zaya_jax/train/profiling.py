@@ -12,8 +12,20 @@ each op only with XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true (set before the 
 from __future__ import annotations
 
 import os
+import re
 
 import jax
+
+# The op-name scopes the model and the step open, most specific first.
+BLOCK_SCOPES = ("optimizer", "balancing", "loss_head", "moe/experts", "moe/router", "moe", "attention")
+
+
+def block_of(op_name: str) -> str:
+    """An op's HLO op_name (e.g. 'jit(run_train_step)/.../transpose(jvp(moe))/experts/dot_general')
+    -> the first of BLOCK_SCOPES it lies in, or 'other'. Transformations wrap scopes in the
+    name ('jvp(moe)/experts'); they are read through."""
+    path = "/" + re.sub(r"[\w.]+\(", "", op_name).replace(")", "") + "/"
+    return next((scope for scope in BLOCK_SCOPES if f"/{scope}/" in path), "other")
 
 
 class StepProfiler:
