@@ -75,3 +75,19 @@ def test_trace_ends_with_a_run_cut_short(tmp_path):
 def test_profile_steps_must_be_positive():
     with pytest.raises(ValueError, match="monitor.profile_steps must be > 0, got 0"):
         settings_from_config(_config(steps=2, profile_start=1, profile_steps=0))
+
+
+def test_close_ends_a_trace_left_open_by_a_failed_run(tmp_path, monkeypatch):
+    def fail_at_step_2(self, step):
+        if step == 2:
+            raise RuntimeError("injected")
+    monkeypatch.setattr(Trainer, "_after_step", fail_at_step_2)
+    trainer = Trainer(_config(steps=4, profile_start=1, profile_steps=2), str(tmp_path / "run"))
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            trainer.run()
+        assert trainer.profiler.active
+    finally:
+        trainer.close()
+    jax.profiler.start_trace(str(tmp_path / "next"))  # raises if the failed run's trace were still open
+    jax.profiler.stop_trace()

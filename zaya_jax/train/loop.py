@@ -223,6 +223,7 @@ class Trainer:
         return latest
 
     def close(self) -> None:
+        self.profiler.stop()  # a run that raised inside the traced steps: one trace per process at a time
         self.checkpointer.close()
         self.monitor.close()
         self.data.close()
