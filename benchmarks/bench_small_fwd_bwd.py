@@ -21,8 +21,7 @@ import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks.common import alternate_times  # noqa: E402
-from benchmarks.hf_pair import same_weights_pair  # noqa: E402
-from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
+from benchmarks.hf_pair import bench_small, same_weights_pair  # noqa: E402
 from zaya_jax.model.kernels import resolve_moe_backend  # noqa: E402
 
 
@@ -36,8 +35,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--moe-backend", default="auto")
     args = parser.parse_args()
-    config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py"))
-    cfg = model_config(config).replace(moe_backend=args.moe_backend)
+    config, cfg = bench_small(args.moe_backend)
     batch, seq = config.train.global_batch_size, config.train.seq_len
     hf, model = same_weights_pair(cfg, os.cpu_count())
     ids_np = np.random.default_rng(0).integers(3, cfg.vocab_size, (batch, seq))

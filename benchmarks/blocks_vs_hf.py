@@ -30,8 +30,7 @@ from flax import nnx  # noqa: E402
 from transformers.masking_utils import create_causal_mask, create_recurrent_attention_mask  # noqa: E402
 
 from benchmarks.common import alternate_times  # noqa: E402
-from benchmarks.hf_pair import same_weights_pair  # noqa: E402
-from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
+from benchmarks.hf_pair import bench_small, same_weights_pair  # noqa: E402
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn, resolve_moe_backend  # noqa: E402
 from zaya_jax.model.rope import rope_cos_sin  # noqa: E402
 
@@ -66,8 +65,7 @@ def main():
     parser.add_argument("--layer", type=int, default=1, help="which layer's weights (0 has no EDA input)")
     parser.add_argument("--moe-backend", default="auto")
     args = parser.parse_args()
-    config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py"))
-    cfg = model_config(config).replace(moe_backend=args.moe_backend)
+    config, cfg = bench_small(args.moe_backend)
     batch, seq = config.train.global_batch_size, config.train.seq_len
     hf, model = same_weights_pair(cfg, os.cpu_count())
     hf_layer = hf.model.layers[args.layer]

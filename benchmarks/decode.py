@@ -24,8 +24,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.common import wall_time  # noqa: E402
-from benchmarks.hf_pair import same_weights_pair  # noqa: E402
-from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
+from benchmarks.hf_pair import bench_small, same_weights_pair  # noqa: E402
 from zaya_jax.infer import generate  # noqa: E402
 
 
@@ -72,7 +71,7 @@ def main():
     parser.add_argument("--torch-threads", type=int, default=os.cpu_count())
     args = parser.parse_args()
     load_at_start = os.getloadavg()[0]
-    cfg = model_config(load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py")))
+    _, cfg = bench_small()
     hf, model = same_weights_pair(cfg, args.torch_threads)
     hf.eval()
     results = [measure(model, hf, cfg.vocab_size, int(b), args.prompt_len, args.new_tokens, args.repeats)

@@ -1,15 +1,25 @@
-"""HF transformers' ZayaForCausalLM and our ZayaLM with the same (HF random-init) weights, for
-the benchmarks that compare the two on one CPU."""
+"""configs/bench_small.py, and HF transformers' ZayaForCausalLM and our ZayaLM with the same (HF
+random-init) weights, for the benchmarks that compare the two on one CPU."""
 
 from __future__ import annotations
 
+import os
+
+import ml_collections
 import torch
 from transformers import ZayaConfig, ZayaForCausalLM
 
 from zaya_jax.config import ModelConfig
+from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.convert.hf_config import hf_config_from_model
 from zaya_jax.convert.hf_load import model_from_tensors
 from zaya_jax.model.zaya import ZayaLM
+
+
+def bench_small(moe_backend: str = "auto") -> tuple[ml_collections.ConfigDict, ModelConfig]:
+    """-> configs/bench_small.py and its ModelConfig with `moe_backend`."""
+    config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py"))
+    return config, model_config(config).replace(moe_backend=moe_backend)
 
 
 def same_weights_pair(cfg: ModelConfig, torch_threads: int, seed: int = 0) -> tuple[ZayaForCausalLM, ZayaLM]:

@@ -28,12 +28,10 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 
 from zaya_jax.config_files import load_config_file  # noqa: E402
 from zaya_jax.train.loop import Trainer  # noqa: E402
 from zaya_jax.train.profiling import block_of  # noqa: E402
-from zaya_jax.train.step import BATCH_KEYS  # noqa: E402
 
 CONTROL_FLOW = ("while", "conditional", "call")
 
@@ -68,10 +66,7 @@ def main():
             start = time.perf_counter()
             trainer.run()
             run_s = time.perf_counter() - start
-            phase = trainer.phases[0]
-            batch = {k: jax.ShapeDtypeStruct((phase.global_batch_size, phase.seq_len),
-                                             jnp.float32 if k == "loss_mask" else jnp.int32) for k in BATCH_KEYS}
-            ops = hlo_ops(trainer._train_step.lower(trainer.state, batch, phase.rope_theta).compile().as_text())
+            ops = hlo_ops(trainer.compiled_step_text())
         finally:
             trainer.close()
         trace, = glob.glob(os.path.join(workdir, "profile", "plugins", "profile", "*", "perfetto_trace.json.gz"))

@@ -30,8 +30,7 @@ import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks.common import alternate_times, median_time  # noqa: E402
-from benchmarks.hf_pair import same_weights_pair  # noqa: E402
-from zaya_jax.config_files import load_config_file  # noqa: E402
+from benchmarks.hf_pair import bench_small, same_weights_pair  # noqa: E402
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn, resolve_moe_backend  # noqa: E402
 from zaya_jax.model.rope import rope_cos_sin  # noqa: E402
 from zaya_jax.train import balancing  # noqa: E402
@@ -104,9 +103,8 @@ def main():
     parser.add_argument("--muon", action="store_true", help="also time the Muon + AdamW step")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]  # the CPU is shared: other jobs' load skews both sides, torch more
-    config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py"))
+    config, cfg = bench_small()
     settings = settings_from_config(config)
-    cfg = settings.model
     batch_size, seq = settings.train.global_batch_size, settings.train.seq_len
     hf, model = same_weights_pair(cfg, os.cpu_count())
     hf_opt = torch.optim.AdamW(hf.parameters(), lr=settings.optimizer.learning_rate,

@@ -7,14 +7,12 @@ import json
 import re
 
 import jax
-import jax.numpy as jnp
 import pytest
 
 from zaya_jax.config_files import load_config_file
 from zaya_jax.train.loop import Trainer
 from zaya_jax.train.profiling import BLOCK_SCOPES, block_of
 from zaya_jax.train.settings import settings_from_config
-from zaya_jax.train.step import BATCH_KEYS
 
 
 def _config(steps: int, profile_start: int, profile_steps: int):
@@ -40,10 +38,7 @@ def test_trace_of_chosen_steps_and_block_scopes_in_op_names(tmp_path, capsys):
     trainer = Trainer(_config(steps=4, profile_start=1, profile_steps=2), str(tmp_path))
     try:
         trainer.run()
-        phase = trainer.phases[0]
-        batch = {k: jax.ShapeDtypeStruct((phase.global_batch_size, phase.seq_len),
-                                         jnp.float32 if k == "loss_mask" else jnp.int32) for k in BATCH_KEYS}
-        hlo = trainer._train_step.lower(trainer.state, batch, phase.rope_theta).compile().as_text()
+        hlo = trainer.compiled_step_text()
     finally:
         trainer.close()
     assert "profiler trace (from step 2) written to" in capsys.readouterr().out

@@ -37,7 +37,7 @@ from zaya_jax.train.profiling import StepProfiler
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
 from zaya_jax.train.state import (ModelParts, TrainState, initial_state, state_specs, to_shardings,
                                   with_shardings)
-from zaya_jax.train.step import jit_eval_step, jit_train_step
+from zaya_jax.train.step import BATCH_KEYS, jit_eval_step, jit_train_step
 
 # ModelConfig fields that an HF checkpoint does not carry (they come from our config).
 RUNTIME_MODEL_FIELDS = ("dtype", "scan_layers", "remat", "moe_backend", "capacity_factor", "moe_tile_size",
@@ -202,6 +202,14 @@ class Trainer:
             self.checkpointer.wait()
         self.monitor.draw_heatmap()
         return self.state
+
+    def compiled_step_text(self) -> str:
+        """The compiled HLO of the train step for the first phase's batch shape: the op names a
+        profile's events refer to (benchmarks/step_profile.py maps them to blocks)."""
+        phase = self.phases[0]
+        batch = {k: jax.ShapeDtypeStruct((phase.global_batch_size, phase.seq_len),
+                                         jnp.float32 if k == "loss_mask" else jnp.int32) for k in BATCH_KEYS}
+        return self._train_step.lower(self.state, batch, phase.rope_theta).compile().as_text()
 
     def _log_profile(self, directory: str | None) -> None:
         if directory is not None:
