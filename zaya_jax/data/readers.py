@@ -18,10 +18,12 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
+from zaya_jax.errors import UserError
+
 FORMATS = ("text", "jsonl", "parquet")
 
 
-class InputError(ValueError):
+class InputError(UserError, ValueError):
     """A bad input file. `line` is 1-based (the row number for parquet), or None for the file."""
 
     def __init__(self, path: str, line: int | None, reason: str):
