@@ -131,6 +131,9 @@ class ZayaLM(nnx.Module):
                            dtype, stream_dtype)
 
         emb = jnp.take(self.embed[...], input_ids, axis=0)
+        # torch.nn.Embedding(padding_idx=pad) as in Zyphra's and HF's code: looking up the pad
+        # token sends no gradient to its row (the tied LM head still does)
+        emb = jnp.where((input_ids == cfg.pad_token_id)[..., None], jax.lax.stop_gradient(emb), emb)
         stream = constrain_tokens(((emb + self.input_bias[...]) * self.input_scale[...]).astype(stream_dtype))
         router_state = jnp.zeros((b, s, cfg.router_hidden_size), dtype)
         stream, stats = self._run_layers(stream, router_state, ctx)
