@@ -9,7 +9,8 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from zaya_jax.config import ModelConfig
+from zaya_jax.config import (COMPUTE_DTYPES, EXPERT_PARALLEL, KERNELS, LAYOUTS, MOE_BACKENDS, REMAT_POLICIES,
+                             ModelConfig)
 from zaya_jax.config_files import load_config_file, model_config, model_section
 
 CONFIG_FILES = sorted(glob.glob("configs/*.py"))
@@ -38,12 +39,44 @@ def test_model_section_lists_every_field(path):
     assert set(load_config_file(path).model.keys()) == set(ModelConfig.defaults())
 
 
+def different_value(name: str, cfg: ModelConfig):
+    """A valid value of field `name` that differs from cfg's."""
+    value = getattr(cfg, name)
+    choices = {"layout": LAYOUTS, "dtype": COMPUTE_DTYPES, "moe_backend": MOE_BACKENDS, "remat": REMAT_POLICIES,
+               "attention_kernel": KERNELS, "moe_matmul_kernel": KERNELS, "expert_parallel": EXPERT_PARALLEL}
+    if name in choices:
+        return next(c for c in choices[name] if c != value)
+    if isinstance(value, bool):
+        return not value
+    if name == "partial_rotary_factor":
+        return 1.0 if value != 1.0 else 0.5
+    if name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        return (value + 3) % cfg.vocab_size
+    if name == "num_kv_heads":  # stays even and divides the query heads
+        return next(k for k in range(2, cfg.num_q_heads + 1, 2) if k != value and cfg.num_q_heads % k == 0)
+    if isinstance(value, float) or name in ("num_q_heads", "head_dim"):  # doubling keeps the head rules
+        return value * 2
+    return value + 1
+
+
 @pytest.mark.parametrize("path", CONFIG_FILES)
-def test_every_model_field_takes_a_command_line_override(path):
-    """All fields at once on the real flag parser (each set to the file's own value)."""
+def test_every_model_field_override_changes_that_field_only(path):
+    """Each field set on the real flag parser to a value different from the file's own."""
     config = load_config_file(path)
-    overrides = [f"--config.model.{name}={as_flag(value)}" for name, value in config.model.items()]
-    assert model_config(parse_command_line("--config", path, *overrides)) == model_config(config)
+    before = model_config(config)
+    for name in ModelConfig.defaults():
+        new = different_value(name, before)
+        assert new != getattr(before, name)
+        after = model_config(parse_command_line("--config", path, f"--config.model.{name}={as_flag(new)}"))
+        assert after == before.replace(**{name: new}), name
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES)
+def test_kernel_section_overrides_change_the_model_config(path):
+    after = model_config(parse_command_line("--config", path, "--config.kernels.attention=pallas",
+                                            "--config.kernels.moe_matmul=pallas"))
+    assert model_config(load_config_file(path)).attention_kernel == "auto"
+    assert (after.attention_kernel, after.moe_matmul_kernel) == ("pallas", "pallas")
 
 
 def test_overrides_change_the_model_config():
