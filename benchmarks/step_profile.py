@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import glob
 import gzip
 import json
@@ -60,7 +61,8 @@ def main():
     config.checkpoint.every_steps = 0
     config.monitor.update(progress_bar=False, tensorboard=False, heatmap_every_steps=0,
                           profile_start_step=args.warmup, profile_steps=args.steps)
-    with tempfile.TemporaryDirectory() as workdir:
+    # the Trainer's log lines go to stderr: stdout is the JSON alone
+    with tempfile.TemporaryDirectory() as workdir, contextlib.redirect_stdout(sys.stderr):
         trainer = Trainer(config, workdir)
         try:
             start = time.perf_counter()

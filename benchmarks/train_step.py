@@ -119,11 +119,12 @@ def main():
 
     adamw = make_optimizer(settings.optimizer, settings.train.steps)
     state, step = jax_step_fn(model, settings, adamw)
-    holder = {"state": state}
+    holder = {"state": state, "dropped": 0, "routed": 0}
 
     def jax_step():
         holder["state"], metrics = step(holder["state"], batch)
-        jax.block_until_ready(metrics)
+        holder["dropped"] += int(metrics["dropped"].sum())  # tokens a capacity backend dropped, all layers
+        holder["routed"] += int(metrics["expert_counts"].sum())
 
     def torch_step():
         hf_opt.zero_grad(set_to_none=True)
@@ -137,7 +138,8 @@ def main():
     parts["other_s"] = jax_t - sum(parts.values())
     result = {
         "config": "bench_small", "platform": jax.default_backend(), "tokens_per_step": tokens,
-        "optimizer": "adamw (both)", "moe_backend": resolve_moe_backend(cfg.moe_backend), "drop_rate": 0.0,
+        "optimizer": "adamw (both)", "moe_backend": resolve_moe_backend(cfg.moe_backend),
+        "drop_rate": holder["dropped"] / holder["routed"],
         "zaya_jax_s_per_step": round(jax_t, 4), "hf_torch_s_per_step": round(torch_t, 4),
         "zaya_jax_tokens_per_s": round(tokens / jax_t, 1), "hf_torch_tokens_per_s": round(tokens / torch_t, 1),
         "speedup_vs_hf": round(torch_t / jax_t, 3),

@@ -1,0 +1,92 @@
+"""Regenerates every CPU results file under benchmarks/results/ by running its script.
+
+  python -m benchmarks.run_all [--only quantization_cpu,data_pipeline_cpu] [--list]
+
+Each entry runs one benchmark script in a subprocess (a fresh JAX process, as a user would run
+it), reads the one JSON object it prints on stdout, checks it parses, and writes it to
+benchmarks/results/<name>.json. A script that fails or prints no JSON leaves its old file in
+place and makes the command exit non-zero. Timings are only as good as the machine is quiet:
+every script records the load average it saw. benchmarks/gpu_kernels.py (GPU only) writes its
+own file and is not run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(BENCHMARKS, "results")
+
+# results file name (without .json) -> script and arguments
+RUNS: dict[str, list[str]] = {
+    "bench_small_fwd_bwd_cpu": ["bench_small_fwd_bwd.py"],
+    "blocks_vs_hf_cpu": ["blocks_vs_hf.py"],
+    "checkpoint_save_cpu": ["checkpoint_save.py"],
+    "data_pipeline_cpu": ["data_pipeline.py"],
+    "demo_run_cpu": ["demo_run.py"],
+    "decode_cpu_torch2threads": ["decode.py", "--torch-threads", "2"],
+    "decode_cpu_torch1thread": ["decode.py", "--torch-threads", "1"],
+    "moe_layer_cpu": ["moe_layer.py"],
+    "planner_vs_xla_cpu": ["planner_vs_xla.py"],
+    "quantization_cpu": ["quantization.py"],
+    "step_profile_cpu": ["step_profile.py"],
+    "train_step_cpu": ["train_step.py", "--muon"],
+}
+
+
+def json_output(stdout: str) -> dict:
+    """The JSON object a script printed (everything from the first line that opens one)."""
+    lines = stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("{")), None)
+    if start is None:
+        raise ValueError("printed no JSON object")
+    return json.loads("\n".join(lines[start:]))
+
+
+def run(name: str) -> dict:
+    script, *args = RUNS[name]
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(BENCHMARKS)}
+    done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *args], env=env,
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{script} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    result = json_output(done.stdout)
+    with open(os.path.join(RESULTS, name + ".json"), "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="", help="comma-separated results names (default: all)")
+    parser.add_argument("--list", action="store_true", help="print the results names and their commands")
+    args = parser.parse_args()
+    if args.list:
+        for name, command in RUNS.items():
+            print(f"{name}: python benchmarks/{' '.join(command)}")
+        return 0
+    names = [n for n in args.only.split(",") if n] or list(RUNS)
+    unknown = sorted(set(names) - set(RUNS))
+    if unknown:
+        print(f"--only: unknown results name {unknown[0]!r} (known: {', '.join(RUNS)})", file=sys.stderr)
+        return 2
+    failed = []
+    for name in names:
+        print(f"{name} ...", flush=True)
+        try:
+            run(name)
+        except (RuntimeError, ValueError) as err:
+            print(f"{name}: {err}", file=sys.stderr)
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
