@@ -3,8 +3,8 @@
 The model is configs/tiny.py trained for 40 AdamW steps on two fixed synthetic batches until it
 has learned them (the loss falls by more than 2 nats, asserted), so its logits are peaked as a
 trained model's are, unlike a random init. Quality is measured on those batches, where the
-model is confident: mean next-token KL(float || quantized),
-teacher-forced top-1 agreement, and the tokens of greedy generation. Load-time quantization
+model is confident: mean next-token KL(float || quantized) and top-1 agreement (the token
+greedy decoding picks next, given the same prefix). Load-time quantization
 (`zaya_jax.infer.load_hf(..., quantize=)`) must give exactly what quantizing in memory gives.
 Bounds (group size 16): int8 KL < 1e-3 and >= 97% agreement; int4 KL < 0.1 and >= 80%.
 """
@@ -19,7 +19,7 @@ import pytest
 
 import zaya_jax
 from zaya_jax.config_files import load_config_file, model_config
-from zaya_jax.infer import generate, load_hf, quantize_model
+from zaya_jax.infer import load_hf, quantize_model
 from zaya_jax.model.build import create_model
 from zaya_jax.train import balancing
 from zaya_jax.train.data import synthetic_batch
@@ -70,11 +70,6 @@ def test_quantized_trained_model_stays_close(trained, mode, max_kl, min_agreemen
     kl = float(jnp.sum(jnp.where(mask, jnp.sum(jnp.exp(ref) * (ref - logp), -1), 0)) / mask.sum())
     agreement = float(jnp.sum((jnp.argmax(ref, -1) == jnp.argmax(logp, -1)) & mask) / mask.sum())
     assert 0 < kl < max_kl and agreement >= min_agreement, (kl, agreement)
-
-    prompts = batch["inputs"][:4, :12]
-    greedy = generate(model, prompts, 12, stop_at_eos=False)
-    greedy_q = generate(quantized, prompts, 12, stop_at_eos=False)
-    assert np.mean(greedy == greedy_q) >= min_agreement, (greedy, greedy_q)
 
 
 def test_load_time_quantization_gives_the_in_memory_quantized_outputs(trained, tmp_path):
