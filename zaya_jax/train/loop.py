@@ -25,7 +25,9 @@ import numpy as np
 from flax import nnx
 
 from zaya_jax.model.zaya import ZayaLM
+from zaya_jax.model.kernels import resolve_attention_kernel
 from zaya_jax.parallel import distributed
+from zaya_jax.parallel.attention_sharding import check_attention_layout
 from zaya_jax.parallel.mesh import check_platform_support, make_mesh
 from zaya_jax.train import balancing, faults
 from zaya_jax.train.checkpoint import Checkpointer, config_json, restore_model
@@ -79,6 +81,7 @@ class Trainer:
             check_batch_layout(p.global_batch_size, p.seq_len, s.train.microbatches, mesh_shape,
                                f"phase {p.name!r}" if s.train.data == "pipeline" else "train.global_batch_size")
         check_platform_support(mesh_shape, s.model.expert_parallel)
+        check_attention_layout(resolve_attention_kernel(s.model.attention_kernel), mesh_shape)
         if s.train.init_from_hf and not os.path.isdir(s.train.init_from_hf):
             raise FileNotFoundError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory")
         os.makedirs(self.workdir, exist_ok=True)
