@@ -27,14 +27,19 @@ _BUILDING_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("buil
 
 @contextlib.contextmanager
 def building_for(platform: str) -> Iterator[None]:
-    """Trace kernels (and `auto` choices) for `platform` ("cuda", "rocm" or "cpu") in this block."""
+    """Trace kernels (and `auto` choices) for `platform` ("cuda", "rocm" or "cpu") in this block.
+
+    jax's trace caches do not know about this choice, so they are cleared on entry and exit:
+    nothing traced for one platform is reused for another."""
     if platform not in GPU_TARGETS + ("cpu",):
         raise ValueError(f"building_for: platform must be one of {GPU_TARGETS + ('cpu',)}, got {platform!r}")
+    jax.clear_caches()
     token = _BUILDING_FOR.set(platform)
     try:
         yield
     finally:
         _BUILDING_FOR.reset(token)
+        jax.clear_caches()
 
 
 def target() -> str:
