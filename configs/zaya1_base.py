@@ -46,7 +46,7 @@ def get_config():
     config.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, max_to_keep=3, async_save=True))
     config.eval = ml_collections.ConfigDict(dict(every_steps=5000, max_batches=0))
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=1,
-                                                 shard_optimizer_over_data=True))
+                                                 shard_optimizer_over_data=True, platform="gpu"))
     config.monitor = ml_collections.ConfigDict(dict(progress_bar=True, tensorboard=True, heatmap_every_steps=1000,
                                                    profile_start_step=0, profile_steps=3))
     return config

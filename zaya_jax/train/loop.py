@@ -28,7 +28,7 @@ from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.model.kernels import resolve_attention_kernel
 from zaya_jax.parallel import distributed
 from zaya_jax.parallel.attention_sharding import check_attention_layout
-from zaya_jax.parallel.mesh import check_platform_support, make_mesh
+from zaya_jax.parallel.mesh import check_declared_platform, check_platform_support, make_mesh
 from zaya_jax.train import faults
 from zaya_jax.train.checkpoint import Checkpointer, config_json, restore_model
 from zaya_jax.train.data import eval_batches, open_training_data, phases_of
@@ -72,6 +72,7 @@ class Trainer:
             check_same_architecture(init_model, s.model, "init_model")
         self._init_model, self.on_log = init_model, on_log
         distributed.initialize()
+        check_declared_platform(s.mesh.platform)
         self.phases = phases_of(config, s)
         self.mesh = make_mesh(s.mesh.sizes)
         mesh_shape = dict(self.mesh.shape)
