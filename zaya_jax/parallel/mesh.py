@@ -68,6 +68,18 @@ def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int) -> dict[str, 
     return shape
 
 
+def phase_mesh_sizes(config, phase) -> dict[str, int]:
+    """{axis: size} (one may be -1) of the mesh that curriculum `phase` (a PhaseInfo) runs on.
+
+    One mesh serves every phase (docs/parallel.md says why): the config's mesh section. Callers
+    that plan or check a phase (the launch test, the planner) ask here, so a per-phase mesh would
+    change this one function.
+    """
+    del phase
+    section = config.get("mesh", {})
+    return {axis: int(section.get(axis, 1 if axis != "data" else -1)) for axis in MESH_AXES}
+
+
 def check_platform_support(mesh_shape: Mapping[str, int], expert_parallel: str,
                            target_platform: str | None = None) -> None:
     """A layout needing a collective that the platform (default: this process's) lacks fails here."""
