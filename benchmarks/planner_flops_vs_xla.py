@@ -20,6 +20,7 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.common import print_and_save  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
 from zaya_jax.parallel.mesh import resolve_mesh_shape  # noqa: E402
 from zaya_jax.parallel.planner import StepShape, _parameters  # noqa: E402
@@ -56,7 +57,7 @@ def planner_flops(config) -> dict[str, float]:
     cfg = model_config(config)
     mesh = resolve_mesh_shape({}, 1)
     shape = StepShape(config.train.global_batch_size, config.train.seq_len, optimizer=config.optimizer.name,
-                      platform="cpu", ns_steps=config.optimizer.muon_ns_steps)
+                      platform="cpu", ns_steps=config.optimizer.muon_ns_steps, loss_chunk=config.train.loss_chunk_size)
     return matmul_flops(cfg, mesh, shape, _parameters(cfg, mesh))
 
 
@@ -71,10 +72,7 @@ def main():
                      "ratio_planner_vs_xla": round(sum(ours.values()) / xla, 4), "planner_by_op": ours})
         print(json.dumps(rows[-1]), flush=True)
     result = {"what": "matmul FLOPs per train step, planner vs XLA cost_analysis (CPU, 1 device)", "rows": rows}
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "planner_flops_vs_xla_cpu.json")
-    with open(out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(json.dumps(result, indent=2))
+    print_and_save(result, "planner_flops_vs_xla_cpu.json")
 
 
 if __name__ == "__main__":

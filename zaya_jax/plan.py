@@ -154,6 +154,7 @@ def step_shape(config) -> StepShape:
     return StepShape(global_batch=train["global_batch_size"], seq_len=train["seq_len"],
                      grad_accum=_ACCUM.value or train.get("microbatches", 1),
                      ns_steps=config.get("optimizer", {}).get("muon_ns_steps", 5),
+                     loss_chunk=train.get("loss_chunk_size", 512),
                      optimizer="muon" if "muon" in optimizer else "adamw", platform=_PLATFORM.value,
                      shard_optimizer_over_data=bool(_ZERO1.value if _ZERO1.value is not None
                                                     else mesh.get("shard_optimizer_over_data", False)))

@@ -38,6 +38,7 @@ class StepShape:
     shard_optimizer_over_data: bool = False
     platform: str = "gpu"       # the target's platform: picks the `auto` MoE backend
     ns_steps: int = 5           # Muon's Newton-Schulz iterations
+    loss_chunk: int = 512       # train.loss_chunk_size: positions per chunk of the loss head
 
 
 def _shard_factor(spec, mesh: dict[str, int]) -> int:

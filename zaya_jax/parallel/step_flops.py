@@ -19,7 +19,9 @@ which recompute the probabilities), and 1 more where the remat policy recomputes
 `full` recomputes every layer op; `dots` saves dot_general/convolution outputs; `dots_no_batch`
 saves only dot_generals without batch dimensions (jax.checkpoint_policies): the attention
 scores and the grouped convolution have batch dimensions and `ragged_dot` is not a dot_general,
-so they are recomputed. The loss head runs under jax.checkpoint (zaya_jax.train.loss): 4 passes.
+so they are recomputed. The loss head runs under jax.checkpoint in a loop over sequence chunks
+(zaya_jax.train.loss): 4 passes; with a single chunk there is no loop and XLA keeps the forward's
+logits for the backward (its cost_analysis counts 3 passes), so 3.
 The optimizer adds Muon's Newton-Schulz iterations, 4 a^2 b + 2 a^3 per step for an a x b
 matrix (a <= b), on each matrix's optimizer shard.
 
@@ -39,6 +41,7 @@ from zaya_jax.config import ModelConfig
 from zaya_jax.model.attention_core import query_block_size
 from zaya_jax.model.kernels import resolve_kernel, resolve_moe_backend
 from zaya_jax.model.moe_dispatch import capacity_per_expert
+from zaya_jax.train.loss import chunk_size_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,11 +132,11 @@ def newton_schulz_flops(shape: tuple[int, ...], reduction: tuple[int, ...], outp
 
 def step_flops(cfg: ModelConfig, mesh: dict[str, int], *, global_batch: int, seq_len: int, microbatches: int,
                platform: str, optimizer_matrices: list[tuple[tuple[int, ...], object, int]],
-               ns_steps: int) -> dict[str, float]:
+               ns_steps: int, loss_chunk: int) -> dict[str, float]:
     """FLOPs per device per optimizer step, by op group (forward, backward and recompute summed).
 
     optimizer_matrices: (shape, MuonDimensionNumbers, optimizer-state shard factor) of every
-    Muon matrix (empty for AdamW).
+    Muon matrix (empty for AdamW); loss_chunk: train.loss_chunk_size.
     """
     batch_shards = mesh["data"] * mesh["fsdp"] * mesh["expert"]
     devices_per_token = batch_shards * mesh["context"]
@@ -145,7 +148,9 @@ def step_flops(cfg: ModelConfig, mesh: dict[str, int], *, global_batch: int, seq
         passes = 1 + op.backward_passes + recomputed(op, cfg.remat)
         split = devices_per_token * (mesh["tensor"] if op.tensor_split else 1)
         out[op.name] = op.forward_per_token * passes * tokens * cfg.num_layers / split
-    out["loss_head"] = 2 * cfg.hidden_size * cfg.vocab_size * 4 * tokens / (devices_per_token * mesh["tensor"])
+    loss_passes = 4 if seq_len // chunk_size_for(seq_len, loss_chunk) > 1 else 3
+    out["loss_head"] = (2 * cfg.hidden_size * cfg.vocab_size * loss_passes * tokens
+                        / (devices_per_token * mesh["tensor"]))
     out["optimizer/newton_schulz"] = sum(newton_schulz_flops(shape, dims.reduction_axis, dims.output_axis, ns_steps)
                                          / shards for shape, dims, shards in optimizer_matrices)
     return out

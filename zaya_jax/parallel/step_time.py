@@ -85,7 +85,8 @@ def matmul_flops(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, param
     """step_flops for a StepShape; parameters: planner._parameters(cfg, mesh)."""
     return step_flops(cfg, mesh, global_batch=shape.global_batch, seq_len=shape.seq_len,
                       microbatches=shape.grad_accum, platform=shape.platform,
-                      optimizer_matrices=muon_matrices(mesh, shape, parameters), ns_steps=shape.ns_steps)
+                      optimizer_matrices=muon_matrices(mesh, shape, parameters), ns_steps=shape.ns_steps,
+                      loss_chunk=shape.loss_chunk)
 
 
 def predict(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_result: dict, parameters: list,
