@@ -1,17 +1,19 @@
 """The planner's matmul FLOPs per step against XLA's cost_analysis() of the Trainer's compiled
-train step on CPU (one device). Prints JSON; writes benchmarks/results/planner_flops_vs_xla_cpu.json.
+train step on CPU, one device. Prints one JSON row per case; writes
+benchmarks/results/planner_flops_vs_xla_cpu.json when it runs them all.
 
-  python benchmarks/planner_flops_vs_xla.py
+  python benchmarks/planner_flops_vs_xla.py [--case configs/tiny.py capacity dots_no_batch]
 
 XLA's cost analysis on CPU counts a while loop's body once, not once per trip, so every case runs
 its layers unrolled (model.scan_layers=False) with one loss chunk (train.loss_chunk_size = seq_len)
 and one micro-batch; `capacity` and `dense` are the MoE backends whose work XLA can count (the
 `tiles` loops have data-dependent trip counts). XLA also counts elementwise FLOPs, which the
-planner leaves to its memory-traffic term: the ratio is a little above 1 where they matter.
+planner leaves to its memory-traffic term: the ratio is a little below 1 where they matter.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -20,9 +22,10 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import jax  # noqa: E402
 from benchmarks.common import print_and_save  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
-from zaya_jax.parallel.mesh import resolve_mesh_shape  # noqa: E402
+from zaya_jax.parallel.mesh import MESH_AXES, resolve_mesh_shape  # noqa: E402
 from zaya_jax.parallel.planner import StepShape, _parameters  # noqa: E402
 from zaya_jax.parallel.step_time import matmul_flops  # noqa: E402
 from zaya_jax.train.loop import Trainer  # noqa: E402
@@ -54,16 +57,21 @@ def xla_flops(config) -> float:
 
 
 def planner_flops(config) -> dict[str, float]:
+    """Per device, on the config's mesh over this process's devices (as the Trainer lays it out)."""
     cfg = model_config(config)
-    mesh = resolve_mesh_shape({}, 1)
+    mesh = resolve_mesh_shape({a: config.mesh[a] for a in MESH_AXES}, jax.device_count())
     shape = StepShape(config.train.global_batch_size, config.train.seq_len, optimizer=config.optimizer.name,
                       platform="cpu", ns_steps=config.optimizer.muon_ns_steps, loss_chunk=config.train.loss_chunk_size)
     return matmul_flops(cfg, mesh, shape, _parameters(cfg, mesh))
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case", nargs=3, action="append", metavar=("CONFIG", "MOE_BACKEND", "REMAT"),
+                        help="only these cases, printed and not saved (default: all, saved)")
+    args = parser.parse_args()
     rows = []
-    for path, backend, remat in CASES:
+    for path, backend, remat in args.case or CASES:
         config = countable_config(path, backend, remat)
         ours = planner_flops(config)
         xla = xla_flops(config)
@@ -71,8 +79,9 @@ def main():
                      "xla_flops": xla, "planner_flops": sum(ours.values()),
                      "ratio_planner_vs_xla": round(sum(ours.values()) / xla, 4), "planner_by_op": ours})
         print(json.dumps(rows[-1]), flush=True)
-    result = {"what": "matmul FLOPs per train step, planner vs XLA cost_analysis (CPU, 1 device)", "rows": rows}
-    print_and_save(result, "planner_flops_vs_xla_cpu.json")
+    if not args.case:
+        print_and_save({"what": "matmul FLOPs per train step, planner vs XLA cost_analysis (CPU, 1 device)",
+                        "rows": rows}, "planner_flops_vs_xla_cpu.json")
 
 
 if __name__ == "__main__":
