@@ -13,7 +13,7 @@ import math
 from zaya_jax.config import ModelConfig
 from zaya_jax.data.curriculum import PhaseInfo
 from zaya_jax.parallel.hardware import HardwareProfile
-from zaya_jax.parallel.mesh import MESH_AXES, resolve_mesh_shape
+from zaya_jax.parallel.mesh import phase_mesh_sizes, resolve_mesh_shape
 from zaya_jax.parallel.planner import StepShape, _parameters, plan
 from zaya_jax.parallel.step_time import predict
 from zaya_jax.train.data import phases_of
@@ -27,11 +27,11 @@ def config_phases(config) -> tuple[PhaseInfo, ...]:
 
 
 def phase_mesh(config, phase: PhaseInfo, cli_mesh: dict[str, int] | None) -> dict[str, int]:
-    """The mesh sizes a phase runs on (one may be -1): --mesh when given, else the config's mesh."""
-    del phase  # every phase runs on the one mesh of the config today
+    """The mesh sizes a phase runs on (one may be -1): --mesh when given, else the config's
+    (zaya_jax.parallel.mesh.phase_mesh_sizes, the one place a phase's mesh is read)."""
     if cli_mesh is not None:
         return dict(cli_mesh)
-    return {a: int(config.mesh.get(a, 1)) for a in MESH_AXES}
+    return phase_mesh_sizes(config, phase)
 
 
 def phase_shape(base: StepShape, phase: PhaseInfo) -> StepShape:

@@ -39,7 +39,7 @@ import math
 
 from zaya_jax.config import ModelConfig
 from zaya_jax.model.attention_core import query_block_size
-from zaya_jax.model.kernels import resolve_kernel, resolve_moe_backend
+from zaya_jax.model.kernels import resolve_attention_kernel, resolve_moe_backend
 from zaya_jax.model.moe_dispatch import capacity_per_expert
 from zaya_jax.train.loss import chunk_size_for
 
@@ -86,7 +86,7 @@ def layer_matmuls(cfg: ModelConfig, seq_len: int, backend: str, rows_per_token: 
     r, e, i = cfg.router_hidden_size, cfg.num_experts, cfg.moe_intermediate_size
     c = n + k
     b = 2 if cfg.dtype == "bfloat16" else 4
-    kernel = resolve_kernel(cfg.attention_kernel)
+    kernel = resolve_attention_kernel(cfg.attention_kernel)
     keys = attention_keys_per_query(seq_len, kernel)
     # the XLA path writes fp32 logits, reads them for the softmax, writes and reads the probabilities
     scores_bytes = b * (n + 2 * k) * h + b * n * h + (n * keys * (4 + 4 + 2 * b) if kernel != "pallas" else 0)
