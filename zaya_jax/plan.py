@@ -26,6 +26,7 @@ from ml_collections import config_flags
 
 from zaya_jax.config_files import model_config
 from zaya_jax.model.accounting import model_summary
+from zaya_jax.parallel.attention_sharding import KernelLayoutError
 from zaya_jax.parallel.hardware import PROFILES, calibrated
 from zaya_jax.parallel.mesh import parse_mesh_flag, resolve_mesh_shape
 from zaya_jax.parallel.mesh_search import mesh_name, search
@@ -192,7 +193,7 @@ def plan_phases(config, cfg, hw, cli_mesh, devices: int | None, memory_gb: float
         try:
             entry.update(plan_phase(cfg, phase_shape(step_shape(config), phase),
                                     resolve_mesh_shape(sizes, devices or math.prod(sizes.values())), hw, memory_gb))
-        except ValueError as e:  # this phase's batch or sequence does not split over the mesh
+        except (ValueError, KernelLayoutError) as e:  # batch, sequence or attention kernel vs the mesh
             entry["error"] = str(e)
         plans.append(entry)
     planned = [(p, r) for p, r in zip(phases, plans) if "error" not in r]
