@@ -12,7 +12,7 @@ Peaks (per GPU; `sources` below name the datasheets):
 Achievable fractions (assumptions, not measurements): large bf16 GEMMs, streaming HBM
 bandwidth and collective bus bandwidth (ring / hierarchical algorithms) per link.
 
-Calibration file (what a GPU self-test emits; all rates measured on one device kind):
+Calibration file (the rates a GPU self-test measures, all on one device kind):
   {"device_kind": "AMD Instinct MI300X",   # must name the profile's GPU (checked)
    "matmul_tflops": 750.0,                  # achieved bf16 GEMM TFLOP/s (large square GEMM)
    "hbm_gbps": 4200.0,                      # achieved copy bandwidth, GB/s (read + write)
