@@ -1,7 +1,7 @@
 """Plan a run before launching it, from an abstract init (nothing is allocated).
 
   python -m zaya_jax.plan --config configs/zaya1_base.py [--json] [--config.model.num_layers=4]
-  python -m zaya_jax.plan --config configs/zaya1_base.py --mesh data=128,fsdp=8 [--device-memory-gb 192]
+  python -m zaya_jax.plan --config configs/zaya1_base.py --mesh data=128,fsdp=8 [--device_memory_gb 192]
 
   python -m zaya_jax.plan --config configs/zaya1_base.py --mesh data=1024 --hardware mi300x [--calibration rates.json]
   python -m zaya_jax.plan --config configs/zaya1_base.py --search --devices 1024 --hardware mi300x
@@ -94,7 +94,8 @@ def render_prediction(prediction: dict) -> list[str]:
     e = hw["efficiency"]
     lines = [f"hardware {hw['name']}: {hw['matmul_tflops']:.0f} TFLOP/s bf16 dense, {hw['hbm_gbps']:.0f} GB/s HBM, "
              f"{hw['memory_gb']:.0f} GB, {hw['intra_node_link']} {hw['intra_node_gbps']:.0f} GB/s, NIC "
-             f"{hw['inter_node_gbps']:.0f} GB/s, {hw['devices_per_node']} per node; assumed achievable: matmul "
+             f"{hw['inter_node_gbps']:.0f} GB/s, {hw['devices_per_node']} per node; achievable "
+             f"({prediction['efficiency_from']}): matmul "
              f"{e['matmul']:.0%}, HBM {e['hbm']:.0%}, {hw['intra_node_link']} {e['intra_node']:.0%}, "
              f"NIC {e['inter_node']:.0%}"]
     for i, ph in enumerate(prediction["phases"]):
@@ -121,7 +122,7 @@ def render_prediction(prediction: dict) -> list[str]:
         lines.append(f"  compute {pr['compute_s'] * 1e3:.1f} ms, memory {pr['memory_s'] * 1e3:.1f} ms, blocking "
                      f"collectives {pr['blocking_collectives_s'] * 1e3:.1f} ms, overlapped collectives "
                      f"{pr['overlapped_collectives_s'] * 1e3:.1f} ms")
-        lines.append(f"  predicted step {pr['step_s']:.3f} s (no overlap: {pr['step_s_no_overlap']:.3f} s), "
+        lines.append(f"  predicted step {pr['step_s']:.4g} s (no overlap: {pr['step_s_no_overlap']:.4g} s), "
                      f"{pr['tokens_per_s'] / 1e6:.2f}M tokens/s, MFU {pr['mfu']:.1%} "
                      f"({pr['model_flops_per_s_per_device'] / 1e12:.0f} TFLOP/s per device), "
                      f"bound by {pr['bound_by']}")
@@ -139,7 +140,7 @@ def render_search(result: dict, top: int) -> list[str]:
         lines.append(f"phase {ph['name']}: {len(ph['ranked'])} feasible; infeasible: "
                      + (", ".join(f"{n} {why}" for why, n in ph["infeasible"].items()) or "none"))
         for r in ph["ranked"][:top]:
-            lines.append(f"  {r['mesh']:<40}{r['step_s']:>8.3f} s  MFU {r['mfu']:6.1%}  "
+            lines.append(f"  {r['mesh']:<40}{r['step_s']:>10.4g} s  MFU {r['mfu']:6.1%}  "
                          f"{r['memory_gib']:6.1f} GiB  bound by {r['bound_by']}")
     if result["whole_run"]:
         best = result["whole_run"][0]
@@ -197,7 +198,7 @@ def plan_phases(config, cfg, hw, cli_mesh, devices: int | None, memory_gb: float
             entry["error"] = str(e)
         plans.append(entry)
     planned = [(p, r) for p, r in zip(phases, plans) if "error" not in r]
-    return {"hardware": dataclasses.asdict(hw), "phases": plans,
+    return {"hardware": dataclasses.asdict(hw), "efficiency_from": _CALIBRATION.value or "assumed", "phases": plans,
             "run": run_time(*zip(*planned)) if len(planned) == len(plans) else None}
 
 

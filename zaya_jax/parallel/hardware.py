@@ -92,13 +92,6 @@ _PEAK_OF = {"matmul": "matmul_tflops", "hbm": "hbm_gbps", "intra_node": "intra_n
             "inter_node": "inter_node_gbps"}
 
 
-def profile(name: str) -> HardwareProfile:
-    if name not in PROFILES:
-        raise UserError(f"--hardware={name!r} is not a known profile; choose one of {sorted(PROFILES)} "
-                        "(zaya_jax/parallel/hardware.py)")
-    return PROFILES[name]
-
-
 def profile_for_device_kind(device_kind: str) -> HardwareProfile | None:
     """The profile whose GPU jax reports as `device_kind` (e.g. 'AMD Instinct MI300X'), if any."""
     for p in PROFILES.values():
