@@ -35,7 +35,14 @@ RUNS: dict[str, list[str]] = {
     "quantization_cpu": ["quantization.py"],
     "step_profile_cpu": ["step_profile.py"],
     "train_step_cpu": ["train_step.py", "--muon"],
+    "planner_flops_vs_xla_cpu": ["planner_flops_vs_xla.py"],
+    "planner_predictions": ["planner_predictions.py"],
+    # model.moe_backend=auto picks the native CPU grouped matmul where the install built it
+    # (zaya_jax.native); these files hold such runs and are only regenerated there
+    "decode_cpu_torch1thread_native": ["decode.py", "--torch-threads", "1"],
+    "train_step_cpu_native": ["train_step.py", "--muon"],
 }
+NEEDS_NATIVE = {name for name in RUNS if name.endswith("_native")}
 
 
 def json_output(stdout: str) -> dict:
@@ -48,6 +55,10 @@ def json_output(stdout: str) -> dict:
 
 
 def run(name: str) -> dict:
+    if name in NEEDS_NATIVE:
+        from zaya_jax.native import grouped_matmul
+        if not grouped_matmul.available():
+            raise RuntimeError("needs the native CPU grouped matmul, which this install did not build")
     script, *args = RUNS[name]
     env = {**os.environ, "PYTHONPATH": os.path.dirname(BENCHMARKS)}
     done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *args], env=env,
