@@ -140,7 +140,8 @@ class ZayaLM(nnx.Module):
         emb = jnp.take(self.embed[...], input_ids, axis=0)
         # torch.nn.Embedding(padding_idx=pad) as in Zyphra's and HF's code: looking up the pad
         # token sends no gradient to its row (the tied LM head still does)
-        emb = jnp.where((input_ids == cfg.pad_token_id)[..., None], jax.lax.stop_gradient(emb), emb)
+        is_pad = (input_ids == cfg.pad_token_id)[..., None].astype(emb.dtype)
+        emb = emb - is_pad * (emb - jax.lax.stop_gradient(emb))
         stream = constrain_tokens(((emb + self.input_bias[...]) * self.input_scale[...]).astype(stream_dtype))
         router_state = jnp.zeros((b, s, cfg.router_hidden_size), jnp.float32)
         stream, stats = self._run_layers(stream, router_state, ctx)
