@@ -104,8 +104,8 @@ def layer_matmuls(cfg: ModelConfig, seq_len: int, backend: str, rows_per_token: 
         ops += [LayerMatmul("experts/gate_up", rows_per_token * 2 * 2 * d * i, False, b * (d + rows_per_token * 2 * i)),
                 LayerMatmul("experts/down_and_combine", rows_per_token * 2 * i * d + 2 * e * d, True,
                             b * rows_per_token * (i + 2 * d))]
-    else:  # capacity: batched einsums; ragged: ragged_dot; tiles: a custom VJP of loops
-        ragged = backend in ("ragged", "tiles")
+    else:  # capacity: batched einsums; ragged: ragged_dot; tiles: a custom VJP of loops; native: FFI calls
+        ragged = backend in ("ragged", "tiles", "native")
         ops.append(LayerMatmul("experts", rows_per_token * 3 * 2 * d * i, True, b * rows_per_token * (2 * d + 4 * i),
                                saved_by_dots=not ragged))
     return ops
