@@ -24,14 +24,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from zaya_jax.config import RUNTIME_MODEL_FIELDS
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.parallel import distributed
 from zaya_jax.parallel.mesh import check_platform_support, make_mesh
 from zaya_jax.train import balancing, faults
 from zaya_jax.train.checkpoint import Checkpointer, config_json, restore_model
-from zaya_jax.train.data import eval_batches, open_training_data, phases_of
+from zaya_jax.train.data import curriculum_extension, eval_batches, open_training_data, phases_of
 from zaya_jax.train.metrics import expert_load, flops_per_token, peak_flops, router_metrics
-from zaya_jax.train.monitor import Monitor
+from zaya_jax.train.monitor import HEATMAP_FILE, METRICS_FILE, Monitor
 from zaya_jax.train.optimizer import make_optimizer, schedule
 from zaya_jax.train.profiling import StepProfiler
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
@@ -39,10 +40,6 @@ from zaya_jax.train.state import (ModelParts, TrainState, initial_state, state_s
                                   with_shardings)
 from zaya_jax.train.step import BATCH_KEYS, jit_eval_step, jit_train_step
 
-# ModelConfig fields that an HF checkpoint does not carry (they come from our config).
-RUNTIME_MODEL_FIELDS = ("dtype", "scan_layers", "remat", "moe_backend", "capacity_factor", "moe_tile_size",
-                        "attention_kernel", "moe_matmul_kernel", "init_std", "key_temperature_init",
-                        "isolate_documents")
 
 
 def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
@@ -71,6 +68,8 @@ class Trainer:
         if init_model is not None:
             check_same_architecture(init_model, s.model, "init_model")
         self._init_model, self.on_log = init_model, on_log
+        self._last_loss: float | None = None
+        self._compiled_shapes: set[tuple[int, int]] = set()  # (batch, seq_len) of the phases announced
         distributed.initialize()
         self.phases = phases_of(config, s)
         self.mesh = make_mesh(s.mesh.sizes)
@@ -103,6 +102,7 @@ class Trainer:
         self.profiler = StepProfiler(os.path.join(self.workdir, "profile"), s.monitor.profile_start_step,
                                      s.monitor.profile_steps)
         self.monitor.log(f"topology: {distributed.topology()}; mesh {mesh_shape}")
+        self._announce_extension(curriculum_extension(config, s))
         with jax.set_mesh(self.mesh):
             self.state, origin = self._initial_state()
         self.monitor.advance(int(self.state.step))
@@ -154,7 +154,7 @@ class Trainer:
         return self.checkpointer.restore(step, with_shardings(self.abstract_state, self.shardings), self.data)
 
     def save(self) -> int:
-        return self.checkpointer.save(self.state, self.data, config_json(self.config))
+        return self.checkpointer.save(self.state, self.data, config_json(self.config, self.data.phase.rope_theta))
 
     # -- loop -------------------------------------------------------------------------------
     def run(self) -> TrainState:
@@ -162,14 +162,16 @@ class Trainer:
         step = start = int(jax.device_get(self.state.step))
         last_saved = step if self.checkpointer.latest_step() == step else None
         window_start, window_tokens = time.perf_counter(), 0
+        phase = None
         with faults.StopSignal() as stop, jax.set_mesh(self.mesh):
             while step < s.train.steps and not stop.requested:
                 try:
                     local = next(self.data)
                 except StopIteration:
-                    self.monitor.log(f"data exhausted after {step} steps")
+                    self.monitor.log(f"data exhausted after {step} of train.steps={s.train.steps} steps; "
+                                     "--config.train.steps beyond the curriculum extends its last phase")
                     break
-                phase = self.data.phase
+                phase = self._announce_phase(step, phase, self.data.phase)
                 self.state, metrics = self._train_step(self.state, distributed.global_batch(local, self.mesh),
                                                        phase.rope_theta)
                 step += 1
@@ -201,7 +203,40 @@ class Trainer:
                 self.save()  # never a state whose last step was non-finite: a rollback must not find it
             self.checkpointer.wait()
         self.monitor.draw_heatmap()
+        self._summarize(step)
         return self.state
+
+    # -- messages -------------------------------------------------------------------------------
+    def _announce_extension(self, extra: int) -> None:
+        if extra:
+            self.monitor.log(f"train.steps={self.settings.train.steps} is {extra} batches past the curriculum: "
+                             f"its last phase {self.phases[-1].name!r} continues for them")
+
+    def _announce_phase(self, step: int, previous, phase):
+        """Logs the start of each phase this session trains (and whether its batch shape compiles)."""
+        if previous is None or phase.index != previous.index:
+            shape = (phase.global_batch_size, phase.seq_len)
+            fresh = shape not in self._compiled_shapes
+            self._compiled_shapes.add(shape)
+            self.monitor.log(f"step {step}: phase {phase.index + 1}/{len(self.phases)} {phase.name!r} "
+                             f"(batch {shape[0]} x seq_len {shape[1]}, rope_theta {phase.rope_theta:g})"
+                             + ("; compiling the step for this batch shape" if fresh else ""))
+        return phase
+
+    def _summarize(self, step: int) -> None:
+        """The end-of-run lines: where every output is, and the last loss."""
+        if not self.is_main:
+            return
+        latest = self.checkpointer.latest_step()
+        lines = [f"finished at step {step}" + (f", loss {self._last_loss:.4f}" if self._last_loss is not None else ""),
+                 f"  checkpoints     {self.checkpointer.directory} (latest: {latest})",
+                 f"  metrics         {os.path.join(self.workdir, METRICS_FILE)}"]
+        if self.settings.monitor.tensorboard:
+            lines.append(f"  tensorboard     tensorboard --logdir {os.path.join(self.workdir, 'tensorboard')}")
+        heatmap = os.path.join(self.workdir, HEATMAP_FILE)
+        if os.path.exists(heatmap):
+            lines.append(f"  expert load     {heatmap}")
+        self.monitor.log("\n".join(lines))
 
     def compiled_step_text(self) -> str:
         """The compiled HLO of the train step for the first phase's batch shape: the op names a
@@ -252,6 +287,7 @@ class Trainer:
                   **router_metrics(m["expert_counts"], m["dropped"]),
                   "expert_load": np.round(expert_load(m["expert_counts"]), 5).tolist()}
         self._write(record)
+        self._last_loss = record["loss"]
         self.monitor.progress(step, record["loss"], tokens_per_sec, mfu)
 
     def evaluate(self, step: int, rope_theta: float) -> dict:
