@@ -1,7 +1,7 @@
 """Plan a run before launching it, from an abstract init (nothing is allocated).
 
   python -m zaya_jax.plan --config configs/zaya1_base.py [--json] [--config.model.num_layers=4]
-  python -m zaya_jax.plan --config configs/zaya1_base.py --mesh data=128,fsdp=8 [--device-memory-gb 192]
+  python -m zaya_jax.plan --config configs/zaya1_base.py --mesh data=128,fsdp=8 [--device_memory_gb 192]
 
 Always: parameter counts and the KV-cache size. With --mesh: per-device bytes of parameters,
 gradients, optimizer state and activations, collective bytes per step by kind, and whether it
@@ -15,6 +15,8 @@ import math
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from zaya_jax import cli
 
 from zaya_jax.config_files import model_config
 from zaya_jax.model.accounting import model_summary
@@ -87,4 +89,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from zaya_jax.config import RUNTIME_MODEL_FIELDS
+from zaya_jax.config import RUNTIME_MODEL_FIELDS, ConfigError
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.parallel import distributed
 from zaya_jax.parallel.mesh import check_platform_support, make_mesh
@@ -48,7 +48,7 @@ def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
     model = zaya_jax.load_hf(path, **{f: getattr(cfg, f) for f in RUNTIME_MODEL_FIELDS})
     for name, value in vars(model.config).items():
         if value != getattr(cfg, name):
-            raise ValueError(f"{field}: {path} has model.{name}={value!r} but the config says {getattr(cfg, name)!r}")
+            raise ConfigError(f"{field}: {path} has model.{name}={value!r} but the config says {getattr(cfg, name)!r}")
     return model
 
 
@@ -56,7 +56,7 @@ def check_same_architecture(model: ZayaLM, cfg, field: str) -> None:
     """`model`'s architecture must equal `cfg`'s (runtime fields may differ); names the first difference."""
     for name, value in vars(model.config).items():
         if name not in RUNTIME_MODEL_FIELDS and value != getattr(cfg, name):
-            raise ValueError(f"{field}: the model has model.{name}={value!r} "
+            raise ConfigError(f"{field}: the model has model.{name}={value!r} "
                              f"but the config says {getattr(cfg, name)!r}")
 
 
