@@ -87,9 +87,11 @@ def tokenizer_file() -> str:
         raise UserError(f"--checkpoint {_CHECKPOINT.value}: its config names no tokenizer (synthetic data); "
                         "pass --tokenizer FILE or --prompt_ids")
     try:
-        return tokenizer_path(config.data)
+        path = tokenizer_path(config.data)
     except FileNotFoundError as err:
         raise UserError(f"--checkpoint {_CHECKPOINT.value}: {err}; pass --tokenizer FILE") from err
+    print(f"[tokenizer: {path}, the run's data.tokenizer {config.data.tokenizer!r}]", file=sys.stderr)
+    return path
 
 
 def load_tokenizer(path: str):

@@ -14,6 +14,7 @@ another seed.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import grain
@@ -101,7 +102,7 @@ def training_data_config(config, settings: Settings):
         return config.data
     from zaya_jax.data.curriculum import parse_phases
     last = parse_phases(config.data, process_count=jax.process_count())[-1]
-    data = config.data.copy_and_resolve_references()
+    data = copy.deepcopy(config.data)  # copy_and_resolve_references would share the phases tuple's dicts
     data.phases[-1].token_budget = (last.num_batches + extra) * last.tokens_per_batch
     return data
 
