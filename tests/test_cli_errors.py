@@ -36,7 +36,7 @@ def assert_user_error(done: subprocess.CompletedProcess, *fragments: str) -> Non
 def test_help_exits_zero_and_shows_the_usage(module):
     done = cli(module, "--help")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"python -m {module}" in done.stdout and "--debug" in done.stdout
+    assert f"python -m {module}" in done.stdout and "--[no]debug" in done.stdout
 
 
 @pytest.mark.parametrize("args,fragments", [
