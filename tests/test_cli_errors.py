@@ -87,3 +87,10 @@ def test_plan_accepts_the_spelling_its_help_shows(tmp_path):
     for flag in ("--device_memory_gb", "--device-memory-gb"):
         done = cli("zaya_jax.plan", "--config", "configs/tiny.py", "--mesh", "data=8", flag, "80")
         assert done.returncode == 0 and "fits in 80 GB" in done.stdout, done.stderr[-3000:]
+
+
+def test_generate_names_a_bad_hf_directory_and_a_bad_tokenizer(tmp_path):
+    assert_user_error(cli("zaya_jax.generate", "--hf", tmp_path, "--prompt-ids", "2,5"),
+                      f"{tmp_path / 'config.json'}: missing")
+    assert_user_error(cli("zaya_jax.generate", "--hf", tmp_path, "--prompt", "hi", "--tokenizer", tmp_path / "t.json"),
+                      f"--tokenizer {tmp_path / 't.json'}: cannot read it")
