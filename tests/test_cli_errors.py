@@ -16,7 +16,7 @@ from zaya_jax.train.state import ModelParts
 
 TINY = os.path.join(REPO, "configs", "tiny.py")
 ENTRY_POINTS = ("zaya_jax.train", "zaya_jax.plan", "zaya_jax.generate", "zaya_jax.evaluate", "zaya_jax.convert",
-                "zaya_jax.data.prepare")
+                "zaya_jax.data.prepare", "zaya_jax.data.train_tokenizer", "zaya_jax.data.demo_corpus")
 
 
 def cli(module, *args) -> subprocess.CompletedProcess:

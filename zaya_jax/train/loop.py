@@ -79,7 +79,8 @@ class Trainer:
                                f"phase {p.name!r}" if s.train.data == "pipeline" else "train.global_batch_size")
         check_platform_support(mesh_shape, s.model.expert_parallel)
         if s.train.init_from_hf and not os.path.isdir(s.train.init_from_hf):
-            raise FileNotFoundError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory")
+            raise ConfigError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory (an HF checkpoint "
+                              "directory: config.json + safetensors)")
         os.makedirs(self.workdir, exist_ok=True)
         self.is_main = jax.process_index() == 0
         self.data = open_training_data(config, s)
