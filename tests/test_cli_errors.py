@@ -41,7 +41,8 @@ def test_help_exits_zero_and_shows_the_usage(module):
 
 @pytest.mark.parametrize("args,fragments", [
     (("--config", "configs/nope.py"), ("--config configs/nope.py: no such config file",)),
-    (("--config", TINY, "--config.train.stepz=1"), ("--config.train.stepz", "no field 'stepz'", "did you mean 'steps'")),
+    (("--config", TINY, "--config.train.stepz=1"),
+     ("--config.train.stepz", "no field 'stepz'", "did you mean 'steps'")),
     (("--config", TINY, "--config.train.steps=abc"), ("--config.train.steps=abc",)),
     (("--config", TINY, "--config.mesh.data=3"), ("mesh:", "!= 8 devices", "--config.mesh.data=-1")),
     (("--config", TINY, "--config.train.steps=5"), ("optimizer.warmup_steps (10) must be below train.steps (5)",

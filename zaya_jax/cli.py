@@ -75,11 +75,12 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
         raise UserError(_unknown_field_message(err, argv)) from err
 
 
-def _usage(argv0: str) -> str:
-    module = sys.modules.get("__main__")
-    doc = (getattr(module, "__doc__", None) or "").strip()
+def usage() -> str:
+    """The running module's docstring (its examples) and its flags."""
+    doc = (getattr(sys.modules.get("__main__"), "__doc__", None) or "").strip()
     listed = flags.FLAGS.main_module_help() or flags.FLAGS.module_help(sys.argv[0])
-    return f"{doc}\n\nflags:\n{listed}\n  --[no]debug: {flags.FLAGS['debug'].help}\n  --verbosity: log level (default: WARNING)\n"
+    return (f"{doc}\n\nflags:\n{listed}\n  --[no]debug: {flags.FLAGS['debug'].help}\n"
+            "  --verbosity: log level (default: WARNING; 0 shows the libraries' INFO logs)\n")
 
 
 def report(err: BaseException) -> int:
@@ -93,7 +94,7 @@ def run(main: Callable[[list[str]], object], argv: Sequence[str] | None = None) 
     """Parses flags, runs `main(argv)` and exits: 0, 2 for a user error, a traceback for a bug."""
     argv = normalize_flag_names(sys.argv if argv is None else argv)
     if any(a in HELP_FLAGS for a in argv[1:]):
-        print(_usage(argv[0]))
+        print(usage())
         sys.exit(0)
     debug = "--debug" in argv
 
