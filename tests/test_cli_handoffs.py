@@ -47,8 +47,8 @@ def test_every_phase_is_announced_and_the_run_ends_with_a_summary(demo_run):
     for number, name, theta in ((1, "prose_heavy", "10000"), (2, "code_math_heavy", "10000"),
                                 (3, "long_mixed", "100000")):
         assert re.search(rf"phase {number}/3 '{name}' \(batch 8 x seq_len \d+, rope_theta {theta}\)", log), log
-    assert "seq_len 256, rope_theta 100000); compiling the step for this batch shape" in log
-    assert "seq_len 128, rope_theta 10000)\n" in log  # phase 2 reuses phase 1's compiled shape
+    assert "seq_len 256, rope_theta 100000); compiling the step for it" in log
+    assert "seq_len 128, rope_theta 10000)\n" in log  # phase 2 reuses phase 1's compiled step
     assert f"finished at step 4, loss {read_metrics(str(workdir / 'metrics.jsonl'))[-1]['loss']:.4f}" in log
     for output in ("checkpoints", "metrics.jsonl", "tensorboard", "expert_load.png"):
         assert str(workdir / output) in log, output

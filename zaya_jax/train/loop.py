@@ -41,7 +41,6 @@ from zaya_jax.train.state import (ModelParts, TrainState, initial_state, state_s
 from zaya_jax.train.step import BATCH_KEYS, jit_eval_step, jit_train_step
 
 
-
 def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
     """An HF checkpoint whose architecture must equal `cfg`'s (errors name the first difference)."""
     import zaya_jax
@@ -57,7 +56,7 @@ def check_same_architecture(model: ZayaLM, cfg, field: str) -> None:
     for name, value in vars(model.config).items():
         if name not in RUNTIME_MODEL_FIELDS and value != getattr(cfg, name):
             raise ConfigError(f"{field}: the model has model.{name}={value!r} "
-                             f"but the config says {getattr(cfg, name)!r}")
+                              f"but the config says {getattr(cfg, name)!r}")
 
 
 class Trainer:
@@ -69,7 +68,7 @@ class Trainer:
             check_same_architecture(init_model, s.model, "init_model")
         self._init_model, self.on_log = init_model, on_log
         self._last_loss: float | None = None
-        self._compiled_shapes: set[tuple[int, int]] = set()  # (batch, seq_len) of the phases announced
+        self._compiled: set[tuple[int, int, float]] = set()  # (batch, seq_len, rope_theta): one step program each
         distributed.initialize()
         self.phases = phases_of(config, s)
         self.mesh = make_mesh(s.mesh.sizes)
@@ -214,14 +213,15 @@ class Trainer:
                              f"its last phase {self.phases[-1].name!r} continues for them")
 
     def _announce_phase(self, step: int, previous, phase):
-        """Logs the start of each phase this session trains (and whether its batch shape compiles)."""
+        """Logs the start of each phase this session trains, and whether the step compiles for it
+        (a new batch shape or RoPE base: rope_theta is a static argument of the step)."""
         if previous is None or phase.index != previous.index:
-            shape = (phase.global_batch_size, phase.seq_len)
-            fresh = shape not in self._compiled_shapes
-            self._compiled_shapes.add(shape)
+            key = (phase.global_batch_size, phase.seq_len, phase.rope_theta)
+            fresh = key not in self._compiled
+            self._compiled.add(key)
             self.monitor.log(f"step {step}: phase {phase.index + 1}/{len(self.phases)} {phase.name!r} "
-                             f"(batch {shape[0]} x seq_len {shape[1]}, rope_theta {phase.rope_theta:g})"
-                             + ("; compiling the step for this batch shape" if fresh else ""))
+                             f"(batch {key[0]} x seq_len {key[1]}, rope_theta {key[2]:g})"
+                             + ("; compiling the step for it" if fresh else ""))
         return phase
 
     def _summarize(self, step: int) -> None:
