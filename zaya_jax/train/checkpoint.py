@@ -57,7 +57,7 @@ TRAIN_FIELDS = ("step", "opt_state", "controller_state", "rng", "skipped_steps",
 def config_json(config: ml_collections.ConfigDict, rope_theta: float | None = None) -> dict:
     """The run config as JSON. `rope_theta` (the RoPE base of the curriculum phase being trained)
     replaces model.rope_theta, so that the saved model section rebuilds the model as it was at
-    that step (generate, convert and the notebook read only that section)."""
+    that step (generate, convert and zaya_jax.infer.load_checkpoint read only that section)."""
     saved = json.loads(config.to_json_best_effort())
     if rope_theta is not None:
         saved["model"]["rope_theta"] = float(rope_theta)
