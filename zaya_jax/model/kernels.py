@@ -4,7 +4,9 @@ The model calls `attention_fn(cfg)` and `moe_dispatch_fn(cfg)`; callers never br
 the platform. `auto` resolves by the platform the program is built for (`platform()`: this
 process's backend, or the one `pallas_kernels.building_for` names while lowering for a GPU):
   attention     cpu: xla; gpu: xla (the Pallas kernel is opt-in until GPU numbers favour it)
-  moe backend   cpu: tiles (fastest dropless backend measured on CPU, benchmarks/moe_layer.py);
+  moe backend   cpu: native (the FFI grouped matmul, zaya_jax.native.grouped_matmul; fastest
+                dropless backend measured on CPU, benchmarks/moe_layer.py; where it was not
+                built, tiles, warned once);
                 gpu: ragged (dropless, each expert multiplies only its own rows)
   moe matmul    cpu: xla ragged_dot;
                 gpu (cuda and rocm): the Pallas grouped matmul. Without process-wide XLA flags
@@ -29,11 +31,20 @@ import jax
 
 from pallas_kernels import _backend
 from zaya_jax.config import ModelConfig
+from zaya_jax.errors import UserError
 from zaya_jax.model import moe_dispatch
 from zaya_jax.model.attention_core import xla_attention
+from zaya_jax.native import grouped_matmul as native_grouped_matmul
 from zaya_jax.parallel.attention_sharding import attention_on_mesh
 
-_AUTO_MOE_BACKEND = {"cpu": "tiles", "gpu": "ragged"}
+
+def _cpu_moe_backend() -> str:
+    """The native grouped matmul where the install built it (fastest on CPU, benchmarks/moe_layer.py),
+    else `tiles` (the fastest XLA-only dropless backend; `available()` warns once)."""
+    return "native" if native_grouped_matmul.available() else "tiles"
+
+
+_AUTO_MOE_BACKEND = {"cpu": _cpu_moe_backend, "gpu": lambda: "ragged"}
 _AUTO_MOE_MATMUL = {"gpu": "pallas"}
 
 
@@ -45,7 +56,7 @@ def platform() -> str:
 
 def resolve_moe_backend(name: str, target_platform: str | None = None) -> str:
     """`auto` -> the backend for `target_platform` (default: `platform()`)."""
-    return _AUTO_MOE_BACKEND.get(target_platform or platform(), "ragged") if name == "auto" else name
+    return _AUTO_MOE_BACKEND.get(target_platform or platform(), lambda: "ragged")() if name == "auto" else name
 
 
 def resolve_attention_kernel(name: str) -> str:
@@ -83,4 +94,9 @@ def moe_dispatch_fn(cfg: ModelConfig) -> Callable:
         return functools.partial(moe_dispatch.ragged, matmul=ragged_matmul_fn(cfg))
     if backend == "tiles":
         return functools.partial(moe_dispatch.tiles, tile=cfg.moe_tile_size)
+    if backend == "native":
+        if not native_grouped_matmul.available():
+            raise UserError("model.moe_backend='native': the native CPU grouped matmul was not built; reinstall "
+                            "the package with a C++ compiler present (pip install -e .) or use moe_backend='auto'")
+        return functools.partial(moe_dispatch.ragged, matmul=native_grouped_matmul.grouped_matmul)
     return moe_dispatch.dense

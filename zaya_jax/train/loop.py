@@ -195,6 +195,13 @@ class Trainer:
         self._summarize(step)
         return self.state
 
+    def compiled_step(self) -> jax.stages.Compiled:
+        """The train step compiled for the first phase's batch shape (its cost_analysis() is what
+        tests/test_plan_flops.py checks the planner's FLOP count against)."""
+        phase = self.phases[0]
+        batch = abstract_batch(phase.global_batch_size, phase.seq_len)
+        return self._train_step.lower(self.state, batch, phase.rope_theta).compile()
+
     # -- messages -------------------------------------------------------------------------------
     def _announce_extension(self, extra: int) -> None:
         if extra:
@@ -231,9 +238,7 @@ class Trainer:
     def compiled_step_text(self) -> str:
         """The compiled HLO of the train step for the first phase's batch shape: the op names a
         profile's events refer to (benchmarks/step_profile.py maps them to blocks)."""
-        phase = self.phases[0]
-        batch = abstract_batch(phase.global_batch_size, phase.seq_len)
-        return self._train_step.lower(self.state, batch, phase.rope_theta).compile().as_text()
+        return self.compiled_step().as_text()
 
     def _log_profile(self, directory: str | None) -> None:
         if directory is not None:
