@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import os
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
+
+from zaya_jax import cli
+from zaya_jax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, plots.")
@@ -32,9 +35,9 @@ def main(argv):
     if _CONFIG.value is None:
         raise app.UsageError("--config is required, e.g. --config configs/demo.py")
     if not _WORKDIR.value:
-        raise app.UsageError("--workdir is required")
-    if not flags.FLAGS["verbosity"].present:  # Orbax logs every save step at INFO; --verbosity=0 shows it
-        logging.set_verbosity(logging.WARNING)
+        raise app.UsageError("--workdir is required, e.g. --workdir runs/demo")
+    if os.path.exists(_WORKDIR.value) and not os.path.isdir(_WORKDIR.value):
+        raise UserError(f"--workdir {_WORKDIR.value}: is a file, not a directory; choose another --workdir")
     from zaya_jax.parallel import distributed
     distributed.initialize()
     enable_compilation_cache()
@@ -47,4 +50,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -5,7 +5,8 @@ A step directory holds four items:
           to_hf and generation read)
   train   {step, opt_state, controller_state, rng, skipped_steps, nonfinite_streak}
   data    the data iterator's state (grain.checkpoint.CheckpointSave: one JSON per process)
-  config  the full run config as JSON
+  config  the full run config as JSON; its model section has the rope_theta of the curriculum
+          phase being trained, so it rebuilds the model as it was at that step
 `python -m zaya_jax.convert to_orbax` writes model + config only (step 0); training from such a
 directory starts from its weights with a fresh optimizer.
 
@@ -30,6 +31,7 @@ import grain
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
+from absl import logging
 
 from zaya_jax.config_files import model_config
 from zaya_jax.model.build import abstract_model
@@ -39,15 +41,27 @@ from zaya_jax.train.state import ModelParts, TrainState, with_shardings
 
 # Replicated arrays are written by one replica. Orbax's default (replica-parallel writes) compiles
 # a slicing program per device and array shape at the first save: about 0.5 s per parameter
-# shape on CPU, all of it blocking the training loop.
-ocp.type_handlers.register_type_handler(
-    jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+# shape on CPU, all of it blocking the training loop. (Orbax warns about any override, on every
+# import of this module: the warning is silenced, the override being the point.)
+_verbosity = logging.get_verbosity()
+logging.set_verbosity(logging.ERROR)
+try:
+    ocp.type_handlers.register_type_handler(
+        jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+finally:
+    logging.set_verbosity(_verbosity)
 
 TRAIN_FIELDS = ("step", "opt_state", "controller_state", "rng", "skipped_steps", "nonfinite_streak")
 
 
-def config_json(config: ml_collections.ConfigDict) -> dict:
-    return json.loads(config.to_json_best_effort())
+def config_json(config: ml_collections.ConfigDict, rope_theta: float | None = None) -> dict:
+    """The run config as JSON. `rope_theta` (the RoPE base of the curriculum phase being trained)
+    replaces model.rope_theta, so that the saved model section rebuilds the model as it was at
+    that step (generate, convert and zaya_jax.infer.load_checkpoint read only that section)."""
+    saved = json.loads(config.to_json_best_effort())
+    if rope_theta is not None:
+        saved["model"]["rope_theta"] = float(rope_theta)
+    return saved
 
 
 def _manager(directory: str, max_to_keep: int | None, async_save: bool) -> ocp.CheckpointManager:

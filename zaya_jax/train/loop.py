@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from zaya_jax.config import RUNTIME_MODEL_FIELDS, ConfigError
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.model.kernels import resolve_attention_kernel
 from zaya_jax.parallel import distributed
@@ -31,18 +32,13 @@ from zaya_jax.parallel.attention_sharding import check_attention_layout
 from zaya_jax.parallel.mesh import check_declared_platform, check_platform_support, make_mesh
 from zaya_jax.train import faults
 from zaya_jax.train.checkpoint import Checkpointer, config_json, restore_model
-from zaya_jax.train.data import eval_batches, open_training_data, phases_of
+from zaya_jax.train.data import curriculum_extension, eval_batches, open_training_data, phases_of
 from zaya_jax.train.metrics import expert_load, flops_per_token, peak_flops, router_metrics
-from zaya_jax.train.monitor import Monitor
+from zaya_jax.train.monitor import HEATMAP_FILE, METRICS_FILE, Monitor
 from zaya_jax.train.profiling import StepProfiler
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
 from zaya_jax.train.program import abstract_batch, build_program
 from zaya_jax.train.state import ModelParts, TrainState, initial_state, with_shardings
-
-# ModelConfig fields that an HF checkpoint does not carry (they come from our config).
-RUNTIME_MODEL_FIELDS = ("dtype", "scan_layers", "remat", "moe_backend", "capacity_factor", "moe_tile_size",
-                        "attention_kernel", "moe_matmul_kernel", "init_std", "key_temperature_init",
-                        "isolate_documents")
 
 
 def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
@@ -51,7 +47,7 @@ def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
     model = zaya_jax.load_hf(path, **{f: getattr(cfg, f) for f in RUNTIME_MODEL_FIELDS})
     for name, value in vars(model.config).items():
         if value != getattr(cfg, name):
-            raise ValueError(f"{field}: {path} has model.{name}={value!r} but the config says {getattr(cfg, name)!r}")
+            raise ConfigError(f"{field}: {path} has model.{name}={value!r} but the config says {getattr(cfg, name)!r}")
     return model
 
 
@@ -59,8 +55,8 @@ def check_same_architecture(model: ZayaLM, cfg, field: str) -> None:
     """`model`'s architecture must equal `cfg`'s (runtime fields may differ); names the first difference."""
     for name, value in vars(model.config).items():
         if name not in RUNTIME_MODEL_FIELDS and value != getattr(cfg, name):
-            raise ValueError(f"{field}: the model has model.{name}={value!r} "
-                             f"but the config says {getattr(cfg, name)!r}")
+            raise ConfigError(f"{field}: the model has model.{name}={value!r} "
+                              f"but the config says {getattr(cfg, name)!r}")
 
 
 class Trainer:
@@ -71,6 +67,8 @@ class Trainer:
         if init_model is not None:
             check_same_architecture(init_model, s.model, "init_model")
         self._init_model, self.on_log = init_model, on_log
+        self._last_loss: float | None = None
+        self._compiled: set[tuple[int, int, float]] = set()  # (batch, seq_len, rope_theta): one step program each
         distributed.initialize()
         check_declared_platform(s.mesh.platform)
         self.phases = phases_of(config, s)
@@ -82,7 +80,8 @@ class Trainer:
         check_platform_support(mesh_shape, s.model.expert_parallel)
         check_attention_layout(resolve_attention_kernel(s.model.attention_kernel), mesh_shape)
         if s.train.init_from_hf and not os.path.isdir(s.train.init_from_hf):
-            raise FileNotFoundError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory")
+            raise ConfigError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory (an HF checkpoint "
+                              "directory: config.json + safetensors)")
         os.makedirs(self.workdir, exist_ok=True)
         self.is_main = jax.process_index() == 0
         self.data = open_training_data(config, s)
@@ -97,6 +96,7 @@ class Trainer:
         self.profiler = StepProfiler(os.path.join(self.workdir, "profile"), s.monitor.profile_start_step,
                                      s.monitor.profile_steps)
         self.monitor.log(f"topology: {distributed.topology()}; mesh {mesh_shape}")
+        self._announce_extension(curriculum_extension(config, s))
         with jax.set_mesh(self.mesh):
             self.state, origin = self._initial_state()
         self.monitor.advance(int(self.state.step))
@@ -143,7 +143,7 @@ class Trainer:
         return self.checkpointer.restore(step, with_shardings(self.abstract_state, self.shardings), self.data)
 
     def save(self) -> int:
-        return self.checkpointer.save(self.state, self.data, config_json(self.config))
+        return self.checkpointer.save(self.state, self.data, config_json(self.config, self.data.phase.rope_theta))
 
     # -- loop -------------------------------------------------------------------------------
     def run(self) -> TrainState:
@@ -151,14 +151,16 @@ class Trainer:
         step = start = int(jax.device_get(self.state.step))
         last_saved = step if self.checkpointer.latest_step() == step else None
         window_start, window_tokens = time.perf_counter(), 0
+        phase = None
         with faults.StopSignal() as stop, jax.set_mesh(self.mesh):
             while step < s.train.steps and not stop.requested:
                 try:
                     local = next(self.data)
                 except StopIteration:
-                    self.monitor.log(f"data exhausted after {step} steps")
+                    self.monitor.log(f"data exhausted after {step} of train.steps={s.train.steps} steps; "
+                                     "--config.train.steps beyond the curriculum extends its last phase")
                     break
-                phase = self.data.phase
+                phase = self._announce_phase(step, phase, self.data.phase)
                 self.state, metrics = self._train_step(self.state, distributed.global_batch(local, self.mesh),
                                                        phase.rope_theta)
                 step += 1
@@ -190,6 +192,7 @@ class Trainer:
                 self.save()  # never a state whose last step was non-finite: a rollback must not find it
             self.checkpointer.wait()
         self.monitor.draw_heatmap()
+        self._summarize(step)
         return self.state
 
     def compiled_step(self) -> jax.stages.Compiled:
@@ -198,6 +201,39 @@ class Trainer:
         phase = self.phases[0]
         batch = abstract_batch(phase.global_batch_size, phase.seq_len)
         return self._train_step.lower(self.state, batch, phase.rope_theta).compile()
+
+    # -- messages -------------------------------------------------------------------------------
+    def _announce_extension(self, extra: int) -> None:
+        if extra:
+            self.monitor.log(f"train.steps={self.settings.train.steps} is {extra} batches past the curriculum: "
+                             f"its last phase {self.phases[-1].name!r} continues for them")
+
+    def _announce_phase(self, step: int, previous, phase):
+        """Logs the start of each phase this session trains, and whether the step compiles for it
+        (a new batch shape or RoPE base: rope_theta is a static argument of the step)."""
+        if previous is None or phase.index != previous.index:
+            key = (phase.global_batch_size, phase.seq_len, phase.rope_theta)
+            fresh = key not in self._compiled
+            self._compiled.add(key)
+            self.monitor.log(f"step {step}: phase {phase.index + 1}/{len(self.phases)} {phase.name!r} "
+                             f"(batch {key[0]} x seq_len {key[1]}, rope_theta {key[2]:g})"
+                             + ("; compiling the step for it" if fresh else ""))
+        return phase
+
+    def _summarize(self, step: int) -> None:
+        """The end-of-run lines: where every output is, and the last loss."""
+        if not self.is_main:
+            return
+        latest = self.checkpointer.latest_step()
+        lines = [f"finished at step {step}" + (f", loss {self._last_loss:.4f}" if self._last_loss is not None else ""),
+                 f"  checkpoints     {self.checkpointer.directory} (latest: {latest})",
+                 f"  metrics         {os.path.join(self.workdir, METRICS_FILE)}"]
+        if self.settings.monitor.tensorboard:
+            lines.append(f"  tensorboard     tensorboard --logdir {os.path.join(self.workdir, 'tensorboard')}")
+        heatmap = os.path.join(self.workdir, HEATMAP_FILE)
+        if os.path.exists(heatmap):
+            lines.append(f"  expert load     {heatmap}")
+        self.monitor.log("\n".join(lines))
 
     def compiled_step_text(self) -> str:
         """The compiled HLO of the train step for the first phase's batch shape: the op names a
@@ -245,6 +281,7 @@ class Trainer:
                   **router_metrics(m["expert_counts"], m["dropped"]),
                   "expert_load": np.round(expert_load(m["expert_counts"]), 5).tolist()}
         self._write(record)
+        self._last_loss = record["loss"]
         self.monitor.progress(step, record["loss"], tokens_per_sec, mfu)
 
     def evaluate(self, step: int, rope_theta: float) -> dict:
