@@ -6,6 +6,11 @@ per-step seam (Trainer._after_step) or Orbax's final rename, then runs the CLI's
                                                checkpoints started so far are on disk)
   KILL_IN_SAVE=n                               SIGKILL while checkpoint n is being written (after
                                                its data, before Orbax renames it into place)
+  POISON_FROM_STEP=n                           parameters set to NaN after every step >= n (the
+                                               next step is non-finite, every time)
+  FSIZE_LIMIT_AT_STEP=n                        after step n, files of this process may not grow
+                                               past 100 kB (RLIMIT_FSIZE: writes fail with EFBIG,
+                                               as on a full disk)
 """
 
 from __future__ import annotations
@@ -18,18 +23,24 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 WRAPPER = r"""
-import os, signal
+import os, resource, signal
+import jax, jax.numpy as jnp
 from absl import app
 from orbax.checkpoint._src.path import atomicity
 from zaya_jax.train import loop
 from zaya_jax.train.__main__ import main
 
 kill_at, kill_in_save = int(os.environ.get("KILL_AT_STEP", -1)), os.environ.get("KILL_IN_SAVE")
+poison_from, fsize_at = int(os.environ.get("POISON_FROM_STEP", 1 << 30)), int(os.environ.get("FSIZE_LIMIT_AT_STEP", -1))
 
 def after_step(self, step):
     if step == kill_at:
         self.checkpointer.wait()
         os.kill(os.getpid(), getattr(signal, os.environ["KILL_SIGNAL"]))
+    if step >= poison_from:
+        self.state = self.state.replace(params=jax.tree.map(lambda x: x * jnp.nan, self.state.params))
+    if step == fsize_at:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
 loop.Trainer._after_step = after_step
 
 original_finalize = atomicity.AtomicRenameTemporaryPath.finalize

@@ -2,17 +2,23 @@
 
   python -m zaya_jax.train --config configs/demo.py --workdir runs/demo [--config.train.steps=200 ...]
 
-Resumes from the latest checkpoint in WORKDIR/checkpoints when there is one. Writes
-WORKDIR/metrics.jsonl, WORKDIR/tensorboard/, WORKDIR/expert_load.png. SIGTERM / SIGINT save a
-checkpoint and stop. Compiled programs are cached in $JAX_COMPILATION_CACHE_DIR (default
+Resumes from the newest whole checkpoint in WORKDIR/checkpoints when there is one. Writes
+WORKDIR/metrics.jsonl, WORKDIR/tensorboard/, WORKDIR/expert_load.png. SIGTERM / SIGINT (caught
+from the first line of main on) save a checkpoint and stop. Exit codes (zaya_jax.errors): 0 done,
+75 stopped by a signal after saving (requeue), 2 a bad input (one line), 1 failed. Compiled programs are cached in $JAX_COMPILATION_CACHE_DIR (default
 ~/.cache/zaya_jax/jit), so a restart compiles nothing it has compiled before.
 """
 
 from __future__ import annotations
 
-import os
+from zaya_jax.train import faults
 
-from absl import app, flags, logging
+faults.install()  # before anything slow: a signal during start-up (imports, distributed init, compilation) is kept
+
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).")
@@ -38,12 +44,26 @@ def main(argv):
     from zaya_jax.parallel import distributed
     distributed.initialize()
     enable_compilation_cache()
+    from zaya_jax import errors
+    from zaya_jax.train.checkpoint import CheckpointWriteError
     from zaya_jax.train.loop import Trainer
-    trainer = Trainer(_CONFIG.value, _WORKDIR.value)
+    try:
+        trainer = Trainer(_CONFIG.value, _WORKDIR.value)
+    except errors.UserError as e:
+        sys.exit(_report(str(e), errors.EXIT_USER_ERROR))
     try:
         trainer.run()
+    except (faults.TrainingFailed, CheckpointWriteError) as e:
+        sys.exit(_report(f"{type(e).__name__}: {e}", errors.EXIT_FAILED))
     finally:
         trainer.close()
+    if trainer.stopped_by:
+        sys.exit(errors.EXIT_PREEMPTED)
+
+
+def _report(message: str, code: int) -> int:
+    print(message, file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -1,0 +1,287 @@
+"""Faults through the real CLI: damaged checkpoints, stops agreed by 2 processes, the rollback
+budget, a failed checkpoint write, a second trainer on one workdir."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from tests.train_helpers import REPO, cli_env, run_train, train_losses
+from zaya_jax.errors import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USER_ERROR, UserError
+from zaya_jax.train import integrity
+from zaya_jax.train.checkpoint import Checkpointer, load_checkpoint_model, read_config, restore_model
+from zaya_jax.train.settings import CheckpointSettings
+
+SHORT = ("--config.optimizer.warmup_steps=1", "--config.optimizer.name=adamw", "--config.train.log_every_steps=1",
+         "--config.eval.every_steps=0", "--config.monitor.tensorboard=False", "--config.monitor.heatmap_every_steps=0")
+
+
+def _blob(step_dir, item):
+    """The largest array blob of `item` (OCDBT data file)."""
+    files = [os.path.join(root, n) for root, _, names in os.walk(os.path.join(step_dir, item)) for n in names
+             if os.sep + "d" + os.sep in os.path.join(root, n)]
+    return max(files, key=os.path.getsize)
+
+
+def _empty_folder(step_dir):
+    for entry in os.listdir(step_dir):
+        shutil.rmtree(os.path.join(step_dir, entry), ignore_errors=True)
+        if os.path.exists(os.path.join(step_dir, entry)):
+            os.remove(os.path.join(step_dir, entry))
+
+
+def _delete_model_item(step_dir):
+    shutil.rmtree(os.path.join(step_dir, "model"))
+
+
+def _truncate_model_blob(step_dir):
+    path = _blob(step_dir, "model")
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+def _flip_model_bytes(step_dir):
+    path = _blob(step_dir, "model")
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        chunk = f.read(16)
+        f.seek(os.path.getsize(path) // 2)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+
+
+def _garbage_config_json(step_dir):
+    with open(os.path.join(step_dir, "config", "metadata"), "w") as f:
+        f.write('{"model": {"hidden_size": 64,, garbage')
+
+
+DAMAGE = {  # variant -> (damage, the reason the loader names)
+    "empty folder": (_empty_folder, "no zaya_manifest.json"),
+    "deleted item": (_delete_model_item, "item 'model' is missing"),
+    "truncated blob": (_truncate_model_blob, r"model/.* has \d+ bytes, \d+ were written"),
+    "flipped bytes": (_flip_model_bytes, "model/.* fails its checksum"),
+    "garbage json": (_garbage_config_json, "config/metadata (has|fails)"),
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """A 4-step CLI run with checkpoints 2 and 4, and its losses."""
+    workdir = tmp_path_factory.mktemp("reference")
+    result = run_train(workdir, *SHORT, "--config.train.steps=4", "--config.checkpoint.every_steps=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert integrity.steps_in(str(workdir / "checkpoints")) == [4, 2]
+    return workdir, train_losses(workdir)
+
+
+def _copy(reference_dir, target):
+    shutil.copytree(reference_dir, target, ignore=shutil.ignore_patterns(".lock"))
+    return target
+
+
+@pytest.mark.parametrize("variant", sorted(DAMAGE))
+def test_read_only_loaders_fall_back_past_a_damaged_step_or_refuse_it_by_name(reference, tmp_path, variant):
+    damage, reason = DAMAGE[variant]
+    pristine, _ = load_checkpoint_model(str(reference[0]), step=2)
+    run = _copy(reference[0], tmp_path / "run")
+    damage(str(run / "checkpoints" / "4"))
+    model, step = load_checkpoint_model(str(run))
+    assert step == 2
+    for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(pristine, nnx.Param))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(UserError, match=rf"no whole checkpoint at .*checkpoints \(step 4\): step 4: {reason}"):
+        load_checkpoint_model(str(run), step=4)
+    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4"]  # a reader moves nothing
+
+
+def test_read_only_loaders_create_nothing(tmp_path):
+    missing = tmp_path / "nope"
+    for load in (lambda: read_config(str(missing)), lambda: restore_model(str(missing), {}),
+                 lambda: load_checkpoint_model(str(missing))):
+        with pytest.raises(UserError, match=f"no checkpoint at {missing}"):
+            load()
+    assert not missing.exists()
+    result = subprocess.run([sys.executable, "-m", "zaya_jax.evaluate", "--checkpoint", str(missing)], cwd=REPO,
+                            env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and f"no checkpoint at {missing}" in result.stderr
+    assert not missing.exists()
+
+
+def test_resume_skips_a_checkpoint_missing_its_train_item(reference, tmp_path):
+    """Never a silent restart from step 0: the damaged step 4 is set aside, the run resumes from 2,
+    and steps 3 and 4 repeat the reference's losses bit for bit."""
+    reference_dir, expected = reference
+    run = _copy(reference_dir, tmp_path / "run")
+    shutil.rmtree(run / "checkpoints" / "4" / "train")
+    os.remove(run / "metrics.jsonl")
+    result = run_train(run, *SHORT, "--config.train.steps=4", "--config.checkpoint.every_steps=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "checkpoint 4 skipped (item 'train' is missing); moved to" in result.stdout
+    assert "start at step 2: restored checkpoint 2" in result.stdout
+    assert train_losses(run) == {3: expected[3], 4: expected[4]}
+    assert os.listdir(run / "checkpoints.rejected") == ["4"]
+    assert integrity.steps_in(str(run / "checkpoints")) == [4, 2]
+
+
+def test_resume_refuses_a_workdir_whose_every_checkpoint_is_damaged(reference, tmp_path):
+    run = _copy(reference[0], tmp_path / "run")
+    _flip_model_bytes(str(run / "checkpoints" / "4"))
+    _empty_folder(str(run / "checkpoints" / "2"))
+    checkpointer = Checkpointer(str(run / "checkpoints"), CheckpointSettings())
+    with pytest.raises(UserError, match=r"no whole checkpoint in .*: step 4: model/.* fails its checksum .*; "
+                                        r"step 2: no zaya_manifest.json"):
+        checkpointer.resume_point(print)
+    checkpointer.close()
+    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4"]
+
+
+def test_rollback_budget_ends_the_run_and_skipped_saves_are_logged(tmp_path):
+    result = run_train(tmp_path, *SHORT, "--config.train.steps=8", "--config.checkpoint.every_steps=2",
+                       "--config.train.max_nonfinite_streak=3", "--config.train.max_rollbacks=1",
+                       faults={"POISON_FROM_STEP": 3}, timeout=240)
+    assert result.returncode == EXIT_FAILED, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "TrainingFailed: 3 non-finite steps in a row at step 6 after 1 rollback(s) (train.max_rollbacks=1): "
+        "the run diverges; lower the learning rate or inspect the data, then resume from the last checkpoint")
+    assert result.stdout.count("step 4: checkpoint not saved, 1 non-finite step(s) in a row") == 2
+    assert "3 non-finite steps in a row at step 6: rolled back to checkpoint 2" in result.stdout
+    assert integrity.steps_in(str(tmp_path / "checkpoints")) == [2]
+
+
+def test_a_failed_checkpoint_write_stops_the_run_at_the_next_step(tmp_path):
+    result = run_train(tmp_path, *SHORT, "--config.train.steps=12", "--config.checkpoint.every_steps=4",
+                       faults={"FSIZE_LIMIT_AT_STEP": 2})
+    assert result.returncode == EXIT_FAILED, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    errors = [ln for ln in lines if ln.startswith("CheckpointWriteError")]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"CheckpointWriteError: checkpoint 4 could not be written to {tmp_path}/checkpoints: File too large (errno 27): "
+        f"{tmp_path}/checkpoints/4.orbax-checkpoint-tmp/"), result.stderr[-3000:]
+    assert len(lines) < 60  # Orbax's own records of the failure keep one line each (without: about 540 lines)
+    assert max(train_losses(tmp_path)) <= 6  # raised at the next step boundary (or the one after), not at step 8
+    assert integrity.steps_in(str(tmp_path / "checkpoints")) == []
+
+
+# -- two processes ---------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    """`python -m zaya_jax.train` as 2 processes of one jax.distributed job (launch/local.sh's environment)."""
+
+    def __init__(self, workdir, *overrides):
+        self.workdir, port = workdir, _free_port()
+        self.logs = [open(workdir.parent / f"{workdir.name}.{i}.log", "w+") for i in range(2)]
+        self.processes = []
+        for i in range(2):
+            env = {**cli_env(), "ZAYA_COORDINATOR": f"127.0.0.1:{port}", "ZAYA_NUM_PROCESSES": "2",
+                   "ZAYA_PROCESS_ID": str(i), "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+            command = [sys.executable, "-m", "zaya_jax.train", "--config", "configs/tiny.py", "--workdir", str(workdir),
+                       "--config.monitor.progress_bar=False", *SHORT, *overrides]
+            self.processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=self.logs[i],
+                                                   stderr=subprocess.STDOUT))
+
+    def output(self, i: int) -> str:
+        self.logs[i].seek(0)
+        return self.logs[i].read()
+
+    def wait_for(self, text: str, process: int = 0, timeout: float = 240) -> None:
+        deadline = time.time() + timeout
+        while text not in self.output(process):
+            assert time.time() < deadline and all(p.poll() is None for p in self.processes), \
+                f"never printed {text!r}:\n" + self.output(0)[-3000:] + self.output(1)[-3000:]
+            time.sleep(0.05)
+
+    def wait_for_step(self, beyond: int) -> None:
+        """Until process 0 logs a train record past step `beyond`."""
+        deadline = time.time() + 240
+        while not self._logged_beyond(beyond):
+            assert time.time() < deadline and all(p.poll() is None for p in self.processes), \
+                self.output(0)[-3000:] + self.output(1)[-3000:]
+            time.sleep(0.05)
+
+    def _logged_beyond(self, beyond: int) -> bool:
+        try:
+            return max(train_losses(self.workdir), default=-1) > beyond
+        except (FileNotFoundError, json.JSONDecodeError):  # not yet written, or a line half written
+            return False
+
+    def signal(self, process: int, signum=signal.SIGTERM) -> None:
+        self.processes[process].send_signal(signum)
+
+    def finish(self, timeout: float = 60) -> tuple[list[int], float]:
+        """(exit codes, seconds from now until both exited)."""
+        start = time.time()
+        codes = [p.wait(timeout=timeout) for p in self.processes]
+        return codes, time.time() - start
+
+
+def _saved_step(job: Job) -> int:
+    lines = [ln for ln in job.output(0).splitlines() if "saving step" in ln]
+    assert len(lines) == 1, job.output(0)[-3000:]
+    step = int(lines[0].split("saving step ")[1].split()[0])
+    assert f"process 1: signal 15: saving step {step} and stopping" in job.output(1), job.output(1)[-3000:]
+    return step
+
+
+def test_stops_are_agreed_by_two_processes_and_a_second_trainer_is_refused(tmp_path):
+    workdir = tmp_path / "run"
+    long = ("--config.train.steps=100000", "--config.checkpoint.every_steps=0")
+
+    # 1. SIGTERM to process 1 only: both save the same step and exit 75; meanwhile a second trainer is refused
+    job = Job(workdir, *long)
+    job.wait_for_step(0)
+    second = run_train(workdir, *SHORT)
+    assert second.returncode == EXIT_USER_ERROR
+    assert f"workdir {workdir} is in use by another trainer (host pid: {socket.gethostname()} " \
+           f"{job.processes[0].pid}" in second.stderr
+    job.signal(1)
+    codes, seconds = job.finish()
+    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(0)[-3000:]
+    first = _saved_step(job)
+    assert integrity.steps_in(str(workdir / "checkpoints")) == [first] and first > 0
+
+    # 2. SIGTERM to both, 0.3 s apart (process 0 first)
+    job = Job(workdir, *long)
+    job.wait_for(f"start at step {first}: restored checkpoint {first}")
+    job.wait_for_step(first)
+    job.signal(0)
+    time.sleep(0.3)
+    job.signal(1)
+    codes, seconds = job.finish()
+    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(0)[-3000:]
+    second_step = _saved_step(job)
+    assert second_step > first and integrity.problem(str(workdir / "checkpoints" / str(second_step)),
+                                                     integrity.ITEMS["training"]) is None
+
+    # 3. two SIGTERMs 5 ms apart to process 1
+    job = Job(workdir, *long)
+    job.wait_for(f"restored checkpoint {second_step}")
+    job.wait_for_step(second_step)
+    job.signal(1)
+    time.sleep(0.005)
+    job.signal(1)
+    codes, seconds = job.finish()
+    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(1)[-3000:]
+    third = _saved_step(job)
+    assert third > second_step
+
+    # 4. SIGTERM to process 0 during start-up (before its first step): no step runs, exit 75
+    job = Job(workdir, f"--config.train.steps={third + 3}", "--config.checkpoint.every_steps=0")
+    job.wait_for("topology:")
+    job.signal(0)
+    codes, seconds = job.finish()
+    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(0)[-3000:]
+    assert max(train_losses(workdir)) == third and f"saving step {third}" in job.output(0)
