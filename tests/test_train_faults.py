@@ -285,3 +285,25 @@ def test_stops_are_agreed_by_two_processes_and_a_second_trainer_is_refused(tmp_p
     codes, seconds = job.finish()
     assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(0)[-3000:]
     assert max(train_losses(workdir)) == third and f"saving step {third}" in job.output(0)
+
+
+def test_damaged_data_shards_are_named_when_the_sources_open(tmp_path):
+    """Before: a truncated shard opened fine and failed mid-run, naming no file."""
+    from zaya_jax.data import prepare
+    from zaya_jax.data.readers import InputError
+    from zaya_jax.data.sources import open_sources
+    tokenizer = {"sha256": "synthetic", "vocab_size": 65536, "bos_id": 2, "eos_id": 1, "pad_id": 0}
+    docs = [np.arange(1 + 200 * i, 1 + 200 * i + 150) for i in range(400)]
+    for name in ("truncated", "short"):
+        prepare.write_tokenized(str(tmp_path / name), docs, tokenizer_info=tokenizer, num_shards=2)
+    config = lambda name: type("DataConfig", (), {"sources": {"a": str(tmp_path / name)}, "heldout_fraction": 0.0})
+    assert len(open_sources(config("truncated"))["a"].train) == 400  # whole shards open
+    shard = tmp_path / "truncated" / "shard-00001-of-00002.array_record"
+    os.truncate(shard, os.path.getsize(shard) // 2)
+    with pytest.raises(InputError, match=rf"{shard}: not a readable ArrayRecord shard \(.*\); re-run .* data.sources.a"):
+        open_sources(config("truncated"))
+    prepare.write_tokenized(str(tmp_path / "other"), docs[:3], tokenizer_info=tokenizer, num_shards=1)
+    shard = tmp_path / "short" / "shard-00000-of-00002.array_record"
+    shutil.copy(tmp_path / "other" / "shard-00000-of-00001.array_record", shard)
+    with pytest.raises(InputError, match=rf"{shard}: holds 3 records but the manifest lists 200"):
+        open_sources(config("short"))
