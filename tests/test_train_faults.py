@@ -1,10 +1,8 @@
 """Faults through the real CLI: damaged checkpoints, stops agreed by 2 processes, the rollback
 budget, a failed checkpoint write, a second trainer on one workdir."""
 
-import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +13,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.train_helpers import REPO, cli_env, run_train, train_losses
+from tests.train_helpers import (DAMAGE, REPO, Job, cli_env, empty_folder, flip_model_bytes, run_train,
+                                 train_losses)
 from zaya_jax.errors import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USER_ERROR, UserError
 from zaya_jax.train import integrity
 from zaya_jax.train.checkpoint import Checkpointer, load_checkpoint_model, read_config, restore_model
@@ -23,52 +22,6 @@ from zaya_jax.train.settings import CheckpointSettings
 
 SHORT = ("--config.optimizer.warmup_steps=1", "--config.optimizer.name=adamw", "--config.train.log_every_steps=1",
          "--config.eval.every_steps=0", "--config.monitor.tensorboard=False", "--config.monitor.heatmap_every_steps=0")
-
-
-def _blob(step_dir, item):
-    """The largest array blob of `item` (OCDBT data file)."""
-    files = [os.path.join(root, n) for root, _, names in os.walk(os.path.join(step_dir, item)) for n in names
-             if os.sep + "d" + os.sep in os.path.join(root, n)]
-    return max(files, key=os.path.getsize)
-
-
-def _empty_folder(step_dir):
-    for entry in os.listdir(step_dir):
-        shutil.rmtree(os.path.join(step_dir, entry), ignore_errors=True)
-        if os.path.exists(os.path.join(step_dir, entry)):
-            os.remove(os.path.join(step_dir, entry))
-
-
-def _delete_model_item(step_dir):
-    shutil.rmtree(os.path.join(step_dir, "model"))
-
-
-def _truncate_model_blob(step_dir):
-    path = _blob(step_dir, "model")
-    os.truncate(path, os.path.getsize(path) // 2)
-
-
-def _flip_model_bytes(step_dir):
-    path = _blob(step_dir, "model")
-    with open(path, "r+b") as f:
-        f.seek(os.path.getsize(path) // 2)
-        chunk = f.read(16)
-        f.seek(os.path.getsize(path) // 2)
-        f.write(bytes(b ^ 0xFF for b in chunk))
-
-
-def _garbage_config_json(step_dir):
-    with open(os.path.join(step_dir, "config", "metadata"), "w") as f:
-        f.write('{"model": {"hidden_size": 64,, garbage')
-
-
-DAMAGE = {  # variant -> (damage, the reason the loader names)
-    "empty folder": (_empty_folder, "no zaya_manifest.json"),
-    "deleted item": (_delete_model_item, "item 'model' is missing"),
-    "truncated blob": (_truncate_model_blob, r"model/.* has \d+ bytes, \d+ were written"),
-    "flipped bytes": (_flip_model_bytes, "model/.* fails its checksum"),
-    "garbage json": (_garbage_config_json, "config/metadata (has|fails)"),
-}
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +85,8 @@ def test_resume_skips_a_checkpoint_missing_its_train_item(reference, tmp_path):
 
 def test_resume_refuses_a_workdir_whose_every_checkpoint_is_damaged(reference, tmp_path):
     run = _copy(reference[0], tmp_path / "run")
-    _flip_model_bytes(str(run / "checkpoints" / "4"))
-    _empty_folder(str(run / "checkpoints" / "2"))
+    flip_model_bytes(str(run / "checkpoints" / "4"))
+    empty_folder(str(run / "checkpoints" / "2"))
     checkpointer = Checkpointer(str(run / "checkpoints"), CheckpointSettings())
     with pytest.raises(UserError, match=r"no whole checkpoint in .*: step 4: model/.* fails its checksum .*; "
                                         r"step 2: no zaya_manifest.json"):
@@ -172,62 +125,6 @@ def test_a_failed_checkpoint_write_stops_the_run_at_the_next_step(tmp_path):
 # -- two processes ---------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Job:
-    """`python -m zaya_jax.train` as 2 processes of one jax.distributed job (launch/local.sh's environment)."""
-
-    def __init__(self, workdir, *overrides):
-        self.workdir, port = workdir, _free_port()
-        self.logs = [open(workdir.parent / f"{workdir.name}.{i}.log", "w+") for i in range(2)]
-        self.processes = []
-        for i in range(2):
-            env = {**cli_env(), "ZAYA_COORDINATOR": f"127.0.0.1:{port}", "ZAYA_NUM_PROCESSES": "2",
-                   "ZAYA_PROCESS_ID": str(i), "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-            command = [sys.executable, "-m", "zaya_jax.train", "--config", "configs/tiny.py", "--workdir", str(workdir),
-                       "--config.monitor.progress_bar=False", *SHORT, *overrides]
-            self.processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=self.logs[i],
-                                                   stderr=subprocess.STDOUT))
-
-    def output(self, i: int) -> str:
-        self.logs[i].seek(0)
-        return self.logs[i].read()
-
-    def wait_for(self, text: str, process: int = 0, timeout: float = 240) -> None:
-        deadline = time.time() + timeout
-        while text not in self.output(process):
-            assert time.time() < deadline and all(p.poll() is None for p in self.processes), \
-                f"never printed {text!r}:\n" + self.output(0)[-3000:] + self.output(1)[-3000:]
-            time.sleep(0.05)
-
-    def wait_for_step(self, beyond: int) -> None:
-        """Until process 0 logs a train record past step `beyond`."""
-        deadline = time.time() + 240
-        while not self._logged_beyond(beyond):
-            assert time.time() < deadline and all(p.poll() is None for p in self.processes), \
-                self.output(0)[-3000:] + self.output(1)[-3000:]
-            time.sleep(0.05)
-
-    def _logged_beyond(self, beyond: int) -> bool:
-        try:
-            return max(train_losses(self.workdir), default=-1) > beyond
-        except (FileNotFoundError, json.JSONDecodeError):  # not yet written, or a line half written
-            return False
-
-    def signal(self, process: int, signum=signal.SIGTERM) -> None:
-        self.processes[process].send_signal(signum)
-
-    def finish(self, timeout: float = 60) -> tuple[list[int], float]:
-        """(exit codes, seconds from now until both exited)."""
-        start = time.time()
-        codes = [p.wait(timeout=timeout) for p in self.processes]
-        return codes, time.time() - start
-
-
 def _saved_step(job: Job) -> int:
     lines = [ln for ln in job.output(0).splitlines() if "saving step" in ln]
     assert len(lines) == 1, job.output(0)[-3000:]
@@ -236,55 +133,53 @@ def _saved_step(job: Job) -> int:
     return step
 
 
+LONG = ("--config.train.steps=100000", "--config.checkpoint.every_steps=0")
+
+
+def _finish_stopped(job: Job, previous: int) -> int:
+    """Both processes exit 75 within 10 s, having saved the same step (> `previous`, whole); returns it."""
+    codes, seconds = job.finish()
+    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(0)[-3000:] + job.output(1)[-3000:]
+    step = _saved_step(job)
+    assert step > previous
+    assert integrity.problem(str(job.workdir / "checkpoints" / str(step)), integrity.ITEMS["training"]) is None
+    return step
+
+
+def _resume_and_stop(workdir, previous: int, signals: list[tuple[int, float]]) -> int:
+    """Resumes the 2-process job from checkpoint `previous`; once it trained a step, SIGTERMs
+    [(process, seconds after the signal before)]; returns the step saved."""
+    job = Job(workdir, *SHORT, *LONG)
+    job.wait_for(f"start at step {previous}: restored checkpoint {previous}")
+    job.wait_for_step(previous)
+    for process, delay in signals:
+        time.sleep(delay)
+        job.signal(process)
+    return _finish_stopped(job, previous)
+
+
 def test_stops_are_agreed_by_two_processes_and_a_second_trainer_is_refused(tmp_path):
     workdir = tmp_path / "run"
-    long = ("--config.train.steps=100000", "--config.checkpoint.every_steps=0")
-
     # 1. SIGTERM to process 1 only: both save the same step and exit 75; meanwhile a second trainer is refused
-    job = Job(workdir, *long)
+    job = Job(workdir, *SHORT, *LONG)
     job.wait_for_step(0)
     second = run_train(workdir, *SHORT)
     assert second.returncode == EXIT_USER_ERROR
     assert f"workdir {workdir} is in use by another trainer (host pid: {socket.gethostname()} " \
            f"{job.processes[0].pid}" in second.stderr
     job.signal(1)
-    codes, seconds = job.finish()
-    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(0)[-3000:]
-    first = _saved_step(job)
-    assert integrity.steps_in(str(workdir / "checkpoints")) == [first] and first > 0
-
-    # 2. SIGTERM to both, 0.3 s apart (process 0 first)
-    job = Job(workdir, *long)
-    job.wait_for(f"start at step {first}: restored checkpoint {first}")
-    job.wait_for_step(first)
-    job.signal(0)
-    time.sleep(0.3)
-    job.signal(1)
-    codes, seconds = job.finish()
-    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(0)[-3000:]
-    second_step = _saved_step(job)
-    assert second_step > first and integrity.problem(str(workdir / "checkpoints" / str(second_step)),
-                                                     integrity.ITEMS["training"]) is None
-
-    # 3. two SIGTERMs 5 ms apart to process 1
-    job = Job(workdir, *long)
-    job.wait_for(f"restored checkpoint {second_step}")
-    job.wait_for_step(second_step)
-    job.signal(1)
-    time.sleep(0.005)
-    job.signal(1)
-    codes, seconds = job.finish()
-    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(1)[-3000:]
-    third = _saved_step(job)
-    assert third > second_step
-
+    first = _finish_stopped(job, 0)
+    assert integrity.steps_in(str(workdir / "checkpoints")) == [first]
+    # 2. SIGTERM to both, 0.3 s apart (process 0 first); 3. two SIGTERMs 5 ms apart to process 1
+    both = _resume_and_stop(workdir, first, [(0, 0.0), (1, 0.3)])
+    twice = _resume_and_stop(workdir, both, [(1, 0.0), (1, 0.005)])
     # 4. SIGTERM to process 0 during start-up (before its first step): no step runs, exit 75
-    job = Job(workdir, f"--config.train.steps={third + 3}", "--config.checkpoint.every_steps=0")
+    job = Job(workdir, *SHORT, f"--config.train.steps={twice + 3}", "--config.checkpoint.every_steps=0")
     job.wait_for("topology:")
     job.signal(0)
     codes, seconds = job.finish()
     assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(0)[-3000:]
-    assert max(train_losses(workdir)) == third and f"saving step {third}" in job.output(0)
+    assert max(train_losses(workdir)) == twice and f"saving step {twice}" in job.output(0)
 
 
 def test_damaged_data_shards_are_named_when_the_sources_open(tmp_path):
