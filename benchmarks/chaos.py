@@ -3,9 +3,10 @@ stops of a 2-process job. Writes benchmarks/results/chaos_cpu.json.
 
   python benchmarks/chaos.py [--kills 30] [--steps 60]
 
-1. Kills: one workdir, restarted after each SIGKILL until the run finishes. Most kills land at a
-   random time after the run's first step (some during an asynchronous checkpoint write: a
-   `*.orbax-checkpoint-tmp*` directory is left behind); every 5th is forced inside a write (the
+1. Kills: one workdir, restarted after each SIGKILL until the run finishes (then a new one). Most
+   kills land 1 to 8 steps into a run plus a random fraction of a step (some during an
+   asynchronous checkpoint write: a `*.orbax-checkpoint-tmp*` directory is left behind, or the
+   step is renamed but has no manifest yet); every 5th is forced inside a write (the
    test wrapper's KILL_IN_SAVE: after the data, before Orbax renames the step into place). After
    each kill the restart must resume from the newest checkpoint whose manifest passes (a lost
    state: it starts earlier); at the end every loss logged by any attempt must equal the
@@ -114,11 +115,12 @@ def _attempt(root: str, workdir: str, steps: int, index: int, in_save: bool, kil
     process = subprocess.Popen([*command, "--config", "configs/tiny.py", "--workdir", workdir, *FAST,
                                 f"--config.train.steps={steps}", f"--config.checkpoint.every_steps={EVERY}"],
                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    if kill and not in_save:
-        begun = len(all_losses(workdir))
-        while len(all_losses(workdir)) <= begun and process.poll() is None:
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 1.5))
+    if kill and not in_save:  # after 1 to 2 * EVERY steps, then a random part of a step (or of a save)
+        target = len(all_losses(workdir)) + rng.randint(1, 2 * EVERY)
+        started = time.time()
+        while len(all_losses(workdir)) < target and process.poll() is None:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, min(time.time() - started, 2.0) / 2))
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
     code = process.wait()

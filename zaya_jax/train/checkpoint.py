@@ -159,11 +159,15 @@ class Checkpointer:
         return target
 
     def newest_whole_training_step(self) -> int | None:
-        """The newest step whose every item is intact (after `wait()`: the rollback target)."""
-        step, _ = integrity.newest_whole_step(self.directory, integrity.ITEMS["training"])
-        if step is None or integrity.kind_of(os.path.join(self.directory, str(step))) != "training":
-            return None
-        return step
+        """The newest step whose every item is intact (after `wait()`: the rollback target), as
+        process 0 sees it (it writes the manifests), on every process."""
+        step = None
+        if jax.process_index() == 0:
+            step, _ = integrity.newest_whole_step(self.directory, integrity.ITEMS["training"])
+            if step is not None and integrity.kind_of(os.path.join(self.directory, str(step))) != "training":
+                step = None
+        step = distributed.broadcast_int(-1 if step is None else step)
+        return None if step < 0 else step
 
     def save(self, state: TrainState, data_iterator: grain.DatasetIterator, config: dict) -> int:
         """Starts saving `state` at its step; returns the step. Blocks only for the device-to-host copy
