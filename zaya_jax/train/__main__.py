@@ -51,12 +51,18 @@ def main(argv):
         trainer = Trainer(_CONFIG.value, _WORKDIR.value)
     except errors.UserError as e:
         sys.exit(_report(str(e), errors.EXIT_USER_ERROR))
+    failure = None
     try:
         trainer.run()
     except (faults.TrainingFailed, CheckpointWriteError) as e:
-        sys.exit(_report(f"{type(e).__name__}: {e}", errors.EXIT_FAILED))
+        failure = f"{type(e).__name__}: {e}"
     finally:
         trainer.close()
+    if failure:
+        _report(failure, errors.EXIT_FAILED)
+        # Skip the interpreter's teardown: TensorStore's writes that were cut short would print a
+        # traceback each against Orbax's closed event loops, burying the line above.
+        os._exit(errors.EXIT_FAILED)
     if trainer.stopped_by:
         sys.exit(errors.EXIT_PREEMPTED)
 

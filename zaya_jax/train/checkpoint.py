@@ -10,8 +10,9 @@ A step directory holds four items:
 directory starts from its weights with a fresh optimizer.
 
 Every finished step directory also holds `zaya_manifest.json` (integrity.py): the size and crc32
-of every file, written once Orbax has renamed the step into place (the loop checks at every step
-boundary; `wait()` and `save()` too). A step without a valid manifest is incomplete. Restores
+of every file, written by process 0 in a background thread once Orbax has renamed the step into
+place (the loop checks for that at every step boundary; `save()` and `wait()` too; `wait()` also
+waits for the manifest). A step without a valid manifest is incomplete. Restores
 check the items they read against it and fall back to the newest step that passes, saying which
 steps they passed over and why: the trainer (`resume_point`) also moves the damaged newer steps
 to `<directory>.rejected/` (never deletes them) so that new saves cannot collide with them; the
@@ -32,6 +33,7 @@ that may not exist here ("Topology mismatch").
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -115,13 +117,16 @@ class _OrbaxErrorsOnOneLine(logging.logging.Filter):
 logging.get_absl_logger().addFilter(_OrbaxErrorsOnOneLine())
 
 
+
 class Checkpointer:
     """Saves and restores TrainStates (plus data-iterator state and config) in `directory`."""
 
     def __init__(self, directory: str, settings: CheckpointSettings):
         self.directory = os.path.abspath(directory)
         self._manager = _manager(self.directory, settings.max_to_keep, settings.async_save)
-        self._unsealed: list[int] = []  # steps saved whose manifest is not yet written
+        self._unsealed: list[int] = []  # steps saved, not yet known to be on disk
+        self._sealing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="manifest")
+        self._manifests: list[concurrent.futures.Future] = []  # manifests being written (process 0)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -173,7 +178,7 @@ class Checkpointer:
         """Starts saving `state` at its step; returns the step. Blocks only for the device-to-host copy
         (and for the previous save, if it is still being written)."""
         step = int(jax.device_get(state.step))
-        self.wait()
+        self._finish_save()  # (Orbax would wait for it too); its manifest may still be being written
         args = ocp.args.Composite(
             model=ocp.args.StandardSave({"params": state.params, "biases": state.biases}),
             train=ocp.args.StandardSave({f: getattr(state, f) for f in TRAIN_FIELDS}),
@@ -196,43 +201,62 @@ class Checkpointer:
         return TrainState(params=restored.model["params"], biases=restored.model["biases"], **restored.train)
 
     def poll(self) -> CheckpointWriteError | None:
-        """At a step boundary: once the last save has finished, write its manifest, or return its
-        error (the loop raises it once every process knows, so that none waits in a collective)."""
-        if self._unsealed and not self._manager.is_saving_in_progress():
-            try:
-                self.wait()  # returns at once; raises the background thread's error
-            except CheckpointWriteError as e:
-                return e
+        """At a step boundary: once the last save has finished, start writing its manifest (in a
+        background thread), or return its error (the loop raises it once every process knows, so
+        that none waits in a collective)."""
+        try:
+            if self._unsealed and not self._manager.is_saving_in_progress():
+                self._finish_save()
+            done = [f for f in self._manifests if f.done()]
+            self._manifests = [f for f in self._manifests if not f.done()]
+            for future in done:
+                self._manifest_result(future)
+        except CheckpointWriteError as e:
+            return e
         return None
 
     def wait(self) -> None:
         """Blocks until the last save is on disk with its manifest (raises CheckpointWriteError if it failed)."""
-        if self._unsealed:
-            try:
-                self._manager.wait_until_finished()
-            except Exception as e:  # pylint: disable=broad-except
-                self._seal(e)
-            self._seal()
+        self._finish_save()
+        manifests, self._manifests = self._manifests, []
+        for future in manifests:
+            self._manifest_result(future)
 
-    def _seal(self, error: BaseException | None = None) -> None:
+    def _finish_save(self) -> None:
+        """Waits for Orbax's write (raising its error as one line), then queues the manifests."""
+        if not self._unsealed:
+            return
         steps, self._unsealed = self._unsealed, []
         try:
-            if error is not None:
-                raise error
+            self._manager.wait_until_finished()  # raises the error of the background write
             self._manager.check_for_errors()
         except Exception as e:  # pylint: disable=broad-except
             raise CheckpointWriteError(f"checkpoint {steps[-1]} could not be written to {self.directory}: "
                                        f"{_root_cause(e)}") from None
         if jax.process_index() == 0:
-            for s in steps:
-                if os.path.isdir(os.path.join(self.directory, str(s))):  # max_to_keep may have removed it
-                    integrity.write_manifest(os.path.join(self.directory, str(s)), "training")
+            self._manifests += [self._sealing.submit(self._write_manifest, s) for s in steps]
+
+    def _write_manifest(self, step: int) -> None:
+        step_dir = os.path.join(self.directory, str(step))
+        try:
+            integrity.write_manifest(step_dir, "training")
+        except FileNotFoundError:
+            if os.path.isdir(step_dir):
+                raise  # else max_to_keep removed the step meanwhile
+
+    def _manifest_result(self, future: concurrent.futures.Future) -> None:
+        try:
+            future.result()
+        except Exception as e:  # pylint: disable=broad-except
+            raise CheckpointWriteError(f"the manifest of a checkpoint in {self.directory} could not be written: "
+                                       f"{_root_cause(e)}") from None
 
     def close(self) -> None:
         """Finishes (and seals) the last save, then releases Orbax's threads."""
         try:
             self.wait()
         finally:
+            self._sealing.shutdown()
             self._manager.close()
 
 
