@@ -117,7 +117,6 @@ class _OrbaxErrorsOnOneLine(logging.logging.Filter):
 logging.get_absl_logger().addFilter(_OrbaxErrorsOnOneLine())
 
 
-
 class Checkpointer:
     """Saves and restores TrainStates (plus data-iterator state and config) in `directory`."""
 
@@ -138,16 +137,18 @@ class Checkpointer:
         every process restores the step process 0 chose. Raises UserError when step directories
         exist but none is whole (a run never restarts from scratch over its own checkpoints).
         """
-        step = None
+        step, refusal = None, None
         if jax.process_index() == 0:
             step, skipped = integrity.newest_whole_step(self.directory, integrity.ITEMS["training"])
             if step is None and skipped:
-                raise UserError(f"no whole checkpoint in {self.directory}: "
-                                + "; ".join(f"step {s}: {why}" for s, why in skipped)
-                                + ". Restore a backup, or move the step directories away to start afresh")
-            for s, why in skipped:
+                refusal = (f"no whole checkpoint in {self.directory}: "
+                           + "; ".join(f"step {s}: {why}" for s, why in skipped)
+                           + ". Restore a backup, or move the step directories away to start afresh")
+            for s, why in skipped if refusal is None else []:
                 log(f"checkpoint {s} skipped ({why}); moved to {self._set_aside(s)}")
-        step = distributed.broadcast_int(-1 if step is None else step)
+        step = distributed.broadcast_int(-2 if refusal else -1 if step is None else step)  # every process refuses
+        if step == -2:
+            raise UserError(refusal or f"no whole checkpoint in {self.directory} (see process 0's message)")
         self._manager.reload()
         if step < 0:
             return None
