@@ -171,7 +171,7 @@ def stops(root: str) -> dict:
         "SIGINT to process 0": [(0, signal.SIGINT, 0.0)],
         "SIGTERM to process 1 during start-up": [(1, signal.SIGTERM, 0.0)],
     }
-    results, workdir = {}, None
+    results = {}
     for name, signals in variants.items():
         workdir = os.path.join(root, "stop_" + str(len(results)))
         job = Job(Path(workdir), *FAST, "--config.train.steps=100000", "--config.checkpoint.every_steps=0")
@@ -190,7 +190,7 @@ def stops(root: str) -> dict:
                          "step_named_by_each_process": steps_named,
                          "ok": codes == [EXIT_PREEMPTED] * 2 and seconds < 10 and steps_named[0] == steps_named[1]
                          and saved[0][:1] == [steps_named[0]]}
-    results["agreement_cost"] = agreement_cost(workdir)
+    results["agreement_cost"] = agreement_cost(os.path.join(root, "stop_0"))  # a job that trained
     return results
 
 
@@ -228,9 +228,9 @@ def main() -> None:
            "config": "configs/tiny.py, adamw, 8 CPU devices (1 per process for the 2-process job)",
            "steps": args.steps, "checkpoint_every_steps": EVERY}
     out["kill_trials"] = kills(root, args.steps, args.kills, reference, random.Random(args.seed))
-    print("kills done", time.time() - started, flush=True)
+    _write(out)
     out["damage"] = damage(root, reference_dir, args.steps, reference)
-    print("damage done", json.dumps({k: v["ok"] for k, v in out["damage"].items()}), flush=True)
+    _write(out)
     out["multihost_stops"] = stops(root)
     k = out["kill_trials"]
     out["summary"] = {"kills": k["kills"], "kills_during_async_write": k["kills_during_async_write"],
@@ -241,11 +241,16 @@ def main() -> None:
                       "max_seconds_to_exit": max(v["seconds_to_exit"] for n, v in out["multihost_stops"].items()
                                                  if n != "agreement_cost"),
                       "wall_seconds": round(time.time() - started)}
+    _write(out)
+    print(json.dumps(out["summary"]))
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _write(out: dict) -> None:
+    """The results so far (each phase adds its part)."""
     os.makedirs(os.path.dirname(RESULT), exist_ok=True)
     with open(RESULT, "w") as f:
         json.dump(out, f, indent=1)
-    print(json.dumps(out["summary"]))
-    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -113,10 +113,10 @@ def test_a_failed_checkpoint_write_stops_the_run_at_the_next_step(tmp_path):
     result = run_train(tmp_path, *SHORT, "--config.train.steps=12", "--config.checkpoint.every_steps=4",
                        faults={"FSIZE_LIMIT_AT_STEP": 2})
     assert result.returncode == EXIT_FAILED, result.stderr[-3000:]
-    last = result.stderr.strip().splitlines()[-1]  # the last line: nothing printed at exit buries it
-    assert last.startswith(
-        f"CheckpointWriteError: checkpoint 4 could not be written to {tmp_path}/checkpoints: File too large (errno 27): "
-        f"{tmp_path}/checkpoints/4.orbax-checkpoint-tmp/"), result.stderr[-3000:]
+    # TensorStore's threads may still print (tracebacks of writes completing after the failure) while it is printed
+    expected = (f"CheckpointWriteError: checkpoint 4 could not be written to {tmp_path}/checkpoints: "
+                f"File too large (errno 27): {tmp_path}/checkpoints/4.orbax-checkpoint-tmp/")
+    assert [ln for ln in result.stderr.splitlines() if ln.startswith(expected)], result.stderr[-3000:]
     orbax_records = [ln for ln in result.stderr.splitlines() if re.match(r"E\d{4} .*\] \[process=0\]", ln)]
     assert orbax_records and all(len(ln) < 400 for ln in orbax_records)  # Orbax's records: one short line each
     assert max(train_losses(tmp_path)) <= 6  # raised at the next step boundary (or the one after), not at step 8
