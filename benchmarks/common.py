@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 from typing import Callable
@@ -38,3 +40,11 @@ def alternate_medians(fn_a: Callable[[], object], fn_b: Callable[[], object], re
     """Median wall times of `fn_a` and `fn_b`, timed alternately (`alternate_times`)."""
     a, b = alternate_times(fn_a, fn_b, repeats)
     return statistics.median(a), statistics.median(b)
+
+
+def print_and_save(result: dict, filename: str) -> None:
+    """Prints `result` as JSON and writes it to benchmarks/results/<filename>."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", filename), "w") as f:
+        f.write(text + "\n")

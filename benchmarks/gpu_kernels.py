@@ -11,8 +11,9 @@ one compiling call.
 `ratio` is kernel TFLOP/s over baseline TFLOP/s (> 1: the kernel is faster); FLOPs are nominal
 (causal attention counts half the square; backward = 2.5 x forward), equal for both sides.
 A failing check or measurement is recorded as {"error": ...} and the run goes on. The sweep times
-alternatives to the default blocks (attention fwd 128x64, bwd 64x64) and tiling (128, 64, 128),
-whose numbers are in the main sections. Group sizes are jit arguments, as in training.
+alternatives to the platform's default blocks and tiling (pallas_kernels.platform_blocks; bf16 on
+cuda: attention fwd 128x64, bwd 64x64, tiling (128, 64, 128)), whose numbers are in the main
+sections. Group sizes are jit arguments, as in training.
 """
 
 from __future__ import annotations

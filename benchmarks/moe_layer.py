@@ -1,6 +1,7 @@
 """MoE layer forward+backward: every dispatch backend against the ideal (one dense expert on
 all tokens, i.e. exactly the top-1 FLOPs; timed alternately with each backend, median and
-best ratio), with drop rates. Prints JSON.
+best ratio), with drop rates. `native` is `ragged` on the native CPU grouped matmul
+(zaya_jax.native.grouped_matmul). Prints JSON (benchmarks/results/moe_layer_cpu.json).
 
   python benchmarks/moe_layer.py [--tokens 2048 --hidden 512 --ffn 1024 --experts 16]
 """
@@ -24,6 +25,7 @@ from benchmarks.common import alternate_times  # noqa: E402
 from zaya_jax.model import moe_dispatch  # noqa: E402
 from zaya_jax.model.kernels import resolve_moe_backend  # noqa: E402
 from zaya_jax.model.moe_dispatch import ExpertWeights  # noqa: E402
+from zaya_jax.native.grouped_matmul import grouped_matmul  # noqa: E402
 
 
 def main():
@@ -53,6 +55,7 @@ def main():
         "tiles_32": functools.partial(moe_dispatch.tiles, tile=32),
         "tiles_64": functools.partial(moe_dispatch.tiles, tile=64),
         "tiles_128": functools.partial(moe_dispatch.tiles, tile=128),
+        "native": functools.partial(moe_dispatch.ragged, matmul=grouped_matmul),
     }
 
     def fwd_bwd(fn, expert):
@@ -66,7 +69,8 @@ def main():
         x[None], w.gate, w.up, w.down, "ecd,edi->eci") ** 2), argnums=(0, 1)))
     ideal = lambda: jax.block_until_ready(ideal_step(x, one))  # noqa: E731
     result = {"platform": jax.default_backend(), "tokens": t, "hidden": d, "ffn": f, "experts": e,
-              "auto_backend": resolve_moe_backend("auto"), "routings": {}}
+              "auto_backend": resolve_moe_backend("auto"), "load_average_1min_start": os.getloadavg()[0],
+              "routings": {}}
     for rname, expert in routings.items():
         rows = {}
         for bname, fn in backends.items():
@@ -78,6 +82,7 @@ def main():
                            "x_ideal_best": round(min(times) / min(ideal_times), 3),
                            "drop_rate": round(dropped / t, 4)}
         result["routings"][rname] = rows
+    result["load_average_1min_end"] = os.getloadavg()[0]
     print(json.dumps(result, indent=2))
 
 

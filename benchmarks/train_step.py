@@ -1,14 +1,15 @@
 """Train-step tokens/s of configs/bench_small.py: zaya_jax against HF transformers' ZayaForCausalLM
 with torch.optim.AdamW, on the same CPU, same weights and tokens, timed alternately. Prints JSON.
 
-  python benchmarks/train_step.py [--repeats 5] [--muon]
+  python benchmarks/train_step.py [--repeats 5] [--muon] [--versus-moe-backend tiles]
 
 One train step = forward, backward and an AdamW update on a batch of 8 x 256 tokens. Ours is the
 trainer's own jitted step (zaya_jax.train.step: chunked fused loss, router balancing controller,
 global-norm clipping, non-finite check). The breakdown times each part on its own with the same
 shapes (attention and MoE: one layer's forward+backward, times the layer count; loss head:
 output projection + cross-entropy forward+backward; optimizer: the AdamW update), so the next
-bottleneck is visible; `other` is the step minus those parts. --muon adds our Muon step's time.
+bottleneck is visible; `other` is the step minus those parts. --muon adds our Muon step's time;
+--versus-moe-backend B times our step with MoE backend B alternately with the default one.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--muon", action="store_true", help="also time the Muon + AdamW step")
+    parser.add_argument("--versus-moe-backend", help="also time our step with this MoE backend, alternately")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]  # the CPU is shared: other jobs' load skews both sides, torch more
     config, cfg = bench_small()
@@ -147,6 +149,15 @@ def main():
         "torch_threads": torch.get_num_threads(),
         "load_average_1min_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }
+    if args.versus_moe_backend:
+        other = nnx.clone(model)
+        other.config = model.config.replace(moe_backend=args.versus_moe_backend)
+        other_state, other_step = jax_step_fn(other, settings, adamw)
+        ours, theirs = alternate_times(blocking(lambda: step(state, batch)[1]),
+                                       blocking(lambda: other_step(other_state, batch)[1]), args.repeats)
+        result[f"zaya_jax_s_per_step_{args.versus_moe_backend}_vs_{result['moe_backend']}"] = [
+            round(statistics.median(theirs), 4), round(statistics.median(ours), 4)]
+        result["load_average_1min_start_end"][1] = round(os.getloadavg()[0], 2)
     if args.muon:
         muon_settings = settings.optimizer.__class__(**{**vars(settings.optimizer), "name": "muon"})
         muon_state, muon_step = jax_step_fn(model, settings, make_optimizer(muon_settings, settings.train.steps))

@@ -36,7 +36,7 @@ def get_config():
     config.checkpoint = ml_collections.ConfigDict(dict(every_steps=0, max_to_keep=1, async_save=True))
     config.eval = ml_collections.ConfigDict(dict(every_steps=0, max_batches=0))
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=1,
-                                                 shard_optimizer_over_data=False))
+                                                 shard_optimizer_over_data=False, platform="any"))
     config.monitor = ml_collections.ConfigDict(dict(progress_bar=True, tensorboard=True, heatmap_every_steps=0,
                                                    profile_start_step=0, profile_steps=3))
     return config

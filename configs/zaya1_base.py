@@ -9,8 +9,13 @@ Training (zaya1-spec section 4): the three-phase curriculum of zaya_jax.data.zay
 your prepared directories), Muon with AdamW RMS-matching for matrices and AdamW for the rest,
 data parallelism with the optimizer state sharded over data (Zyphra's distributed optimizer).
 Zyphra's learning rate, schedule, warmup, clipping and controller settings are not public: the
-values below are assumptions. On 1,024 devices the 32k phase's batch (512) needs
---config.mesh.context=2 (or more) to split.
+values below are assumptions.
+
+Mesh: data=-1, tensor=2 (tensor pairs are neighbouring GPUs of a node), one mesh for all three
+phases: on 1,024 GPUs data=512 splits every phase's batch (4096, 4096 and the 32k phase's 512),
+which data=1024 cannot. By the planner it also sends less per device over the inter-node
+network than data=1024 in the 4k phases (launch/README.md has the numbers). The config declares
+mesh.platform=gpu: on a jax without a GPU plugin the trainer stops and names the install.
 """
 
 import ml_collections
@@ -45,8 +50,8 @@ def get_config():
     config.balancing = ml_collections.ConfigDict(dict(enabled=True, rate=1e-3, b1=0.9, b2=0.999, include_skip=False))
     config.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, max_to_keep=3, async_save=True))
     config.eval = ml_collections.ConfigDict(dict(every_steps=5000, max_batches=0))
-    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=1,
-                                                 shard_optimizer_over_data=True))
+    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=2, context=1,
+                                                 shard_optimizer_over_data=True, platform="gpu"))
     config.monitor = ml_collections.ConfigDict(dict(progress_bar=True, tensorboard=True, heatmap_every_steps=1000,
                                                    profile_start_step=0, profile_steps=3))
     return config

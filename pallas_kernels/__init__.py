@@ -5,8 +5,11 @@
 - `grouped_matmul` (reference `grouped_matmul_reference`, i.e. `jax.lax.ragged_dot`) and
   `transposed_grouped_matmul` (reference `transposed_grouped_matmul_reference`): the MoE expert
   matmul and its weight gradient.
+Block sizes and pipeline stages are per platform (`platform_blocks`); `building_for("cuda" |
+"rocm")` builds the GPU kernels from a CPU process, for lowering without a GPU.
 """
 
+from pallas_kernels._backend import building_for
 from pallas_kernels.attention_reference import attention_reference
 from pallas_kernels.flash_attention import cca_flash_attention
 from pallas_kernels.grouped_matmul import grouped_matmul, transposed_grouped_matmul
@@ -15,6 +18,7 @@ from pallas_kernels.grouped_matmul_reference import (grouped_matmul_reference,
 
 __all__ = [
     "attention_reference",
+    "building_for",
     "cca_flash_attention",
     "grouped_matmul",
     "grouped_matmul_reference",

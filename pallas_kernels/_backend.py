@@ -6,20 +6,58 @@ JAX 0.10 a GPU `pallas_call` without compiler params lowers to Mosaic GPU, so on
 Triton compiler params explicitly. On CPU only interpret mode exists; it is chosen automatically.
 The Triton backend is deprecated upstream from JAX 0.11 (it still works there); this module imports
 it lazily and only on GPU, so the deprecation never reaches CPU runs.
+
+`target()` names the platform the kernels are built for: "cuda" or "rocm" on a GPU, "cpu"
+otherwise. `building_for(platform)` overrides it while tracing, so a CPU process can build the
+GPU kernels and lower them with `lower(lowering_platforms=(platform,))` (tests/test_gpu_lowering.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import jax
+
+GPU_TARGETS = ("cuda", "rocm")
+_BUILDING_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("building_for", default=None)
+
+
+@contextlib.contextmanager
+def building_for(platform: str) -> Iterator[None]:
+    """Trace kernels (and `auto` choices) for `platform` ("cuda", "rocm" or "cpu") in this block.
+
+    jax's trace caches do not know about this choice, so they are cleared on entry and exit:
+    nothing traced for one platform is reused for another."""
+    if platform not in GPU_TARGETS + ("cpu",):
+        raise ValueError(f"building_for: platform must be one of {GPU_TARGETS + ('cpu',)}, got {platform!r}")
+    jax.clear_caches()
+    token = _BUILDING_FOR.set(platform)
+    try:
+        yield
+    finally:
+        _BUILDING_FOR.reset(token)
+        jax.clear_caches()
+
+
+def target() -> str:
+    """"cuda" | "rocm" | "cpu" (or another jax backend name): what kernels are built for now."""
+    override = _BUILDING_FOR.get()
+    if override is not None:
+        return override
+    backend = jax.default_backend()
+    if backend != "gpu":
+        return backend
+    version = getattr(jax.devices()[0].client, "platform_version", "").lower()
+    return "rocm" if "rocm" in version or "hip" in version else "cuda"
 
 
 def resolve_interpret(interpret: bool | None) -> bool:
     """None means: interpret on CPU, compile elsewhere. An explicit bool is obeyed."""
     if interpret is None:
-        return jax.default_backend() == "cpu"
+        return target() not in GPU_TARGETS
     return bool(interpret)
 
 
@@ -27,11 +65,10 @@ def pallas_call_options(interpret: bool, *, num_warps: int, num_stages: int) -> 
     """Keyword arguments for `pl.pallas_call`: interpret mode, or Triton params on GPU."""
     if interpret:
         return {"interpret": True}
-    backend = jax.default_backend()
-    if backend != "gpu":
+    if target() not in GPU_TARGETS:
         raise NotImplementedError(
             f"pallas_kernels lower with the Pallas Triton backend (GPU) or run in interpret mode; "
-            f"backend {backend!r} has neither. Use interpret=True or the XLA path.")
+            f"platform {target()!r} has neither. Use interpret=True or the XLA path.")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         from jax.experimental.pallas import triton as pltriton

@@ -29,6 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels import _backend
+from pallas_kernels.platform_blocks import attention_blocks
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: fully masked blocks stay NaN-free
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
@@ -45,6 +46,7 @@ class _Config:
     block_k: int
     block_q_bwd: int
     block_k_bwd: int
+    num_stages: int
     interpret: bool
 
     def backward(self) -> _Config:
@@ -62,7 +64,7 @@ class _Config:
 
     def options(self, head_dim: int) -> dict:
         warps = 8 if head_dim >= 128 and self.block_q * self.block_k >= 128 * 64 else 4
-        return _backend.pallas_call_options(self.interpret, num_warps=warps, num_stages=2)
+        return _backend.pallas_call_options(self.interpret, num_warps=warps, num_stages=self.num_stages)
 
 
 def _logits(q, k, q_pos, k_pos, q_seg, k_seg, *, cfg: _Config, causal_mask: bool):
@@ -275,15 +277,16 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 def cca_flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                         segment_ids: jax.Array | None = None, causal: bool = True,
-                        sm_scale: float | None = None, block_q: int = 128, block_k: int = 64,
-                        block_q_bwd: int = 64, block_k_bwd: int = 64,
-                        interpret: bool | None = None) -> jax.Array:
+                        sm_scale: float | None = None, block_q: int | None = None,
+                        block_k: int | None = None, block_q_bwd: int | None = None,
+                        block_k_bwd: int | None = None, interpret: bool | None = None) -> jax.Array:
     """Flash attention with GQA, causal and segment (packed-document) masking.
 
     q: [B, S, N, H]; k, v: [B, S, M, H] with N % M == 0; segment_ids: [B, S] int32 (a query sees
     only keys with its segment id). Returns [B, S, N, H] in q.dtype; differentiable in q, k, v.
     block_q, block_k (forward) and block_q_bwd, block_k_bwd (both backward kernels): powers of two
-    (>= 16 on GPU); S need not be a multiple of them (padded and masked).
+    (>= 16 on GPU); S need not be a multiple of them (padded and masked). None: the platform's
+    (pallas_kernels.platform_blocks, which also sets the pipeline stages).
     interpret: None = interpret mode on CPU only. Matches `attention_reference`.
     """
     batch, seq, heads, dim = q.shape
@@ -294,10 +297,14 @@ def cca_flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
         raise ValueError(f"q heads {heads} not a multiple of kv heads {k.shape[2]}")
     if segment_ids is not None and segment_ids.shape != (batch, seq):
         raise ValueError(f"segment_ids {segment_ids.shape} != (B, S) = {(batch, seq)}")
-    blocks = [_backend.block_size(b, seq) for b in (block_q, block_k, block_q_bwd, block_k_bwd)]
+    table = attention_blocks(_backend.target(), jnp.dtype(q.dtype).itemsize)
+    requested = (block_q or table.block_q, block_k or table.block_k, block_q_bwd or table.block_q_bwd,
+                 block_k_bwd or table.block_k_bwd)
+    blocks = [_backend.block_size(b, seq) for b in requested]
     cfg = _Config(sm_scale=dim ** -0.5 if sm_scale is None else float(sm_scale), causal=causal,
                   seq_len=seq, block_q=blocks[0], block_k=blocks[1], block_q_bwd=blocks[2],
-                  block_k_bwd=blocks[3], interpret=_backend.resolve_interpret(interpret))
+                  block_k_bwd=blocks[3], num_stages=table.num_stages,
+                  interpret=_backend.resolve_interpret(interpret))
     padded_seq = _backend.round_up(seq, max(blocks))
     padded_dim = max(16, pl.next_power_of_2(dim))
 

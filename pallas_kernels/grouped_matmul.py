@@ -25,6 +25,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels import _backend
+from pallas_kernels.platform_blocks import matmul_blocks
 
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
 _TN = (((0,), (0,)), ((), ()))  # a.T @ b
@@ -36,11 +37,12 @@ class _Tiling:
     tm: int
     tk: int
     tn: int
+    num_stages: int
     interpret: bool
 
     def options(self, rows: int, cols: int) -> dict:
         warps = 8 if rows * cols >= 128 * 128 else 4
-        return _backend.pallas_call_options(self.interpret, num_warps=warps, num_stages=3)
+        return _backend.pallas_call_options(self.interpret, num_warps=warps, num_stages=self.num_stages)
 
 
 def _group_offsets(group_sizes: jax.Array, num_rows: int) -> jax.Array:
@@ -171,10 +173,13 @@ def _grouped_matmul_bwd(tiling: _Tiling, residuals, grad):
 _grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)
 
 
-def _make_tiling(tiling, m: int, k: int, n: int, interpret: bool | None) -> _Tiling:
-    tm, tk, tn = tiling
+def _make_tiling(tiling, m: int, k: int, n: int, dtype, interpret: bool | None) -> _Tiling:
+    """`tiling` (None: the platform's, pallas_kernels.platform_blocks) fitted to the shapes."""
+    table = matmul_blocks(_backend.target(), jnp.dtype(dtype).itemsize)
+    tm, tk, tn = tiling or table.tiling
     return _Tiling(tm=_backend.block_size(tm, m), tk=_backend.block_size(tk, k),
-                   tn=_backend.block_size(tn, n), interpret=_backend.resolve_interpret(interpret))
+                   tn=_backend.block_size(tn, n), num_stages=table.num_stages,
+                   interpret=_backend.resolve_interpret(interpret))
 
 
 def _pad2(x, rows: int, cols: int):
@@ -182,13 +187,13 @@ def _pad2(x, rows: int, cols: int):
 
 
 def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
-                   tiling: tuple[int, int, int] = (128, 64, 128),
+                   tiling: tuple[int, int, int] | None = None,
                    interpret: bool | None = None) -> jax.Array:
     """`jax.lax.ragged_dot` as a Pallas kernel, differentiable in lhs and rhs.
 
     lhs: [m, k]; rhs: [g, k, n]; group_sizes: [g] int32 -> [m, n] in the promoted input dtype,
     accumulated in fp32. Rows past sum(group_sizes) are zero. tiling: (tm, tk, tn) powers of two
-    (>= 16 on GPU); m, k, n need not be multiples (padded internally).
+    (>= 16 on GPU), None for the platform's; m, k, n need not be multiples (padded internally).
     interpret: None = interpret mode on CPU only.
     """
     (m, k), (groups, k_rhs, n) = lhs.shape, rhs.shape
@@ -196,7 +201,7 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
         raise ValueError(f"expected lhs [m, k], rhs [g, k, n], group_sizes [g]; got "
                          f"{lhs.shape}, {rhs.shape}, {group_sizes.shape}")
     dtype = jnp.result_type(lhs, rhs)
-    t = _make_tiling(tiling, m, k, n, interpret)
+    t = _make_tiling(tiling, m, k, n, dtype, interpret)
     mp, kp, np_ = _backend.round_up(m, t.tm), _backend.round_up(k, t.tk), _backend.round_up(n, t.tn)
     rhs = jnp.pad(rhs.astype(dtype), ((0, 0), (0, kp - k), (0, np_ - n)))
     out = _grouped_matmul(_pad2(lhs.astype(dtype), mp, kp), rhs, group_sizes, t)
@@ -204,7 +209,7 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
 
 
 def transposed_grouped_matmul(lhs: jax.Array, grad: jax.Array, group_sizes: jax.Array, *,
-                              tiling: tuple[int, int, int] = (128, 64, 128),
+                              tiling: tuple[int, int, int] | None = None,
                               interpret: bool | None = None) -> jax.Array:
     """tgmm, the weight gradient of `grouped_matmul` (not itself differentiable).
 
@@ -216,7 +221,7 @@ def transposed_grouped_matmul(lhs: jax.Array, grad: jax.Array, group_sizes: jax.
     if grad.shape[0] != m or group_sizes.ndim != 1:
         raise ValueError(f"expected lhs [m, k], grad [m, n], group_sizes [g]; got {lhs.shape}, "
                          f"{grad.shape}, {group_sizes.shape}")
-    t = _make_tiling(tiling, m, k, n, interpret)
+    t = _make_tiling(tiling, m, k, n, lhs.dtype, interpret)
     mp, kp, np_ = _backend.round_up(m, t.tm), _backend.round_up(k, t.tk), _backend.round_up(n, t.tn)
     out = _tgmm(_pad2(lhs, mp, kp), _pad2(grad.astype(lhs.dtype), mp, np_),
                 _group_offsets(group_sizes, mp), t, lhs.dtype)

@@ -15,7 +15,7 @@ def _logits(model, ids, **kw):
     return np.asarray(jax.jit(lambda m, x: m(x, **kw))(model, ids))
 
 
-@pytest.mark.parametrize("backend", ["capacity", "ragged", "tiles"])
+@pytest.mark.parametrize("backend", ["capacity", "ragged", "tiles", "native"])
 def test_model_backends_match_dense_values_and_grads(backend):
     dense = tiny_model(moe_backend="dense")
     other = tiny_model(moe_backend=backend, capacity_factor=4.0, moe_tile_size=8)

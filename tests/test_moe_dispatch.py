@@ -9,6 +9,7 @@ import pytest
 
 from zaya_jax.model import moe_dispatch
 from zaya_jax.model.moe_dispatch import ExpertWeights
+from zaya_jax.native.grouped_matmul import grouped_matmul
 
 T, D, I, E = 96, 16, 24, 4
 
@@ -28,6 +29,7 @@ def _problem(skewed: bool):
 BACKENDS = {
     "capacity": functools.partial(moe_dispatch.capacity, capacity_factor=float(E)),  # room for every token
     "ragged": moe_dispatch.ragged,
+    "native": functools.partial(moe_dispatch.ragged, matmul=grouped_matmul),
     "tiles8": functools.partial(moe_dispatch.tiles, tile=8),
     "tiles64": functools.partial(moe_dispatch.tiles, tile=64),
 }

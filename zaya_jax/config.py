@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 
 LAYOUTS = ("base", "native")
 COMPUTE_DTYPES = ("float32", "bfloat16")
-MOE_BACKENDS = ("auto", "dense", "capacity", "ragged", "tiles")
+MOE_BACKENDS = ("auto", "dense", "capacity", "ragged", "tiles", "native")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 KERNELS = ("auto", "xla", "pallas")
 EXPERT_PARALLEL = ("all_to_all", "all_gather", "ragged_all_to_all")

@@ -1,15 +1,23 @@
 """Plan a run before launching it, from an abstract init (nothing is allocated).
 
   python -m zaya_jax.plan --config configs/zaya1_base.py [--json] [--config.model.num_layers=4]
-  python -m zaya_jax.plan --config configs/zaya1_base.py --mesh data=128,fsdp=8 [--device-memory-gb 192]
+  python -m zaya_jax.plan --config configs/zaya1_base.py --mesh data=128,fsdp=8 [--device_memory_gb 192]
+
+  python -m zaya_jax.plan --config configs/zaya1_base.py --mesh data=1024 --hardware mi300x [--calibration rates.json]
+  python -m zaya_jax.plan --config configs/zaya1_base.py --search --devices 1024 --hardware mi300x
 
 Always: parameter counts and the KV-cache size. With --mesh: per-device bytes of parameters,
 gradients, optimizer state and activations, collective bytes per step by kind, and whether it
-fits the device memory (default 192 GB, an MI300X).
+fits the device memory (default: the --hardware profile's, else 192 GB, an MI300X). With
+--hardware, per curriculum phase: FLOPs, HBM traffic and collectives per device and step, the
+predicted step time, tokens/s, MFU and what bounds it (docs/parallel.md, Planner). With
+--search: every feasible mesh of --devices ranked by predicted step time, per phase and for the
+whole run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -18,14 +26,31 @@ from ml_collections import config_flags
 
 from zaya_jax.config_files import model_config
 from zaya_jax.model.accounting import model_summary
+from zaya_jax.parallel.attention_sharding import KernelLayoutError
+from zaya_jax.parallel.hardware import PROFILES, calibrated
 from zaya_jax.parallel.mesh import parse_mesh_flag, resolve_mesh_shape
+from zaya_jax.parallel.mesh_search import mesh_name, search
+from zaya_jax.parallel.phase_plan import config_phases, phase_mesh, phase_shape, plan_phase, run_time
 from zaya_jax.parallel.planner import GIB, StepShape, plan
+from zaya_jax.parallel.step_time import OVERLAP_ASSUMPTIONS
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).")
 _JSON = flags.DEFINE_bool("json", False, "Print machine-readable JSON.")
 _MESH = flags.DEFINE_string("mesh", None, "Mesh to plan for, e.g. data=128,fsdp=8 (any size; no devices needed).")
-_MEMORY = flags.DEFINE_float("device_memory_gb", 192.0, "Device memory in GB (MI300X: 192, H100: 80, H200: 141).")
-_ACCUM = flags.DEFINE_integer("grad_accum", None, "Micro-batches per step (default: config train.grad_accum_steps or 1).")
+_MEMORY = flags.DEFINE_float("device_memory_gb", None, "Device memory in GB (default: the --hardware profile's, "
+                             "else 192, an MI300X).")
+_HARDWARE = flags.DEFINE_enum("hardware", None, sorted(PROFILES),
+                              "Predict each curriculum phase's step time, tokens/s and MFU on this GPU "
+                              "(profiles: zaya_jax/parallel/hardware.py).")
+_CALIBRATION = flags.DEFINE_string("calibration", None, "JSON of measured rates (device_kind, matmul_tflops, "
+                                   "hbm_gbps, intra_node_gbps, inter_node_gbps) replacing the --hardware "
+                                   "profile's efficiency assumptions.")
+_SEARCH = flags.DEFINE_bool("search", False, "Rank every feasible mesh of --devices by predicted step time "
+                            "(needs --hardware).")
+_DEVICES = flags.DEFINE_integer("devices", None, "Device count for --search, or for a config mesh with -1 "
+                                "(default: the --mesh product).")
+_TOP = flags.DEFINE_integer("top", 5, "Meshes listed per phase by --search.")
+_ACCUM = flags.DEFINE_integer("grad_accum", None, "Micro-batches per step (default: config train.microbatches or 1).")
 _OPTIMIZER = flags.DEFINE_enum("optimizer", None, ["adamw", "muon"], "Optimizer (default: config optimizer.name).")
 _PLATFORM = flags.DEFINE_enum("platform", "gpu", ["gpu", "cpu"], "Target platform (picks the auto MoE backend).")
 _ZERO1 = flags.DEFINE_bool("shard_optimizer_over_data", None,
@@ -57,17 +82,124 @@ def render(summary: dict) -> str:
         lines.append("collective bytes per step per device:")
         for key, value in p["collective_bytes_per_step_per_device"].items():
             lines.append(f"  {key:<28}{value / GIB:>10.2f} GiB")
+    if "prediction" in summary:
+        lines += render_prediction(summary["prediction"])
+    if "search" in summary:
+        lines += render_search(summary["search"], _TOP.value)
     return "\n".join(lines)
+
+
+def render_prediction(prediction: dict) -> list[str]:
+    hw = prediction["hardware"]
+    e = hw["efficiency"]
+    lines = [f"hardware {hw['name']}: {hw['matmul_tflops']:.0f} TFLOP/s bf16 dense, {hw['hbm_gbps']:.0f} GB/s HBM, "
+             f"{hw['memory_gb']:.0f} GB, {hw['intra_node_link']} {hw['intra_node_gbps']:.0f} GB/s, NIC "
+             f"{hw['inter_node_gbps']:.0f} GB/s, {hw['devices_per_node']} per node; achievable "
+             f"({prediction['efficiency_from']}): matmul "
+             f"{e['matmul']:.0%}, HBM {e['hbm']:.0%}, {hw['intra_node_link']} {e['intra_node']:.0%}, "
+             f"NIC {e['inter_node']:.0%}"]
+    for i, ph in enumerate(prediction["phases"]):
+        head = f"phase {i + 1} {ph['name']}: {ph['global_batch']} x {ph['seq_len']} tokens, {ph['steps']} steps"
+        if "error" in ph:
+            lines.append(f"{head}: cannot run on this mesh: {ph['error']}")
+            continue
+        pr = ph["prediction"]
+        lines.append(f"{head}, mesh {mesh_name(ph['mesh'])} ({ph['devices']} devices)")
+        lines.append(f"  memory per device {ph['bytes_per_device']['total'] / GIB:.1f} GiB of "
+                     f"{ph['device_memory_bytes'] / 1e9:.0f} GB: {'fits' if ph['fits'] else 'DOES NOT FIT'}")
+        flops = pr["flops_per_device"]
+        lines.append(f"  matmul FLOPs per device per step {sum(flops.values()) / 1e12:.1f} T (fwd + bwd + remat "
+                     "recompute):")
+        lines += [f"    {k:<32}{v / 1e12:>10.2f} T" for k, v in flops.items()]
+        lines.append(f"  HBM traffic per device per step (non-matmul) "
+                     f"{sum(pr['hbm_bytes_per_device'].values()) / 1e9:.1f} GB: "
+                     + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in pr["hbm_bytes_per_device"].items()))
+        lines.append("  collectives per device per step:")
+        for c in pr["collectives"]:
+            lines.append(f"    {c['kind']:<15}{c['axis']:<8}{c['link']:<7}{c['bytes'] / GIB:>9.2f} GiB "
+                         f"{c['seconds'] * 1e3:>9.1f} ms  {'overlapped' if c['overlapped'] else 'blocking'}"
+                         f"  ({c['what']})")
+        lines.append(f"  compute {pr['compute_s'] * 1e3:.1f} ms, memory {pr['memory_s'] * 1e3:.1f} ms, blocking "
+                     f"collectives {pr['blocking_collectives_s'] * 1e3:.1f} ms, overlapped collectives "
+                     f"{pr['overlapped_collectives_s'] * 1e3:.1f} ms")
+        lines.append(f"  predicted step {pr['step_s']:.4g} s (no overlap: {pr['step_s_no_overlap']:.4g} s), "
+                     f"{pr['tokens_per_s'] / 1e6:.2f}M tokens/s, MFU {pr['mfu']:.1%} "
+                     f"({pr['model_flops_per_s_per_device'] / 1e12:.0f} TFLOP/s per device), "
+                     f"bound by {pr['bound_by']}")
+    run = prediction["run"]
+    if run:
+        lines.append(f"whole run: {run['tokens_total'] / 1e12:.2f}T tokens in {run['days_total']:.1f} days ("
+                     + ", ".join(f"{d:.1f}" for d in run["days_per_phase"]) + " per phase)")
+    lines.append("overlap assumptions: " + OVERLAP_ASSUMPTIONS)
+    return lines
+
+
+def render_search(result: dict, top: int) -> list[str]:
+    lines = [f"mesh search on {result['devices']} {result['hardware']} ({result['candidates']} candidate meshes)"]
+    for ph in result["phases"]:
+        lines.append(f"phase {ph['name']}: {len(ph['ranked'])} feasible; infeasible: "
+                     + (", ".join(f"{n} {why}" for why, n in ph["infeasible"].items()) or "none"))
+        for r in ph["ranked"][:top]:
+            lines.append(f"  {r['mesh']:<40}{r['step_s']:>10.4g} s  MFU {r['mfu']:6.1%}  "
+                         f"{r['memory_gib']:6.1f} GiB  bound by {r['bound_by']}")
+    if result["whole_run"]:
+        best = result["whole_run"][0]
+        lines.append(f"fastest mesh for every phase: {best['mesh']} ({best['days']:.1f} days)")
+    else:
+        lines.append("no single mesh runs every phase: plan each phase's mesh separately")
+    return lines
 
 
 def step_shape(config) -> StepShape:
     train, mesh = config.get("train", {}), config.get("mesh", {})
     optimizer = _OPTIMIZER.value or config.get("optimizer", {}).get("name", "adamw")
     return StepShape(global_batch=train["global_batch_size"], seq_len=train["seq_len"],
-                     grad_accum=_ACCUM.value or train.get("grad_accum_steps", 1),
+                     grad_accum=_ACCUM.value or train.get("microbatches", 1),
+                     ns_steps=config.get("optimizer", {}).get("muon_ns_steps", 5),
+                     loss_chunk=train.get("loss_chunk_size", 512),
                      optimizer="muon" if "muon" in optimizer else "adamw", platform=_PLATFORM.value,
                      shard_optimizer_over_data=bool(_ZERO1.value if _ZERO1.value is not None
                                                     else mesh.get("shard_optimizer_over_data", False)))
+
+
+def _hardware():
+    if _HARDWARE.value is None:
+        if _CALIBRATION.value or _SEARCH.value:
+            raise app.UsageError("--calibration and --search need --hardware, e.g. --hardware mi300x")
+        return None
+    hw = PROFILES[_HARDWARE.value]
+    return calibrated(hw, _CALIBRATION.value) if _CALIBRATION.value else hw
+
+
+def _explicit_mesh(devices: int | None) -> tuple[dict[str, int] | None, int | None]:
+    """--mesh sizes (None when not given) and the device count (--devices, else the --mesh product)."""
+    if not _MESH.value:
+        return None, devices
+    sizes = parse_mesh_flag(_MESH.value)
+    if -1 in sizes.values() and devices is None:
+        raise app.UsageError("--mesh for planning needs explicit sizes (no -1), or --devices N")
+    devices = devices or math.prod(sizes.values())
+    return resolve_mesh_shape(sizes, devices), devices
+
+
+def plan_phases(config, cfg, hw, cli_mesh, devices: int | None, memory_gb: float) -> dict:
+    phases = config_phases(config)
+    plans = []
+    for phase in phases:
+        sizes = phase_mesh(config, phase, cli_mesh)
+        if -1 in sizes.values() and devices is None:
+            raise app.UsageError("the config's mesh has a -1 axis: pass --devices N or --mesh")
+        entry = {"name": phase.name, "seq_len": phase.seq_len, "global_batch": phase.global_batch_size,
+                 "steps": phase.num_batches}
+        try:
+            entry.update(plan_phase(cfg, phase_shape(step_shape(config), phase),
+                                    resolve_mesh_shape(sizes, devices or math.prod(sizes.values())), hw, memory_gb))
+        except (ValueError, KernelLayoutError) as e:  # batch, sequence or attention kernel vs the mesh
+            entry["error"] = str(e)
+        plans.append(entry)
+    planned = [(p, r) for p, r in zip(phases, plans) if "error" not in r]
+    return {"hardware": dataclasses.asdict(hw), "efficiency_from": _CALIBRATION.value or "assumed", "phases": plans,
+            "run": run_time(*zip(*planned)) if len(planned) == len(plans) else None}
 
 
 def main(argv):
@@ -77,12 +209,18 @@ def main(argv):
         raise app.UsageError("--config is required, e.g. --config configs/zaya1_base.py")
     cfg = model_config(_CONFIG.value)
     summary = model_summary(cfg)
-    if _MESH.value:
-        sizes = parse_mesh_flag(_MESH.value)
-        if -1 in sizes.values():
-            raise app.UsageError("--mesh for planning needs explicit sizes (no -1)")
-        mesh = resolve_mesh_shape(sizes, math.prod(sizes.values()))
-        summary["plan"] = plan(cfg, mesh, step_shape(_CONFIG.value), _MEMORY.value)
+    hw = _hardware()
+    memory_gb = _MEMORY.value or (hw.memory_gb if hw else 192.0)
+    mesh, devices = _explicit_mesh(_DEVICES.value)
+    if mesh:
+        summary["plan"] = plan(cfg, mesh, step_shape(_CONFIG.value), memory_gb)
+    if _SEARCH.value:
+        if devices is None:
+            raise app.UsageError("--search needs --devices N (or a --mesh whose product is the device count)")
+        summary["search"] = search(cfg, config_phases(_CONFIG.value), step_shape(_CONFIG.value), devices, hw,
+                                   memory_gb)
+    elif hw:
+        summary["prediction"] = plan_phases(_CONFIG.value, cfg, hw, mesh, devices, memory_gb)
     print(json.dumps(summary, indent=2) if _JSON.value else render(summary))
 
 

@@ -93,7 +93,7 @@ def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int
         stream = layer.moe_residual(m, stream, stream_dtype)
         return (stream, router_state), (k, v, jax.tree.map(lambda x: x[jnp.arange(b), last], cca_carry))
 
-    router_state = jnp.zeros((b, s, cfg.router_hidden_size), dtype)
+    router_state = jnp.zeros((b, s, cfg.router_hidden_size), jnp.float32)  # fp32 router
     (stream, _), (keys, values, carry) = _over_layers(body, (_embed(model, ids), router_state), layer_states,
                                                       cfg.num_layers, cfg.scan_layers)
     pad = [(0, 0), (0, 0), (0, cache_size - s), (0, 0), (0, 0)]
@@ -134,7 +134,7 @@ def decode_step(model: ZayaLM, state: DecodeState, tokens: jax.Array) -> tuple[j
         stream = layer.moe_residual(m, stream, stream_dtype)
         return (stream, router_state, keys, values), jax.tree.map(lambda x: x[:, 0], new)
 
-    init = (_embed(model, tokens[:, None]), jnp.zeros((b, 1, cfg.router_hidden_size), dtype),
+    init = (_embed(model, tokens[:, None]), jnp.zeros((b, 1, cfg.router_hidden_size), jnp.float32),
             state.keys, state.values)
     (stream, _, keys, values), carry = _over_layers(
         body, init, (layer_states, jnp.arange(cfg.num_layers), state.carry), cfg.num_layers, cfg.scan_layers)

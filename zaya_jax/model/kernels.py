@@ -1,11 +1,25 @@
 """The one place that picks an implementation per platform.
 
 The model calls `attention_fn(cfg)` and `moe_dispatch_fn(cfg)`; callers never branch on
-the platform. `auto` resolves by `jax.default_backend()`:
+the platform. `auto` resolves by the platform the program is built for (`platform()`: this
+process's backend, or the one `pallas_kernels.building_for` names while lowering for a GPU):
   attention     cpu: xla; gpu: xla (the Pallas kernel is opt-in until GPU numbers favour it)
-  moe backend   cpu: tiles (fastest dropless backend measured on CPU, benchmarks/moe_layer.py);
-                gpu: ragged
-  moe matmul    cpu: xla ragged_dot; gpu: xla ragged_dot
+  moe backend   cpu: native (the FFI grouped matmul, zaya_jax.native.grouped_matmul; fastest
+                dropless backend measured on CPU, benchmarks/moe_layer.py; where it was not
+                built, tiles, warned once);
+                gpu: ragged (dropless, each expert multiplies only its own rows)
+  moe matmul    cpu: xla ragged_dot;
+                gpu (cuda and rocm): the Pallas grouped matmul. Without process-wide XLA flags
+                (--xla_gpu_experimental_use_ragged_dot_fusion on CUDA,
+                --xla_gpu_experimental_use_ragged_dot_grouped_gemm on ROCm), XLA expands
+                ragged_dot into a masked dense dot over every expert: E times the expert FLOPs and
+                [E, T, I] temporaries. The Pallas kernel groups by construction, its Triton
+                lowering is checked in CI for both platforms (tests/test_gpu_lowering.py), and its
+                block sizes are per platform (pallas_kernels.platform_blocks). ragged_dot with
+                the flags stays selectable (model.moe_matmul_kernel=xla) and is timed against it
+                by benchmarks/gpu_selftest.py.
+Every Pallas kernel runs per device inside jax.shard_map (attention here via
+zaya_jax.parallel.attention_sharding, the grouped matmul inside the MoE dispatch's shard_map).
 """
 
 from __future__ import annotations
@@ -15,36 +29,57 @@ from typing import Callable
 
 import jax
 
+from pallas_kernels import _backend
 from zaya_jax.config import ModelConfig
+from zaya_jax.errors import UserError
 from zaya_jax.model import moe_dispatch
 from zaya_jax.model.attention_core import xla_attention
+from zaya_jax.native import grouped_matmul as native_grouped_matmul
+from zaya_jax.parallel.attention_sharding import attention_on_mesh
 
-_AUTO_MOE_BACKEND = {"cpu": "tiles"}
+
+def _cpu_moe_backend() -> str:
+    """The native grouped matmul where the install built it (fastest on CPU, benchmarks/moe_layer.py),
+    else `tiles` (the fastest XLA-only dropless backend; `available()` warns once)."""
+    return "native" if native_grouped_matmul.available() else "tiles"
+
+
+_AUTO_MOE_BACKEND = {"cpu": _cpu_moe_backend, "gpu": lambda: "ragged"}
+_AUTO_MOE_MATMUL = {"gpu": "pallas"}
 
 
 def platform() -> str:
-    return jax.default_backend()
+    """"cpu" | "gpu" | "tpu": the platform programs are built for now."""
+    target = _backend.target()
+    return "gpu" if target in _backend.GPU_TARGETS else target
 
 
 def resolve_moe_backend(name: str, target_platform: str | None = None) -> str:
-    """`auto` -> the backend for `target_platform` (default: this process's platform)."""
-    return _AUTO_MOE_BACKEND.get(target_platform or platform(), "ragged") if name == "auto" else name
+    """`auto` -> the backend for `target_platform` (default: `platform()`)."""
+    return _AUTO_MOE_BACKEND.get(target_platform or platform(), lambda: "ragged")() if name == "auto" else name
 
 
-def resolve_kernel(name: str) -> str:
+def resolve_attention_kernel(name: str) -> str:
     return "xla" if name == "auto" else name
+
+
+def resolve_moe_matmul_kernel(name: str, target_platform: str | None = None) -> str:
+    return _AUTO_MOE_MATMUL.get(target_platform or platform(), "xla") if name == "auto" else name
 
 
 def attention_fn(cfg: ModelConfig) -> Callable:
     """-> attention(q [B,S,N,H], k [B,S,K,H], v [B,S,K,H], segment_ids [B,S] | None) -> [B,S,N,H]."""
-    if resolve_kernel(cfg.attention_kernel) == "pallas":
+    if resolve_attention_kernel(cfg.attention_kernel) == "pallas":
         from pallas_kernels import cca_flash_attention
-        return lambda q, k, v, seg: cca_flash_attention(q, k, v, segment_ids=seg, causal=True)
+
+        def pallas_attention(q, k, v, seg):
+            return cca_flash_attention(q, k, v, segment_ids=seg, causal=True)
+        return functools.partial(attention_on_mesh, pallas_attention)
     return xla_attention
 
 
 def ragged_matmul_fn(cfg: ModelConfig) -> Callable:
-    if resolve_kernel(cfg.moe_matmul_kernel) == "pallas":
+    if resolve_moe_matmul_kernel(cfg.moe_matmul_kernel) == "pallas":
         from pallas_kernels import grouped_matmul
         return grouped_matmul
     return jax.lax.ragged_dot
@@ -59,4 +94,9 @@ def moe_dispatch_fn(cfg: ModelConfig) -> Callable:
         return functools.partial(moe_dispatch.ragged, matmul=ragged_matmul_fn(cfg))
     if backend == "tiles":
         return functools.partial(moe_dispatch.tiles, tile=cfg.moe_tile_size)
+    if backend == "native":
+        if not native_grouped_matmul.available():
+            raise UserError("model.moe_backend='native': the native CPU grouped matmul was not built; reinstall "
+                            "the package with a C++ compiler present (pip install -e .) or use moe_backend='auto'")
+        return functools.partial(moe_dispatch.ragged, matmul=native_grouped_matmul.grouped_matmul)
     return moe_dispatch.dense

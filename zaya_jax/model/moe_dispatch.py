@@ -9,6 +9,8 @@ all backends compute the same function whenever nothing is dropped.
   capacity  sort by expert into E fixed buckets of C = ceil(capacity_factor * T / E) rows,
             one batched einsum; overflow is dropped and counted.
   ragged    dropless: sort by expert, grouped matmul (jax.lax.ragged_dot or the Pallas kernel).
+  native    `ragged` with the native CPU grouped matmul (zaya_jax.native.grouped_matmul, chosen in
+            zaya_jax.model.kernels): each expert's exact rows on BLAS.
   tiles     dropless in plain XLA: sort by expert, then a loop over the experts and over windows
             of `tile` rows of each expert's run (zaya_jax.model.expert_windows).
 """

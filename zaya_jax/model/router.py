@@ -7,7 +7,9 @@
   5. p = softmax(logits) in fp32
   6. choice = argmax(stop_grad(p) + balancing_bias): the bias steers the choice only
   7. weight = p[choice], unbiased and not renormalised; gradient flows through it.
-Index E is the skip (Mixture-of-Depths) slot.
+Index E is the skip (Mixture-of-Depths) slot. The router runs in fp32 whatever the compute dtype
+(as Zyphra's): in bf16, near-tie top-1 choices flip, and a flip compounds over 40 layers through
+the router state. Its matrices are small (D x R, R x R), so fp32 costs little.
 """
 
 from __future__ import annotations
@@ -53,10 +55,12 @@ class Router(nnx.Module):
         self.norm_eps = cfg.router_norm_eps
 
     def __call__(self, x: jax.Array, prev_state: jax.Array) -> Routing:
-        """x: [B,S,D] normed input; prev_state: [B,S,R] (zeros before the first MoE block)."""
-        dt = x.dtype
+        """x: [B,S,D] normed input; prev_state: [B,S,R] (zeros before the first MoE block).
+
+        Computed in fp32; next_state comes back in prev_state's dtype (the carried stream's)."""
+        dt = jnp.float32
         w = lambda p: p[...].astype(dt)  # noqa: E731
-        state = x @ w(self.down_proj) + w(self.down_bias) + w(self.state_scale) * prev_state.astype(dt)
+        state = x.astype(dt) @ w(self.down_proj) + w(self.down_bias) + w(self.state_scale) * prev_state.astype(dt)
         u = rms_norm(state, self.norm[...], self.norm_eps, dt)
         hidden = jax.nn.gelu(u @ w(self.fc1) + w(self.fc1_bias), approximate=False)
         hidden = jax.nn.gelu(hidden @ w(self.fc2) + w(self.fc2_bias), approximate=False)
@@ -64,4 +68,4 @@ class Router(nnx.Module):
         biased = jax.lax.stop_gradient(probs) + jax.lax.stop_gradient(self.balancing_biases[...])
         choice = jnp.argmax(biased, axis=-1).astype(jnp.int32)
         weight = jnp.take_along_axis(probs, choice[..., None], axis=-1)[..., 0]
-        return Routing(choice, weight, probs, state)
+        return Routing(choice, weight, probs, state.astype(prev_state.dtype))

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from pallas_kernels._backend import target
 from zaya_jax.parallel.rules import batch_spec
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,8 @@ def topology() -> dict:
     """A one-line description of the job (logged once by process 0)."""
     return {"processes": jax.process_count(), "process_index": jax.process_index(),
             "local_devices": jax.local_device_count(), "global_devices": jax.device_count(),
-            "platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind}
+            "platform": jax.default_backend(), "backend": target(),  # cuda | rocm | cpu | tpu
+            "device_kind": jax.devices()[0].device_kind}
 
 
 def local_batch_rows(global_batch_size: int) -> slice:

@@ -3,7 +3,9 @@
 Axes (always all five, in this order): data, fsdp, expert, tensor, context. A config gives each
 a size; one may be -1 (the rest of the devices). `--mesh data=128,fsdp=8` style strings parse
 to the same mapping. `check_platform_support` rejects a layout that needs a collective the
-platform lacks (ragged_all_to_all on XLA:CPU), before anything compiles.
+platform lacks (ragged_all_to_all on XLA:CPU), before anything compiles. `check_declared_platform`
+stops a run whose config declares a platform (`mesh.platform`) that jax is not running on: a
+GPU job on a machine whose jax has no GPU plugin would otherwise train on the CPU without a word.
 """
 
 from __future__ import annotations
@@ -15,9 +17,15 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
+from pallas_kernels._backend import GPU_TARGETS, target
+from zaya_jax.errors import UserError
 from zaya_jax.model.kernels import platform
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor", "context")
+PLATFORMS = ("any", "cpu", "gpu", "cuda", "rocm", "tpu")  # mesh.platform: "gpu" is cuda or rocm
+INSTALL = {"gpu": "pip install -e '.[cuda]' (NVIDIA, CUDA 12) or pip install -e '.[rocm]' (AMD, ROCm 7)",
+           "cuda": "pip install -e '.[cuda]'", "rocm": "pip install -e '.[rocm]' (on the node's ROCm 7)",
+           "tpu": "pip install 'jax[tpu]'", "cpu": "JAX_PLATFORMS=cpu in the environment"}
 RAGGED_ALL_TO_ALL_PLATFORMS = ("gpu", "tpu")  # XLA:CPU: "UNIMPLEMENTED: HLO opcode 'ragged-all-to-all'"
 
 
@@ -60,6 +68,18 @@ def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int) -> dict[str, 
     return shape
 
 
+def phase_mesh_sizes(config, phase) -> dict[str, int]:
+    """{axis: size} (one may be -1) of the mesh that curriculum `phase` (a PhaseInfo) runs on.
+
+    One mesh serves every phase (docs/parallel.md says why): the config's mesh section. Callers
+    that plan or check a phase (the launch test, the planner) ask here, so a per-phase mesh would
+    change this one function.
+    """
+    del phase
+    section = config.get("mesh", {})
+    return {axis: int(section.get(axis, 1 if axis != "data" else -1)) for axis in MESH_AXES}
+
+
 def check_platform_support(mesh_shape: Mapping[str, int], expert_parallel: str,
                            target_platform: str | None = None) -> None:
     """A layout needing a collective that the platform (default: this process's) lacks fails here."""
@@ -70,6 +90,20 @@ def check_platform_support(mesh_shape: Mapping[str, int], expert_parallel: str,
                          f"jax.lax.ragged_all_to_all, which platform {target!r} cannot run (it runs on "
                          f"{' and '.join(RAGGED_ALL_TO_ALL_PLATFORMS)}); use model.expert_parallel=all_to_all "
                          "(fixed capacity) or model.expert_parallel=all_gather (dropless)")
+
+
+class PlatformMismatchError(UserError):
+    """The config declares a platform that this process's jax does not run on."""
+
+
+def check_declared_platform(declared: str) -> None:
+    """`declared` ("any" or one of PLATFORMS) against the platform jax runs on."""
+    actual = target()
+    if declared in ("any", actual) or (declared == "gpu" and actual in GPU_TARGETS):
+        return
+    kind = jax.devices()[0].device_kind
+    raise PlatformMismatchError(f"mesh.platform={declared!r} but jax runs on {actual} ({kind}); "
+                                f"fix: {INSTALL[declared]}, or set mesh.platform=any")
 
 
 def make_mesh(sizes: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:

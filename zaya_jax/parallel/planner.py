@@ -13,16 +13,18 @@ compiled memory analysis.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from flax import nnx
 
 from zaya_jax.config import ModelConfig
 from zaya_jax.model.build import abstract_model
-from zaya_jax.model.kernels import resolve_moe_backend
 from zaya_jax.model.moe_dispatch import capacity_per_expert
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
 from zaya_jax.parallel.rules import state_specs, with_data_axis
+from zaya_jax.parallel.step_flops import expert_backend
+from zaya_jax.train.optimizer import MUON_MATRICES
 
 GIB = 2**30
 
@@ -35,6 +37,8 @@ class StepShape:
     optimizer: str = "adamw"    # adamw | muon
     shard_optimizer_over_data: bool = False
     platform: str = "gpu"       # the target's platform: picks the `auto` MoE backend
+    ns_steps: int = 5           # Muon's Newton-Schulz iterations
+    loss_chunk: int = 512       # train.loss_chunk_size: positions per chunk of the loss head
 
 
 def _shard_factor(spec, mesh: dict[str, int]) -> int:
@@ -51,9 +55,15 @@ def _is_matrix(path: tuple[str, ...], shape: tuple[int, ...]) -> bool:
     return path[0] != "embed" and len(shape) - leading >= 2
 
 
+@functools.lru_cache(maxsize=4)
+def _parameter_state(cfg: ModelConfig) -> nnx.State:
+    """The abstract parameters (built once per config: a mesh search plans hundreds of meshes)."""
+    return nnx.state(abstract_model(cfg), nnx.Param)
+
+
 def _parameters(cfg: ModelConfig, mesh: dict[str, int]) -> list[tuple[tuple[str, ...], tuple[int, ...], object]]:
     """(path, shape, PartitionSpec) of every parameter of the model."""
-    state = nnx.state(abstract_model(cfg), nnx.Param)
+    state = _parameter_state(cfg)
     specs = state_specs(state, mesh)
     return [(tuple(map(str, path)), tuple(var.shape), spec.get_value())
             for (path, spec), (_, var) in zip(nnx.to_flat_state(specs), nnx.to_flat_state(state))]
@@ -72,6 +82,19 @@ def parameter_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape,
         slots = 1 if shape.optimizer == "muon" and _is_matrix(path, var_shape) else 2
         opt += slots * numel * 4 / _shard_factor(opt_spec, mesh)
     return {"params": params, "grads": grads, "optimizer_state": opt}
+
+
+def muon_matrices(mesh: dict[str, int], shape: StepShape, parameters: list) -> list[tuple]:
+    """(shape, MuonDimensionNumbers, optimizer-state shard factor) of each parameter Muon orthogonalises."""
+    if shape.optimizer != "muon":
+        return []
+    out = []
+    for path, var_shape, spec in parameters:
+        dims = MUON_MATRICES.get("/".join(path))
+        if dims is not None:
+            opt_spec = with_data_axis(spec, var_shape, mesh) if shape.shard_optimizer_over_data else spec
+            out.append((var_shape, dims, _shard_factor(opt_spec, mesh)))
+    return out
 
 
 def saved_numbers_per_token_per_layer(cfg: ModelConfig, remat: str, seq_len: int, attention: str) -> float:
@@ -98,10 +121,8 @@ def saved_numbers_per_token_per_layer(cfg: ModelConfig, remat: str, seq_len: int
 def dispatch_numbers_per_layer(cfg: ModelConfig, tokens: float, mesh: dict[str, int], platform: str) -> float:
     """Buffers the MoE dispatch backend keeps for the backward pass, per layer and device."""
     d, i, e = cfg.hidden_size, cfg.moe_intermediate_size / mesh["tensor"], cfg.num_experts
-    backend = resolve_moe_backend(cfg.moe_backend, platform)
-    if mesh["expert"] > 1 and cfg.expert_parallel == "all_to_all":  # fixed-capacity buckets
-        backend = "capacity"
-    elif mesh["expert"] > 1:  # all_gather, ragged_all_to_all: the local backend gets a buffer of the group's tokens
+    backend = expert_backend(cfg, mesh, platform)
+    if mesh["expert"] > 1 and backend != "capacity":  # all_gather, ragged_all_to_all: a buffer of the group's tokens
         tokens *= mesh["expert"]
     if backend == "tiles":  # expert_windows' residuals over T + W rows: the sorted rows, gate and up pre-activations
         return (tokens + cfg.moe_tile_size) * (d + 2 * i)
@@ -155,24 +176,35 @@ def fsdp_gathered_memory(cfg: ModelConfig, mesh: dict[str, int], parameters: lis
     return layer * (dtype_bytes + 4) + unstacked * 4
 
 
-def collective_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: dict[str, float]) -> dict:
-    """Bytes each device sends per optimizer step, by collective kind (ring algorithms)."""
-    out = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0, "all_to_all": 0.0}
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective of the step: bytes each device sends over a mesh axis per optimizer step."""
+    kind: str          # all_gather | reduce_scatter | all_reduce | all_to_all
+    axis: str          # the mesh axis whose devices take part
+    what: str          # what it moves
+    bytes: float
+    overlappable: bool  # can run behind compute (weights and gradients), or on the critical path (activations)
+
+
+def collectives(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: dict[str, float]) -> list[Collective]:
+    """The step's collectives with the bytes each device sends (ring algorithms); axes of size 1 send nothing."""
+    out = []
     dtype_bytes = 2 if cfg.dtype == "bfloat16" else 4
     ring = lambda n: (n - 1) / n if n > 1 else 0.0  # noqa: E731
     grads = mem["grads"]
     fsdp = mesh["fsdp"]
     # FSDP: gather params (compute dtype) in forward and backward of every micro-batch; scatter grads.
-    out["all_gather"] += 2 * shape.grad_accum * grads / 4 * dtype_bytes * fsdp * ring(fsdp)
-    out["reduce_scatter"] += grads * fsdp * ring(fsdp)
+    out.append(Collective("all_gather", "fsdp", "parameters (forward and backward)",
+                          2 * shape.grad_accum * grads / 4 * dtype_bytes * fsdp * ring(fsdp), True))
+    out.append(Collective("reduce_scatter", "fsdp", "gradients", grads * fsdp * ring(fsdp), True))
     # data (and expert, for the non-expert weights) replicas: all-reduce, or reduce-scatter +
     # all-gather of the update with optimizer-state sharding (same bytes).
     dp = mesh["data"]
     if shape.shard_optimizer_over_data:
-        out["reduce_scatter"] += grads * ring(dp)
-        out["all_gather"] += grads * ring(dp)
+        out.append(Collective("reduce_scatter", "data", "gradients", grads * ring(dp), True))
+        out.append(Collective("all_gather", "data", "updated parameters", grads * ring(dp), True))
     else:
-        out["all_reduce"] += 2 * grads * ring(dp)
+        out.append(Collective("all_reduce", "data", "gradients", 2 * grads * ring(dp), True))
     tokens = shape.global_batch * shape.seq_len / (mesh["data"] * fsdp * mesh["expert"] * mesh["context"])
     act = tokens * cfg.hidden_size * dtype_bytes
     ep, tp, cp = mesh["expert"], mesh["tensor"], mesh["context"]
@@ -180,20 +212,35 @@ def collective_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, m
     # (all_to_all) or just the tokens (ragged_all_to_all; uniform routing, skip-slot tokens
     # counted as sent), or the group's tokens gathered and outputs reduce-scattered (all_gather)
     if cfg.expert_parallel == "all_gather":
-        out["all_gather"] += cfg.num_layers * 2 * act * ep * ring(ep)
-        out["reduce_scatter"] += cfg.num_layers * 2 * act * ep * ring(ep)
+        out.append(Collective("all_gather", "expert", "tokens to experts", cfg.num_layers * 2 * act * ep * ring(ep),
+                              False))
+        out.append(Collective("reduce_scatter", "expert", "expert outputs", cfg.num_layers * 2 * act * ep * ring(ep),
+                              False))
     else:
         padding = cfg.capacity_factor if cfg.expert_parallel == "all_to_all" else 1.0
-        out["all_to_all"] += cfg.num_layers * 4 * act * padding * ring(ep)
+        out.append(Collective("all_to_all", "expert", "tokens to experts and back",
+                              cfg.num_layers * 4 * act * padding * ring(ep), False))
     # tensor parallel: attention output and MoE partial sums all-reduced, forward and backward
-    out["all_reduce"] += cfg.num_layers * 2 * 2 * 2 * act * ring(tp)
+    out.append(Collective("all_reduce", "tensor", "attention and expert partial sums",
+                          cfg.num_layers * 2 * 2 * 2 * act * ring(tp), False))
     # context parallel: K/V all-gathered per attention layer, forward and backward
     kv = tokens * 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
-    out["all_gather"] += cfg.num_layers * 2 * kv * cp * ring(cp)
+    out.append(Collective("all_gather", "context", "keys and values", cfg.num_layers * 2 * kv * cp * ring(cp), False))
+    return [c for c in out if c.bytes > 0]
+
+
+def collective_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: dict[str, float]) -> dict:
+    """Bytes each device sends per optimizer step, by collective kind."""
+    out = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0, "all_to_all": 0.0}
+    for c in collectives(cfg, mesh, shape, mem):
+        out[c.kind] += c.bytes
     return out
 
 
-def plan(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, device_memory_gb: float = 192.0) -> dict:
+def plan(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, device_memory_gb: float = 192.0,
+         parameters: list | None = None) -> dict:
+    """Per-device bytes and collective bytes of one step; `parameters` (_parameters(cfg, mesh)) may be passed
+    in when one mesh is planned for several step shapes."""
     mesh = {a: int(mesh.get(a, 1)) for a in MESH_AXES}
     check_platform_support(mesh, cfg.expert_parallel, shape.platform)
     if shape.global_batch % (mesh["data"] * mesh["fsdp"] * mesh["expert"] * shape.grad_accum):
@@ -202,7 +249,7 @@ def plan(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, device_memory
                          f"grad_accum {shape.grad_accum}")
     if shape.seq_len % mesh["context"]:
         raise ValueError(f"train.seq_len {shape.seq_len} is not divisible by mesh.context {mesh['context']}")
-    parameters = _parameters(cfg, mesh)
+    parameters = parameters or _parameters(cfg, mesh)
     mem = parameter_memory(cfg, mesh, shape, parameters)
     act = activation_memory(cfg, mesh, shape)
     act["fsdp_gathered"] = fsdp_gathered_memory(cfg, mesh, parameters)

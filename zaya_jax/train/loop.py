@@ -25,19 +25,19 @@ import numpy as np
 from flax import nnx
 
 from zaya_jax.model.zaya import ZayaLM
+from zaya_jax.model.kernels import resolve_attention_kernel
 from zaya_jax.parallel import distributed
-from zaya_jax.parallel.mesh import check_platform_support, make_mesh
-from zaya_jax.train import balancing, checkpoint, faults
+from zaya_jax.parallel.attention_sharding import check_attention_layout
+from zaya_jax.parallel.mesh import check_declared_platform, check_platform_support, make_mesh
+from zaya_jax.train import checkpoint, faults
 from zaya_jax.train.checkpoint import Checkpointer, config_json, restore_model
 from zaya_jax.train.data import eval_batches, open_training_data, phases_of
 from zaya_jax.train.metrics import expert_load, flops_per_token, peak_flops, router_metrics
 from zaya_jax.train.monitor import Monitor
-from zaya_jax.train.optimizer import make_optimizer, schedule
 from zaya_jax.train.profiling import StepProfiler
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
-from zaya_jax.train.state import (ModelParts, TrainState, initial_state, state_specs, to_shardings,
-                                  with_shardings)
-from zaya_jax.train.step import BATCH_KEYS, jit_eval_step, jit_train_step
+from zaya_jax.train.program import abstract_batch, build_program
+from zaya_jax.train.state import ModelParts, TrainState, initial_state, with_shardings
 from zaya_jax.train.workdir_lock import WorkdirLock
 
 # ModelConfig fields that an HF checkpoint does not carry (they come from our config).
@@ -73,6 +73,7 @@ class Trainer:
             check_same_architecture(init_model, s.model, "init_model")
         self._init_model, self.on_log = init_model, on_log
         distributed.initialize()
+        check_declared_platform(s.mesh.platform)
         self.phases = phases_of(config, s)
         self.mesh = make_mesh(s.mesh.sizes)
         mesh_shape = dict(self.mesh.shape)
@@ -80,6 +81,7 @@ class Trainer:
             check_batch_layout(p.global_batch_size, p.seq_len, s.train.microbatches, mesh_shape,
                                f"phase {p.name!r}" if s.train.data == "pipeline" else "train.global_batch_size")
         check_platform_support(mesh_shape, s.model.expert_parallel)
+        check_attention_layout(resolve_attention_kernel(s.model.attention_kernel), mesh_shape)
         if s.train.init_from_hf and not os.path.isdir(s.train.init_from_hf):
             raise FileNotFoundError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory")
         os.makedirs(self.workdir, exist_ok=True)
@@ -90,17 +92,9 @@ class Trainer:
         self.data = open_training_data(config, s)
         self.eval_data = eval_batches(config, s) if s.eval.every_steps else {}
 
-        self.tx = make_optimizer(s.optimizer, s.train.steps)
-        self.controller = balancing.make_controller(s.balancing)
-        self.lr_schedule = schedule(s.optimizer, s.train.steps, s.optimizer.learning_rate)
-        abstract_model = nnx.eval_shape(lambda: ZayaLM(s.model, rngs=nnx.Rngs(s.train.seed)))
-        self.parts = ModelParts(abstract_model)
-        params_abs, biases_abs = ModelParts.arrays(abstract_model)
-        self.abstract_state = jax.eval_shape(
-            lambda p, b: initial_state(p, b, self.tx, self.controller, s.train.seed), params_abs, biases_abs)
-        specs = state_specs(self.abstract_state, self.parts.param_specs(self.mesh), self.parts.biases_spec(self.mesh),
-                            self.mesh, s.mesh.shard_optimizer_over_data)
-        self.shardings = to_shardings(specs, self.mesh)
+        program = build_program(s, self.mesh)
+        self.tx, self.controller, self.lr_schedule = program.tx, program.controller, program.lr_schedule
+        self.parts, self.abstract_state, self.shardings = program.parts, program.abstract_state, program.shardings
         self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), s.checkpoint)
         self.monitor = Monitor(self.workdir, s.train.steps, progress_bar=s.monitor.progress_bar,
                                tensorboard=s.monitor.tensorboard, enabled=self.is_main)
@@ -111,12 +105,7 @@ class Trainer:
             self.state, origin = self._initial_state()
         self.monitor.advance(int(self.state.step))
         self.monitor.log(f"start at step {int(self.state.step)}: {origin}")
-        self._static = dict(parts=self.parts, loss_chunk=s.train.loss_chunk_size)
-        self._train_step = jit_train_step(
-            self.shardings, self.mesh, tx=self.tx, controller=self.controller, lr_schedule=self.lr_schedule,
-            microbatches=s.train.microbatches, balance=s.balancing.enabled, include_skip=s.balancing.include_skip,
-            **self._static)
-        self._eval_step = jit_eval_step(self.shardings.params, self.shardings.biases, self.mesh, **self._static)
+        self._train_step, self._eval_step = program.train_step, program.eval_step
         self._flops_per_token = {p.seq_len: flops_per_token(s.model, p.seq_len) for p in self.phases}
         topo = distributed.topology()
         self._peak = peak_flops(topo["device_kind"], topo["platform"], topo["global_devices"], topo["processes"],
@@ -211,13 +200,17 @@ class Trainer:
         self.monitor.draw_heatmap()
         return self.state
 
+    def compiled_step(self) -> jax.stages.Compiled:
+        """The train step compiled for the first phase's batch shape (its cost_analysis() is what
+        tests/test_plan_flops.py checks the planner's FLOP count against)."""
+        phase = self.phases[0]
+        batch = abstract_batch(phase.global_batch_size, phase.seq_len)
+        return self._train_step.lower(self.state, batch, phase.rope_theta).compile()
+
     def compiled_step_text(self) -> str:
         """The compiled HLO of the train step for the first phase's batch shape: the op names a
         profile's events refer to (benchmarks/step_profile.py maps them to blocks)."""
-        phase = self.phases[0]
-        batch = {k: jax.ShapeDtypeStruct((phase.global_batch_size, phase.seq_len),
-                                         jnp.float32 if k == "loss_mask" else jnp.int32) for k in BATCH_KEYS}
-        return self._train_step.lower(self.state, batch, phase.rope_theta).compile().as_text()
+        return self.compiled_step().as_text()
 
     def _log_profile(self, directory: str | None) -> None:
         if directory is not None:

@@ -19,16 +19,12 @@ import numpy as np
 
 from zaya_jax.config import ModelConfig
 from zaya_jax.model.accounting import model_summary
+from zaya_jax.parallel.hardware import profile_for_device_kind
 
-# Dense bf16 peak per device (fp32 for CPU hosts, where it is per process, not per fake device).
-PEAK_FLOPS = (
-    ("MI300X", 1307.4e12),
-    ("MI325X", 1307.4e12),
-    ("H200", 989.4e12),
-    ("H100", 989.4e12),
-    ("A100", 312e12),
-    ("cpu", 116e9),  # measured fp32 matmul peak of the project's 2-core CPU machine
-)
+# GPU peaks come from the hardware profiles (zaya_jax.parallel.hardware.PROFILES); on CPU hosts
+# the peak is per process, not per fake device: the measured fp32 matmul peak of the project's
+# 2-core CPU machine.
+CPU_PEAK_FLOPS = 116e9
 
 
 def router_metrics(expert_counts: np.ndarray, dropped: np.ndarray) -> dict[str, float]:
@@ -64,8 +60,6 @@ def peak_flops(device_kind: str, platform: str, num_devices: int, num_processes:
     if override_per_device > 0:
         return override_per_device * num_devices
     if platform == "cpu":
-        return dict(PEAK_FLOPS)["cpu"] * num_processes
-    for name, flops in PEAK_FLOPS:
-        if name.lower() in device_kind.lower():
-            return flops * num_devices
-    return None
+        return CPU_PEAK_FLOPS * num_processes
+    hw = profile_for_device_kind(device_kind)
+    return hw.matmul_tflops * 1e12 * num_devices if hw else None

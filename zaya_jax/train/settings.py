@@ -17,7 +17,9 @@ below, and every error names the offending `section.field`):
   balancing   enabled, rate, b1, b2, include_skip (whether the skip slot is balanced too)
   checkpoint  every_steps (0: only at the end and on a signal), max_to_keep, async_save
   eval        every_steps (0: never), max_batches (0: data.eval.max_batches)
-  mesh        data, fsdp, expert, tensor, context (one may be -1), shard_optimizer_over_data
+  mesh        data, fsdp, expert, tensor, context (one may be -1), shard_optimizer_over_data,
+              platform ('any' | 'cpu' | 'gpu' | 'cuda' | 'rocm' | 'tpu': the trainer refuses to
+              start on another, naming the install command)
   monitor     progress_bar, tensorboard, heatmap_every_steps (0: only at the end),
               profile_start_step (0: off; else trace the profile_steps steps after it to
               WORKDIR/profile, zaya_jax.train.profiling), profile_steps
@@ -32,7 +34,7 @@ from typing import Any
 
 from zaya_jax.config import ModelConfig
 from zaya_jax.config_files import model_config
-from zaya_jax.parallel.mesh import MESH_AXES
+from zaya_jax.parallel.mesh import MESH_AXES, PLATFORMS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +104,7 @@ class MeshSettings:
     tensor: int = 1
     context: int = 1
     shard_optimizer_over_data: bool = False
+    platform: str = "any"
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -133,7 +136,7 @@ SECTIONS = {"train": TrainSettings, "optimizer": OptimizerSettings, "balancing":
             "checkpoint": CheckpointSettings, "eval": EvalSettings, "mesh": MeshSettings,
             "monitor": MonitorSettings}
 CHOICES = {("train", "data"): ("synthetic", "pipeline"), ("optimizer", "name"): ("muon", "adamw"),
-           ("optimizer", "schedule"): ("cosine", "wsd", "constant")}
+           ("optimizer", "schedule"): ("cosine", "wsd", "constant"), ("mesh", "platform"): PLATFORMS}
 POSITIVE = {("train", "steps"), ("train", "microbatches"), ("train", "loss_chunk_size"),
             ("train", "log_every_steps"), ("optimizer", "learning_rate"), ("optimizer", "eps"),
             ("optimizer", "muon_ns_steps"), ("optimizer", "muon_rms_scale"), ("balancing", "rate"),

@@ -1,0 +1,123 @@
+"""The planner's predictions for ZAYA1-base on 1,024 MI300X, set beside the seed run's report.
+Prints JSON; writes benchmarks/results/planner_predictions.json. Nothing runs on a GPU: these are
+the planner's paper numbers (zaya_jax.parallel.step_time), no timing of this machine.
+
+  python benchmarks/planner_predictions.py
+
+The seed run (Zyphra's ZAYA1 report) states more than 750 PFLOP/s on 1,024 MI300X: 732 TFLOP/s
+per GPU, 56% of the 1,307.4 TFLOP/s bf16 dense peak. Cases: the shipped config (its own mesh,
+attention_kernel auto = the XLA path on GPU), the same with the Pallas flash kernel, Zyphra's
+data=1024 with each kernel, the mesh
+`plan --search` picks, the flash kernel without remat (nothing recomputed), and the GEMM
+efficiency at which the prediction would reach the seed's 56% (null: not even at 100%).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import print_and_save  # noqa: E402
+from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
+from zaya_jax.parallel.hardware import PROFILES  # noqa: E402
+from zaya_jax.parallel.mesh import parse_mesh_flag, resolve_mesh_shape  # noqa: E402
+from zaya_jax.parallel.mesh_search import search  # noqa: E402
+from zaya_jax.parallel.phase_plan import config_phases, phase_mesh, phase_shape, plan_phase  # noqa: E402
+from zaya_jax.parallel.planner import StepShape  # noqa: E402
+
+DEVICES = 1024
+SEED_PFLOPS = 750.0
+
+
+def base_shape(config) -> StepShape:
+    return StepShape(1, 1, grad_accum=config.train.microbatches, optimizer=config.optimizer.name,
+                     shard_optimizer_over_data=config.mesh.shard_optimizer_over_data, platform="gpu",
+                     ns_steps=config.optimizer.muon_ns_steps, loss_chunk=config.train.loss_chunk_size)
+
+
+def summarise(result: dict) -> dict:
+    p = result["prediction"]
+    executed = sum(p["flops_per_device"].values())
+    return {"mesh": {a: n for a, n in result["mesh"].items() if n > 1}, "fits": result["fits"],
+            "memory_gib": result["bytes_per_device"]["total"] / 2**30, "step_s": p["step_s"],
+            "step_s_no_overlap": p["step_s_no_overlap"], "compute_s": p["compute_s"], "memory_s": p["memory_s"],
+            "blocking_collectives_s": p["blocking_collectives_s"],
+            "overlapped_collectives_s": p["overlapped_collectives_s"], "tokens_per_s": p["tokens_per_s"],
+            "mfu": p["mfu"], "cluster_model_pflops": p["model_flops_per_s_per_device"] * DEVICES / 1e15,
+            "executed_tflops_per_device_per_step": executed / 1e12,
+            "hardware_flops_utilisation": executed / p["step_s"] / (PROFILES["mi300x"].matmul_tflops * 1e12),
+            "bound_by": p["bound_by"], "flops_per_device": p["flops_per_device"],
+            "hbm_bytes_per_device": p["hbm_bytes_per_device"], "collectives": p["collectives"]}
+
+
+def phase_cases(cfg, config, mesh: str | None, hw) -> list[dict]:
+    """Every phase on `mesh` (None: the config's own mesh for each phase)."""
+    out = []
+    for phase in config_phases(config):
+        sizes = phase_mesh(config, phase, parse_mesh_flag(mesh) if mesh else None)
+        try:
+            out.append({"phase": phase.name, **summarise(plan_phase(
+                cfg, phase_shape(base_shape(config), phase), resolve_mesh_shape(sizes, DEVICES), hw,
+                hw.memory_gb))})
+        except ValueError as e:
+            out.append({"phase": phase.name, "error": str(e)})
+    return out
+
+
+def matmul_efficiency_for(cfg, config, mesh: str, target_mfu: float) -> float | None:
+    """The GEMM efficiency at which phase 1's predicted MFU reaches target_mfu (bisection; None:
+    not even at 100%)."""
+    base = PROFILES["mi300x"]
+
+    def mfu_at(matmul: float) -> float:
+        hw = dataclasses.replace(base, efficiency=dataclasses.replace(base.efficiency, matmul=matmul))
+        return phase_cases(cfg, config, mesh, hw)[0]["mfu"]
+
+    if mfu_at(1.0) < target_mfu:
+        return None
+    low, high = 0.05, 1.0
+    for _ in range(20):
+        mid = (low + high) / 2
+        low, high = (mid, high) if mfu_at(mid) < target_mfu else (low, mid)
+    return high
+
+
+def main():
+    config = load_config_file("configs/zaya1_base.py")
+    cfg = model_config(config)
+    flash = cfg.replace(attention_kernel="pallas")
+    hw = PROFILES["mi300x"]
+    seed_mfu = SEED_PFLOPS * 1e15 / DEVICES / (hw.matmul_tflops * 1e12)
+    found = search(cfg, config_phases(config), base_shape(config), DEVICES, hw, hw.memory_gb)
+    found_flash = search(flash, config_phases(config), base_shape(config), DEVICES, hw, hw.memory_gb)
+    pick = found["whole_run"][0]["mesh"]
+    result = {
+        "what": "ZAYA1-base predicted on 1,024 MI300X by the planner (paper numbers, no GPU run)",
+        "hardware": dataclasses.asdict(hw),
+        "seed": {"reported_cluster_pflops": SEED_PFLOPS, "per_gpu_tflops": SEED_PFLOPS * 1e3 / DEVICES,
+                 "mfu": seed_mfu},
+        "shipped_config_mesh_xla_attention": phase_cases(cfg, config, None, hw),
+        "shipped_config_mesh_flash_attention": phase_cases(flash, config, None, hw),
+        "data1024_xla_attention": phase_cases(cfg, config, "data=1024", hw),
+        "data1024_flash_attention": phase_cases(flash, config, "data=1024", hw),
+        "data1024_flash_attention_no_remat": phase_cases(flash.replace(remat="none"), config, "data=1024", hw),
+        "search": {"xla_attention": {"whole_run_top5": found["whole_run"][:5],
+                                     "phase_top3": {p["name"]: p["ranked"][:3] for p in found["phases"]}},
+                   "flash_attention": {"whole_run_top5": found_flash["whole_run"][:5],
+                                       "phase_top3": {p["name"]: p["ranked"][:3] for p in found_flash["phases"]}}},
+        "search_pick_xla_attention": {"mesh": pick, "phases": phase_cases(cfg, config, pick, hw)},
+        "matmul_efficiency_for_seed_mfu": {
+            "xla_attention_data1024": matmul_efficiency_for(cfg, config, "data=1024", seed_mfu),
+            "flash_attention_data1024": matmul_efficiency_for(flash, config, "data=1024", seed_mfu),
+            "flash_attention_no_remat_data1024": matmul_efficiency_for(flash.replace(remat="none"), config,
+                                                                       "data=1024", seed_mfu)},
+    }
+    print_and_save(result, "planner_predictions.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Block sizes and pipeline stages per GPU platform, and the shared memory they take.
+
+A Triton kernel's static shared memory (LDS on AMD) is, to a good estimate, its software
+pipeline: `num_stages` copies of every operand tile loaded inside the k loop, plus the tiles a
+program holds for its whole life. A kernel that needs more than the device has per block does
+not launch. Budgets per block:
+  cuda  H100 / H200: 228 KiB per SM (227 KiB usable by one block)
+  rocm  MI300X: 64 KiB of LDS per CU
+The tables below hold one entry per platform and operand size (bf16, fp32) such that every
+kernel fits at ZAYA1's head dim (128); tests/test_kernel_blocks.py computes the footprints.
+
+Attention (flash_attention.py), per kernel, with H the (padded) head dim:
+  fwd   holds q [block_q, H]; pipelines k, v [block_k, H]
+  dq    holds q, do [block_q_bwd, H]; pipelines k, v [block_k_bwd, H]
+  dkdv  holds k, v [block_k_bwd, H]; pipelines q, do [block_q_bwd, H]
+Grouped matmul (grouped_matmul.py), tiles (tm, tk, tn):
+  gmm   pipelines lhs [tm, tk] and rhs [tk, tn]; its backward gmm swaps tk and tn
+  tgmm  pipelines lhs [tm, tk] and grad [tm, tn]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+KIB = 1024
+SHARED_MEMORY_BYTES = {"cuda": 227 * KIB, "rocm": 64 * KIB}
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBlocks:
+    block_q: int
+    block_k: int
+    block_q_bwd: int
+    block_k_bwd: int
+    num_stages: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulBlocks:
+    tiling: tuple[int, int, int]  # (tm, tk, tn)
+    num_stages: int
+
+
+# Keyed by (platform, operand itemsize). cuda: the sizes the kernels were written for (a 3-stage
+# GEMM pipeline as on Hopper; 2 stages for fp32 operands). rocm: smaller tiles, 2 stages, and
+# smaller still for fp32 operands, to stay within 64 KiB of LDS.
+ATTENTION_BLOCKS = {
+    ("cuda", 2): AttentionBlocks(block_q=128, block_k=64, block_q_bwd=64, block_k_bwd=64, num_stages=2),
+    ("cuda", 4): AttentionBlocks(block_q=128, block_k=64, block_q_bwd=64, block_k_bwd=64, num_stages=2),
+    ("rocm", 2): AttentionBlocks(block_q=64, block_k=32, block_q_bwd=32, block_k_bwd=32, num_stages=2),
+    ("rocm", 4): AttentionBlocks(block_q=32, block_k=16, block_q_bwd=16, block_k_bwd=16, num_stages=2),
+}
+MATMUL_BLOCKS = {
+    ("cuda", 2): MatmulBlocks(tiling=(128, 64, 128), num_stages=3),
+    ("cuda", 4): MatmulBlocks(tiling=(128, 64, 128), num_stages=2),
+    ("rocm", 2): MatmulBlocks(tiling=(128, 32, 64), num_stages=2),
+    ("rocm", 4): MatmulBlocks(tiling=(64, 32, 64), num_stages=2),
+}
+INTERPRET_PLATFORM = "cuda"  # interpret mode (CPU) runs the cuda sizes: the numerics tests cover them
+
+
+def _key(platform: str, itemsize: int) -> tuple[str, int]:
+    return (platform if platform in SHARED_MEMORY_BYTES else INTERPRET_PLATFORM, 2 if itemsize <= 2 else 4)
+
+
+def attention_blocks(platform: str, itemsize: int) -> AttentionBlocks:
+    """The blocks for `platform` ("cuda", "rocm"; anything else: interpret mode) and operand size."""
+    return ATTENTION_BLOCKS[_key(platform, itemsize)]
+
+
+def matmul_blocks(platform: str, itemsize: int) -> MatmulBlocks:
+    return MATMUL_BLOCKS[_key(platform, itemsize)]
+
+
+def attention_footprints(b: AttentionBlocks, head_dim: int, itemsize: int) -> dict[str, int]:
+    """Static shared-memory bytes of the three attention kernels."""
+    fwd = (b.block_q + b.num_stages * 2 * b.block_k) * head_dim * itemsize
+    dq = (2 * b.block_q_bwd + b.num_stages * 2 * b.block_k_bwd) * head_dim * itemsize
+    dkdv = (2 * b.block_k_bwd + b.num_stages * 2 * b.block_q_bwd) * head_dim * itemsize
+    return {"fwd": fwd, "dq": dq, "dkdv": dkdv}
+
+
+def matmul_footprints(b: MatmulBlocks, itemsize: int) -> dict[str, int]:
+    """Static shared-memory bytes of gmm, its transposed-rhs backward and tgmm."""
+    tm, tk, tn = b.tiling
+    return {"gmm": b.num_stages * (tm * tk + tk * tn) * itemsize,
+            "gmm_transposed_rhs": b.num_stages * (tm * tn + tn * tk) * itemsize,
+            "tgmm": b.num_stages * (tm * tk + tm * tn) * itemsize}

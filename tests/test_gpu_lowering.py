@@ -1,0 +1,103 @@
+"""The complete train step lowers for CUDA and ROCm from this CPU-only machine.
+
+For every GPU configuration the docs promise, the jitted train step (forward, backward,
+optimizer) of a tiny model on an 8-device mesh is traced with the GPU kernels
+(`pallas_kernels.building_for`) and lowered with `lowering_platforms=(platform,)`: the Pallas
+Triton lowering runs here and raises what it would raise on a GPU (bad block shapes, unsupported
+ops). In the lowered StableHLO every Triton custom call must sit inside a manual region
+(`sdy.manual_computation`, i.e. jax.shard_map): outside one, XLA's partitioner would gather the
+kernel's global operands onto every device. Lowering only; nothing compiles.
+"""
+
+import jax
+import pytest
+from jax._src.interpreters import mlir as jax_mlir
+from jaxlib.mlir import ir
+
+from pallas_kernels import building_for
+from zaya_jax.config_files import load_config_file
+from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
+from zaya_jax.train.program import abstract_batch, build_program
+from zaya_jax.train.settings import settings_from_config
+from zaya_jax.train.state import with_shardings
+
+TRITON = "__gpu$xla.gpu.triton"
+MANUAL = "sdy.manual_computation"
+GMM_KERNELS = {"gmm", "gmm_transposed_rhs", "tgmm"}
+ATTENTION_KERNELS = {"cca_flash_attention_fwd", "cca_flash_attention_dq", "cca_flash_attention_dkdv"}
+
+# name: (model overrides, mesh, optimizer). Together they cover the GPU configurations of
+# docs/parallel.md: Pallas attention with the default (Pallas) grouped matmul under FSDP and tensor
+# parallelism; ragged_dot (XLA) with context parallelism; ragged_all_to_all expert parallelism.
+CONFIGS = {
+    "pallas_fsdp_tensor": ({"attention_kernel": "pallas"}, "data=2,fsdp=2,tensor=2", "muon"),
+    "ragged_xla_context": ({"moe_backend": "ragged", "moe_matmul_kernel": "xla"}, "data=4,context=2", "adamw"),
+    "ragged_all_to_all": ({"expert_parallel": "ragged_all_to_all", "attention_kernel": "pallas"},
+                          "data=2,expert=4", "adamw"),
+}
+
+
+def triton_calls(module: ir.Module) -> list[tuple[str, bool]]:
+    """[(kernel name, inside a manual region)] for every Triton custom call of the module.
+
+    A call inside a private function counts as inside when every call site of that function is."""
+    calls, sites, functions = [], {}, {}
+
+    def walk(op, function: str, manual: bool):
+        for region in op.regions:
+            for block in region.blocks:
+                for child in block.operations:
+                    child = child.operation
+                    attrs = child.attributes
+                    if child.name == "func.func":
+                        name = ir.StringAttr(attrs["sym_name"]).value
+                        functions[name] = child
+                        walk(child, name, False)
+                        continue
+                    if child.name == "func.call":
+                        sites.setdefault(ir.FlatSymbolRefAttr(attrs["callee"]).value, []).append((function, manual))
+                    if child.name == "stablehlo.custom_call" and ir.StringAttr(attrs["call_target_name"]).value == TRITON:
+                        kernel = ir.StringAttr(ir.DictAttr(attrs["mhlo.backend_config"])["name"]).value
+                        calls.append((kernel, function, manual))
+                    walk(child, function, manual or child.name == MANUAL)
+
+    walk(module.operation, "", False)
+
+    def inside(function: str, seen=()) -> bool:
+        callers = sites.get(function, [])
+        return bool(callers) and all(m or (f not in seen and inside(f, seen + (f,))) for f, m in callers)
+    return [(kernel, manual or inside(function)) for kernel, function, manual in calls]
+
+
+def lowered_train_step(name: str, platform: str) -> ir.Module:
+    overrides, mesh_flag, optimizer = CONFIGS[name]
+    config = load_config_file("configs/tiny.py")
+    config.model.update(overrides)
+    config.optimizer.name = optimizer
+    settings = settings_from_config(config)
+    mesh = make_mesh(parse_mesh_flag(mesh_flag))
+    program = build_program(settings, mesh)
+    state = with_shardings(program.abstract_state, program.shardings)
+    with building_for(platform), jax.set_mesh(mesh):
+        batch = abstract_batch(settings.train.global_batch_size, settings.train.seq_len)
+        traced = program.train_step.trace(state, batch, settings.model.rope_theta)
+        text = traced.lower(lowering_platforms=(platform,)).as_text()
+    return ir.Module.parse(text, context=jax_mlir.make_ir_context())
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_train_step_lowers_with_kernels_inside_shard_map(name, platform):
+    module = lowered_train_step(name, platform)
+    calls = triton_calls(module)
+    kernels = {kernel for kernel, _ in calls}
+    overrides = CONFIGS[name][0]
+    assert all(manual for _, manual in calls), [k for k, manual in calls if not manual]
+    assert (ATTENTION_KERNELS <= kernels) == (overrides.get("attention_kernel") == "pallas"), kernels
+    text = str(module)
+    if overrides.get("moe_matmul_kernel") == "xla":
+        assert not kernels & GMM_KERNELS and "ragged_dot" in text
+    else:  # the GPU default: the Pallas grouped matmul, forward and both gradients; no ragged_dot
+        assert GMM_KERNELS <= kernels and "ragged_dot" not in text, kernels
+    if name == "ragged_all_to_all":
+        assert "ragged_all_to_all" in text

@@ -1,0 +1,50 @@
+"""Every kernel's static shared memory fits its GPU, for every platform's block table.
+
+Footprints come from `pallas_kernels.platform_blocks` (operand tiles x pipeline stages plus the
+held tiles); the budgets are the devices' (H100/H200: 227 KiB per block, MI300X: 64 KiB LDS).
+The kernels really use the table: a kernel traced for a platform carries that platform's stages.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_kernels import building_for, cca_flash_attention, grouped_matmul
+from pallas_kernels.platform_blocks import (ATTENTION_BLOCKS, MATMUL_BLOCKS, SHARED_MEMORY_BYTES, attention_blocks,
+                                            attention_footprints, matmul_blocks, matmul_footprints)
+
+ZAYA1_HEAD_DIM = 128
+
+
+@pytest.mark.parametrize("platform,itemsize", sorted(ATTENTION_BLOCKS))
+def test_attention_blocks_fit(platform, itemsize):
+    footprints = attention_footprints(attention_blocks(platform, itemsize), ZAYA1_HEAD_DIM, itemsize)
+    assert max(footprints.values()) <= SHARED_MEMORY_BYTES[platform], footprints
+
+
+@pytest.mark.parametrize("platform,itemsize", sorted(MATMUL_BLOCKS))
+def test_matmul_blocks_fit(platform, itemsize):
+    footprints = matmul_footprints(matmul_blocks(platform, itemsize), itemsize)
+    assert max(footprints.values()) <= SHARED_MEMORY_BYTES[platform], footprints
+
+
+def test_the_issue_configuration_would_not_fit_mi300x():
+    """The old grouped-matmul setting (tiles 128x64x128, 3 stages: 32 KiB a stage) exceeds 64 KiB."""
+    old = type(matmul_blocks("cuda", 2))(tiling=(128, 64, 128), num_stages=3)
+    assert matmul_footprints(old, 2)["gmm"] == 96 * 1024 > SHARED_MEMORY_BYTES["rocm"]
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_lowered_kernels_use_the_platform_blocks(platform):
+    spec = jax.ShapeDtypeStruct
+    with building_for(platform):
+        attention = jax.jit(lambda q, k, v: cca_flash_attention(q, k, v)).trace(
+            spec((1, 256, 8, 128), jnp.bfloat16), spec((1, 256, 2, 128), jnp.bfloat16),
+            spec((1, 256, 2, 128), jnp.bfloat16)).lower(lowering_platforms=(platform,)).as_text()
+        gmm = jax.jit(grouped_matmul).trace(spec((512, 256), jnp.bfloat16), spec((4, 256, 256), jnp.bfloat16),
+                                            spec((4,), jnp.int32)).lower(lowering_platforms=(platform,)).as_text()
+    blocks, tiles = attention_blocks(platform, 2), matmul_blocks(platform, 2)
+    assert f"num_stages = {blocks.num_stages}" in attention
+    assert f"grid_x = {256 // blocks.block_q}" in attention   # query blocks of the forward kernel
+    assert f"num_stages = {tiles.num_stages}" in gmm
+    assert f"grid_x = {512 // tiles.tiling[0]}" in gmm         # row tiles

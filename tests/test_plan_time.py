@@ -1,0 +1,156 @@
+"""The planner's step-time prediction: FLOPs against the parameter counts, links from the device
+order, calibration files, the mesh search and the CLI."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from zaya_jax.config_files import load_config_file, model_config
+from zaya_jax.errors import UserError
+from zaya_jax.model.accounting import model_summary
+from zaya_jax.parallel.hardware import PROFILES, calibrated
+from zaya_jax.parallel.mesh import resolve_mesh_shape
+from zaya_jax.parallel.mesh_search import search
+from zaya_jax.parallel.phase_plan import config_phases, phase_shape, plan_phase
+from zaya_jax.parallel.planner import StepShape, _parameters
+from zaya_jax.parallel.step_time import link_of, matmul_flops
+
+ZAYA1 = "configs/zaya1_base.py"
+
+
+def _zaya1(**model):
+    return model_config(load_config_file(ZAYA1)).replace(**model)
+
+
+def test_layer_flops_are_six_per_active_parameter_and_token():
+    """Without remat and with dropless experts, weight matmuls do 2 FLOPs per weight per token
+    forward and 4 backward: 6 x the active non-embedding parameters (model_summary, counted from
+    the abstract model) per token; the tied loss head 8 x V x D (its checkpoint recomputes it)."""
+    cfg = _zaya1(remat="none")
+    counts = model_summary(cfg)
+    mesh = resolve_mesh_shape({"data": 1024}, 1024)
+    shape = StepShape(4096, 4096, optimizer="adamw", platform="gpu")
+    flops = matmul_flops(cfg, mesh, shape, _parameters(cfg, mesh))
+    tokens = 4096 * 4096 / 1024
+    weights = sum(v for k, v in flops.items() if k not in ("attention/scores", "loss_head", "optimizer/newton_schulz"))
+    # not matmuls: norms, biases, scales, temperatures, the depthwise convolution's taps
+    assert weights == pytest.approx(6 * tokens * counts["params_active_non_embedding"], rel=0.005)
+    assert flops["loss_head"] == pytest.approx(8 * tokens * counts["breakdown"]["embedding (tied)"], rel=1e-9)
+    assert flops["optimizer/newton_schulz"] == 0
+
+
+def test_dots_no_batch_recomputes_ragged_experts_and_batched_dots():
+    """jax's dots_with_no_batch_dims_saveable saves only dot_generals without batch dimensions:
+    ragged_dot (the GPU experts), the attention scores and the grouped convolution run again."""
+    mesh = resolve_mesh_shape({"data": 1024}, 1024)
+    shape = StepShape(4096, 4096, optimizer="adamw", platform="gpu")
+    none = matmul_flops(_zaya1(remat="none"), mesh, shape, _parameters(_zaya1(), mesh))
+    dots = matmul_flops(_zaya1(remat="dots_no_batch"), mesh, shape, _parameters(_zaya1(), mesh))
+    for name in ("experts", "attention/scores", "attention/convolution"):
+        assert dots[name] == pytest.approx(none[name] * 4 / 3)
+    for name in ("attention/qk_projections", "attention/output_projection", "router"):
+        assert dots[name] == pytest.approx(none[name])
+
+
+def test_links_follow_the_device_order():
+    """Devices fill the mesh with the last axis fastest; 8 consecutive devices share a node."""
+    assert link_of("data", resolve_mesh_shape({"data": 1024}, 1024), 8) == ("inter_node", 8)
+    mesh = resolve_mesh_shape({"data": 128, "fsdp": 8}, 1024)
+    assert link_of("fsdp", mesh, 8) == ("intra_node", 8)
+    assert link_of("data", mesh, 8) == ("inter_node", 1)
+    mesh = resolve_mesh_shape({"data": 64, "expert": 4, "tensor": 2}, 512)
+    assert link_of("tensor", mesh, 8) == ("intra_node", 2)
+    assert link_of("expert", mesh, 8) == ("intra_node", 4)
+    assert link_of("data", mesh, 8) == ("inter_node", 1)
+
+
+def _phase1(hw, **model):
+    config = load_config_file(ZAYA1)
+    phase = config_phases(config)[0]
+    shape = phase_shape(StepShape(1, 1, optimizer="muon", shard_optimizer_over_data=True), phase)
+    return plan_phase(_zaya1(**model), shape, resolve_mesh_shape({"data": 1024}, 1024), hw, hw.memory_gb)
+
+
+def test_calibration_file_replaces_the_assumed_rates(tmp_path):
+    base = PROFILES["mi300x"]
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps({"device_kind": "AMD Instinct MI300X", "matmul_tflops": 500.0, "inter_node_gbps": 25.0}))
+    hw = calibrated(base, str(path))
+    assert hw.efficiency.matmul == pytest.approx(500.0 / 1307.4)
+    assert hw.efficiency.hbm == base.efficiency.hbm
+    ours, theirs = _phase1(base)["prediction"], _phase1(hw)["prediction"]
+    flops = sum(theirs["flops_per_device"].values())
+    assert theirs["compute_s"] == pytest.approx(flops / 500e12)
+    assert ours["compute_s"] == pytest.approx(flops / (1307.4e12 * base.efficiency.matmul))
+    nic = [c for c in theirs["collectives"] if c["link"] == "NIC"]
+    assert nic and all(c["seconds"] == pytest.approx(c["bytes"] / 8 / 25e9) for c in nic)  # 8 data members per node
+    assert theirs["mfu"] < ours["mfu"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"device_kind": "NVIDIA H100 80GB HBM3", "matmul_tflops": 700}, "device_kind"),
+    ({"device_kind": "AMD Instinct MI300X", "matmul_tflop": 700}, "unknown field(s) ['matmul_tflop']"),
+    ({"device_kind": "AMD Instinct MI300X", "hbm_gbps": -3}, "hbm_gbps must be a positive number"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_calibration_file_mistakes_name_the_field(tmp_path, content, message):
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(UserError, match="--calibration") as e:
+        calibrated(PROFILES["mi300x"], str(path))
+    assert message in str(e.value)
+
+
+def test_prediction_adds_up():
+    pred = _phase1(PROFILES["mi300x"])["prediction"]
+    busy = pred["compute_s"] + pred["memory_s"]
+    assert pred["step_s"] == pytest.approx(busy + pred["blocking_collectives_s"]
+                                           + max(0.0, pred["overlapped_collectives_s"] - busy))
+    assert busy <= pred["step_s"] <= pred["step_s_no_overlap"]
+    assert pred["tokens_per_s"] * pred["step_s"] == pytest.approx(4096 * 4096)
+    assert pred["bound_by"] in ("compute", "memory") or "over" in pred["bound_by"]
+
+
+def test_search_ranks_feasible_meshes_and_counts_the_rest():
+    config = load_config_file("configs/tiny.py")
+    config.train.global_batch_size = 4  # meshes with data*fsdp*expert = 8 cannot split it
+    cfg = model_config(config)
+    phases = config_phases(config)
+    base = StepShape(4, 64, optimizer="muon", platform="gpu")
+    hw = PROFILES["h100"]
+    result = search(cfg, phases, base, 8, hw, 80.0)
+    entry = result["phases"][0]
+    assert entry["infeasible"].get("batch or sequence does not split", 0) > 0
+    assert len(entry["ranked"]) + sum(entry["infeasible"].values()) == result["candidates"]
+    times = [r["step_s"] for r in entry["ranked"]]
+    assert times == sorted(times) or all(round(a, 4) <= round(b, 4) for a, b in zip(times, times[1:]))
+    best = entry["ranked"][0]
+    sizes = dict(part.split("=") for part in best["mesh"].split(","))
+    again = plan_phase(cfg, phase_shape(base, phases[0]), resolve_mesh_shape({k: int(v) for k, v in sizes.items()}, 8),
+                       hw, 80.0)
+    assert again["prediction"]["step_s"] == pytest.approx(best["step_s"])
+    with pytest.raises(ValueError, match="not divisible"):
+        plan_phase(cfg, phase_shape(base, phases[0]), resolve_mesh_shape({"data": 8}, 8), hw, 80.0)
+    assert math.prod(int(v) for v in sizes.values()) == 8
+
+
+def test_plan_cli_predicts_every_phase():
+    out = subprocess.run([sys.executable, "-m", "zaya_jax.plan", "--config", ZAYA1, "--mesh", "data=1024",
+                          "--hardware", "mi300x", "--json"], capture_output=True, text=True, check=True,
+                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+    phases = json.loads(out.stdout)["prediction"]["phases"]
+    assert [p["seq_len"] for p in phases] == [4096, 4096, 32768]
+    assert phases[0]["prediction"]["hardware"] == "mi300x" and phases[0]["fits"]
+    assert "global_batch_size 512 is not divisible" in phases[2]["error"]  # 512 sequences on 1,024 devices
+
+
+def test_search_leaves_out_context_parallel_meshes_for_the_flash_kernel():
+    config = load_config_file("configs/tiny.py")
+    cfg = model_config(config).replace(attention_kernel="pallas")
+    result = search(cfg, config_phases(config), StepShape(8, 64, platform="gpu"), 8, PROFILES["h100"], 80.0)
+    entry = result["phases"][0]
+    assert entry["infeasible"]["the attention kernel cannot run it"] > 0
+    assert entry["ranked"] and not any("context" in r["mesh"] for r in entry["ranked"])

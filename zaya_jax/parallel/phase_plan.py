@@ -1,0 +1,60 @@
+"""Plan every curriculum phase of a config on a hardware profile: memory, FLOPs, HBM traffic,
+collectives, predicted step time, tokens/s and MFU per phase, and the whole run's time.
+
+A phase's step shape is the config's (optimizer, micro-batches, optimizer-state sharding) with
+the phase's global batch and sequence length; its mesh comes from `phase_mesh`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from zaya_jax.config import ModelConfig
+from zaya_jax.data.curriculum import PhaseInfo
+from zaya_jax.model.kernels import resolve_attention_kernel
+from zaya_jax.parallel.attention_sharding import check_attention_layout
+from zaya_jax.parallel.hardware import HardwareProfile
+from zaya_jax.parallel.mesh import phase_mesh_sizes, resolve_mesh_shape
+from zaya_jax.parallel.planner import StepShape, _parameters, plan
+from zaya_jax.parallel.step_time import predict
+from zaya_jax.train.data import phases_of
+from zaya_jax.train.metrics import flops_per_token
+from zaya_jax.train.settings import settings_from_config
+
+
+def config_phases(config) -> tuple[PhaseInfo, ...]:
+    """The curriculum phases (one 'synthetic' phase for train.data=synthetic configs)."""
+    return phases_of(config, settings_from_config(config))
+
+
+def phase_mesh(config, phase: PhaseInfo, cli_mesh: dict[str, int] | None) -> dict[str, int]:
+    """The mesh sizes a phase runs on (one may be -1): --mesh when given, else the config's
+    (zaya_jax.parallel.mesh.phase_mesh_sizes, the one place a phase's mesh is read)."""
+    if cli_mesh is not None:
+        return dict(cli_mesh)
+    return phase_mesh_sizes(config, phase)
+
+
+def phase_shape(base: StepShape, phase: PhaseInfo) -> StepShape:
+    return dataclasses.replace(base, global_batch=phase.global_batch_size, seq_len=phase.seq_len)
+
+
+def plan_phase(cfg: ModelConfig, shape: StepShape, mesh: dict[str, int], hw: HardwareProfile,
+               device_memory_gb: float, parameters: list | None = None) -> dict:
+    """planner.plan's memory and collectives plus step_time.predict's prediction, for one step shape.
+    Raises ValueError when the mesh cannot run the shape (batch or sequence does not divide) and
+    KernelLayoutError when the attention kernel cannot run the mesh."""
+    mesh = resolve_mesh_shape(mesh, math.prod(mesh.values()))
+    check_attention_layout(resolve_attention_kernel(cfg.attention_kernel), mesh)
+    parameters = parameters or _parameters(cfg, mesh)
+    memory = plan(cfg, mesh, shape, device_memory_gb, parameters)
+    memory["prediction"] = predict(cfg, mesh, shape, memory, parameters, hw, flops_per_token(cfg, shape.seq_len))
+    return memory
+
+
+def run_time(phases: tuple[PhaseInfo, ...], plans: list[dict]) -> dict:
+    """Days each phase and the whole curriculum take at the predicted step times."""
+    days = [p.num_batches * r["prediction"]["step_s"] / 86400 for p, r in zip(phases, plans)]
+    return {"days_per_phase": days, "days_total": sum(days),
+            "tokens_total": sum(p.num_batches * p.tokens_per_batch for p in phases)}

@@ -1,0 +1,156 @@
+"""FLOPs one training step executes per device, counted from the config (matmuls only).
+
+Shapes: D hidden, N query heads, K KV heads, C = N + K, H head dim, R router width, E experts,
+I expert hidden, V vocab, S sequence, L layers. Forward FLOPs per token of one layer:
+
+  attention/projections   2 D (N + K) H + 2 D K H (values) + 2 N H D (output)
+  attention/convolution   2 * 2 C H H             the grouped kernel-2 convolution, two einsums
+  attention/scores        2 * 2 N H keys          QK^T and AV; `keys` is the mean number of keys
+                                                  a query's block reads (attention_keys_per_query)
+  router                  2 (D R + 2 R R + R (E + 1))
+  experts                 rows * 3 * 2 D I        rows per token: 1 for the dropless backends
+                                                  (every token routed to a real expert: an upper
+                                                  bound, skip-slot tokens do none), E * C / T for
+                                                  capacity buckets, E for dense (+ 2 E D combine)
+and once per token the tied loss head 2 D V.
+
+Passes: forward 1, backward 2 (input and weight gradients; 2.5 for the flash kernel's scores,
+which recompute the probabilities), and 1 more where the remat policy recomputes the op:
+`full` recomputes every layer op; `dots` saves dot_general/convolution outputs; `dots_no_batch`
+saves only dot_generals without batch dimensions (jax.checkpoint_policies): the attention
+scores and the grouped convolution have batch dimensions and `ragged_dot` is not a dot_general,
+so they are recomputed. The loss head runs under jax.checkpoint in a loop over sequence chunks
+(zaya_jax.train.loss): 4 passes; with a single chunk there is no loop and XLA keeps the forward's
+logits for the backward (its cost_analysis counts 3 passes), so 3.
+The optimizer adds Muon's Newton-Schulz iterations, 4 a^2 b + 2 a^3 per step for an a x b
+matrix (a <= b), on each matrix's optimizer shard.
+
+Per device: divided by the devices that split the work (batch axes, context, and tensor for
+the ops whose heads / hidden / vocab it shards; ops it does not shard, the value projections
+and the router, are computed by every tensor shard). Elementwise work is not counted here; it
+is memory traffic (zaya_jax.parallel.step_time). tests/test_plan_flops.py checks the count
+against XLA's cost_analysis() of the compiled train step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from zaya_jax.config import ModelConfig
+from zaya_jax.model.attention_core import query_block_size
+from zaya_jax.model.kernels import resolve_attention_kernel, resolve_moe_backend
+from zaya_jax.model.moe_dispatch import capacity_per_expert
+from zaya_jax.train.loss import chunk_size_for
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerMatmul:
+    name: str
+    forward_per_token: float     # FLOPs, one layer's forward
+    batch_dims: bool             # a dot with batch dimensions (or not a dot_general): dots_no_batch recomputes it
+    activation_bytes: float      # per token forward: activation inputs read and outputs written (HBM)
+    saved_by_dots: bool = True   # the `dots` policy saves it (dot_general and convolutions)
+    tensor_split: bool = True    # the tensor axis splits it
+    backward_passes: float = 2.0
+
+
+def attention_keys_per_query(seq_len: int, kernel: str) -> float:
+    """Mean keys each query's scores are computed against: the XLA path reads keys [0, end of
+    its query block) (zaya_jax.model.attention_core); the flash kernel skips blocks above the
+    diagonal (about half, plus the diagonal block's masked half)."""
+    if kernel == "pallas":
+        return (seq_len + 1) / 2
+    block = query_block_size(seq_len)
+    ends = [min(start + block, seq_len) for start in range(0, seq_len, block)]
+    return sum((end - start) * end for start, end in zip(range(0, seq_len, block), ends)) / seq_len
+
+
+def expert_backend(cfg: ModelConfig, mesh: dict[str, int], platform: str) -> str:
+    """The dispatch the experts run: fixed-capacity buckets for the `all_to_all` expert exchange,
+    else the local backend (all_gather and ragged_all_to_all hand it the received tokens)."""
+    if mesh["expert"] > 1 and cfg.expert_parallel == "all_to_all":
+        return "capacity"
+    return resolve_moe_backend(cfg.moe_backend, platform)
+
+
+def expert_rows_per_token(cfg: ModelConfig, backend: str, tokens: int) -> float:
+    """Rows the expert matmuls run per token, for `tokens` tokens per dispatch."""
+    if backend == "capacity":
+        return cfg.num_experts * capacity_per_expert(tokens, cfg.num_experts, cfg.capacity_factor) / tokens
+    return float(cfg.num_experts) if backend == "dense" else 1.0
+
+
+def layer_matmuls(cfg: ModelConfig, seq_len: int, backend: str, rows_per_token: float) -> list[LayerMatmul]:
+    d, n, k, h = cfg.hidden_size, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
+    r, e, i = cfg.router_hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    c = n + k
+    b = 2 if cfg.dtype == "bfloat16" else 4
+    kernel = resolve_attention_kernel(cfg.attention_kernel)
+    keys = attention_keys_per_query(seq_len, kernel)
+    # the XLA path writes fp32 logits, reads them for the softmax, writes and reads the probabilities
+    scores_bytes = b * (n + 2 * k) * h + b * n * h + (n * keys * (4 + 4 + 2 * b) if kernel != "pallas" else 0)
+    ops = [
+        LayerMatmul("attention/qk_projections", 2 * d * c * h, False, b * (d + c * h)),
+        LayerMatmul("attention/value_projections", 2 * d * k * h, False, b * (d + k * h), tensor_split=False),
+        LayerMatmul("attention/output_projection", 2 * n * h * d, False, b * (n * h + d)),
+        LayerMatmul("attention/convolution", 2 * 2 * c * h * h, True, b * 3 * c * h),
+        LayerMatmul("attention/scores", 2 * 2 * n * h * keys, True, scores_bytes, saved_by_dots=kernel != "pallas",
+                    backward_passes=2.5 if kernel == "pallas" else 2.0),
+        LayerMatmul("router", 2 * (d * r + 2 * r * r + r * (e + 1)), False, b * (d + 6 * r + e + 1),
+                    tensor_split=False),
+    ]
+    if backend == "dense":  # 'td,edi->tei' (no batch dims), then 'tei,eid->ted' and 'ted,te->td' (batch e, t)
+        ops += [LayerMatmul("experts/gate_up", rows_per_token * 2 * 2 * d * i, False, b * (d + rows_per_token * 2 * i)),
+                LayerMatmul("experts/down_and_combine", rows_per_token * 2 * i * d + 2 * e * d, True,
+                            b * rows_per_token * (i + 2 * d))]
+    else:  # capacity: batched einsums; ragged: ragged_dot; tiles: a custom VJP of loops; native: FFI calls
+        ragged = backend in ("ragged", "tiles", "native")
+        ops.append(LayerMatmul("experts", rows_per_token * 3 * 2 * d * i, True, b * rows_per_token * (2 * d + 4 * i),
+                               saved_by_dots=not ragged))
+    return ops
+
+
+def recomputed(op: LayerMatmul, remat: str) -> bool:
+    if remat == "full":
+        return True
+    if remat == "dots":
+        return not op.saved_by_dots
+    if remat == "dots_no_batch":
+        return op.batch_dims or not op.saved_by_dots
+    return False
+
+
+def newton_schulz_flops(shape: tuple[int, ...], reduction: tuple[int, ...], output: tuple[int, ...],
+                        ns_steps: int) -> float:
+    """Muon's orthogonalisation of every matrix of a stacked parameter (leading axes batch)."""
+    m = math.prod(shape[a] for a in reduction)
+    n = math.prod(shape[a] for a in output)
+    a, b = min(m, n), max(m, n)
+    return math.prod(shape) / (m * n) * ns_steps * (4 * a * a * b + 2 * a ** 3)
+
+
+def step_flops(cfg: ModelConfig, mesh: dict[str, int], *, global_batch: int, seq_len: int, microbatches: int,
+               platform: str, optimizer_matrices: list[tuple[tuple[int, ...], object, int]],
+               ns_steps: int, loss_chunk: int) -> dict[str, float]:
+    """FLOPs per device per optimizer step, by op group (forward, backward and recompute summed).
+
+    optimizer_matrices: (shape, MuonDimensionNumbers, optimizer-state shard factor) of every
+    Muon matrix (empty for AdamW); loss_chunk: train.loss_chunk_size.
+    """
+    batch_shards = mesh["data"] * mesh["fsdp"] * mesh["expert"]
+    devices_per_token = batch_shards * mesh["context"]
+    tokens = global_batch * seq_len
+    local_tokens = max(1, tokens // (microbatches * devices_per_token))
+    backend = expert_backend(cfg, mesh, platform)
+    out: dict[str, float] = {}
+    for op in layer_matmuls(cfg, seq_len, backend, expert_rows_per_token(cfg, backend, local_tokens)):
+        passes = 1 + op.backward_passes + recomputed(op, cfg.remat)
+        split = devices_per_token * (mesh["tensor"] if op.tensor_split else 1)
+        out[op.name] = op.forward_per_token * passes * tokens * cfg.num_layers / split
+    loss_passes = 4 if seq_len // chunk_size_for(seq_len, loss_chunk) > 1 else 3
+    out["loss_head"] = (2 * cfg.hidden_size * cfg.vocab_size * loss_passes * tokens
+                        / (devices_per_token * mesh["tensor"]))
+    out["optimizer/newton_schulz"] = sum(newton_schulz_flops(shape, dims.reduction_axis, dims.output_axis, ns_steps)
+                                         / shards for shape, dims, shards in optimizer_matrices)
+    return out

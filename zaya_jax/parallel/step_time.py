@@ -1,0 +1,130 @@
+"""Predicted time of one training step on a hardware profile, from FLOPs, HBM bytes and collectives.
+
+  compute     matmul FLOPs per device (zaya_jax.parallel.step_flops) / achieved matmul rate
+  memory      HBM bytes the non-matmul work moves per device / achieved HBM bandwidth:
+                activations: elementwise work is assumed fused between matmuls, so a layer's traffic
+                  is its matmuls' activation inputs read and outputs written (step_flops.LayerMatmul;
+                  the XLA attention path also writes and reads fp32 logits and the probabilities),
+                  once forward, twice backward, once more where remat recomputes the matmul
+                loss head: the fp32 logits of each chunk, written and read forward, recomputed, backward
+                optimizer: the update reads and writes its shard of parameters and optimizer state
+                  and reads the gradient; gradients accumulate once per micro-batch
+              matmul operands are assumed hidden in the matmul time (large GEMMs are compute-bound)
+  collective  bytes per device over the link its mesh axis crosses (link_of) / achieved bus bandwidth
+
+Overlap assumptions (stated in the plan's output):
+  - matmul, memory-bound and activation collectives (expert all-to-all, tensor all-reduce, context
+    all-gather) run one after another: the activations they move are needed next;
+  - weight and gradient collectives (FSDP all-gather / reduce-scatter, data-parallel gradient
+    reduction) run behind compute and memory work (XLA's latency-hiding scheduler and collective
+    pipelining); only what exceeds that work is exposed.
+  `step_s` uses both; `step_s_no_overlap` adds every collective serially (the pessimistic bound).
+"""
+
+from __future__ import annotations
+
+import math
+
+from zaya_jax.config import ModelConfig
+from zaya_jax.parallel.hardware import HardwareProfile
+from zaya_jax.parallel.mesh import MESH_AXES
+from zaya_jax.parallel.planner import Collective, StepShape, collectives, muon_matrices
+from zaya_jax.parallel.step_flops import expert_backend, expert_rows_per_token, layer_matmuls, recomputed, step_flops
+
+OVERLAP_ASSUMPTIONS = (
+    "matmuls, memory-bound work and activation collectives (expert all-to-all, tensor all-reduce, context "
+    "all-gather) run serially; weight/gradient collectives (FSDP all-gather and reduce-scatter, data-parallel "
+    "gradient reduction) overlap with compute and only their excess is exposed; matmul operand traffic is "
+    "hidden in the matmul time")
+
+
+def link_of(axis: str, mesh: dict[str, int], devices_per_node: int) -> tuple[str, int]:
+    """-> ('intra_node' | 'inter_node', members of the axis inside one node).
+
+    Devices fill the mesh in MESH_AXES order with the last axis fastest, and a node holds
+    consecutive devices: an axis stays inside a node when its size times the sizes of the axes
+    after it fits in one node.
+    """
+    inner = math.prod(mesh[a] for a in MESH_AXES[MESH_AXES.index(axis) + 1:])
+    if inner * mesh[axis] <= devices_per_node:
+        return "intra_node", mesh[axis]
+    return "inter_node", max(1, devices_per_node // inner)
+
+
+def collective_seconds(c: Collective, mesh: dict[str, int], hw: HardwareProfile) -> tuple[str, float]:
+    """Seconds of one collective. Across nodes, an axis with g members per node sends 1/g of its
+    bytes over each GPU's NIC (rings over the g local NICs, or hierarchical algorithms) and the
+    rest over the node's scale-up links."""
+    rates = hw.achieved()
+    link, members = link_of(c.axis, mesh, hw.devices_per_node)
+    if link == "intra_node":
+        return hw.intra_node_link, c.bytes / rates["intra_node_bytes"]
+    nic = c.bytes / members / rates["inter_node_bytes"]
+    return "NIC", max(nic, c.bytes / rates["intra_node_bytes"] if members > 1 else 0.0)
+
+
+def hbm_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_result: dict) -> dict[str, float]:
+    """HBM traffic per device per step that matmul time does not cover, by part (module docstring)."""
+    tokens = plan_result["tokens_per_device_per_microbatch"] * shape.grad_accum
+    backend = expert_backend(cfg, mesh, shape.platform)
+    rows = expert_rows_per_token(cfg, backend, max(1, int(plan_result["tokens_per_device_per_microbatch"])))
+    activations = sum(op.activation_bytes * (1 + 2 + recomputed(op, cfg.remat)) / (mesh["tensor"] if op.tensor_split
+                                                                                   else 1)
+                      for op in layer_matmuls(cfg, shape.seq_len, backend, rows))
+    mem = plan_result["bytes_per_device"]
+    opt_fraction = 1 / mesh["data"] if shape.shard_optimizer_over_data else 1.0
+    return {
+        "activations": tokens * activations * cfg.num_layers,
+        "loss_logits": tokens * cfg.vocab_size / mesh["tensor"] * 4 * 6,
+        "optimizer": opt_fraction * (2 * mem["params"] + mem["grads"]) + 2 * mem["optimizer_state"]
+                     + mem["grads"] * shape.grad_accum,
+    }
+
+
+def matmul_flops(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, parameters: list) -> dict[str, float]:
+    """step_flops for a StepShape; parameters: planner._parameters(cfg, mesh)."""
+    return step_flops(cfg, mesh, global_batch=shape.global_batch, seq_len=shape.seq_len,
+                      microbatches=shape.grad_accum, platform=shape.platform,
+                      optimizer_matrices=muon_matrices(mesh, shape, parameters), ns_steps=shape.ns_steps,
+                      loss_chunk=shape.loss_chunk)
+
+
+def predict(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_result: dict, parameters: list,
+            hw: HardwareProfile, model_flops_per_token: float) -> dict:
+    """Predicted step time, throughput and MFU of one phase's step shape on `hw`.
+
+    plan_result: planner.plan's dict for (cfg, mesh, shape); parameters: planner._parameters;
+    model_flops_per_token: the MFU numerator per token (zaya_jax.train.metrics.flops_per_token).
+    """
+    rates = hw.achieved()
+    devices = math.prod(mesh.values())
+    flops = matmul_flops(cfg, mesh, shape, parameters)
+    traffic = hbm_bytes(cfg, mesh, shape, plan_result)
+    compute_s = sum(flops.values()) / rates["matmul_flops"]
+    memory_s = sum(traffic.values()) / rates["hbm_bytes"]
+    rows, blocking_s, overlappable_s = [], 0.0, 0.0
+    for c in collectives(cfg, mesh, shape, plan_result["bytes_per_device"]):
+        link, seconds = collective_seconds(c, mesh, hw)
+        rows.append({"kind": c.kind, "axis": c.axis, "what": c.what, "link": link, "bytes": c.bytes,
+                     "seconds": seconds, "overlapped": c.overlappable})
+        if c.overlappable:
+            overlappable_s += seconds
+        else:
+            blocking_s += seconds
+    busy_s = compute_s + memory_s
+    step_s = busy_s + blocking_s + max(0.0, overlappable_s - busy_s)
+    terms = {"compute": compute_s, "memory": memory_s}
+    for r in rows:
+        name = f"{r['kind']} over {r['axis']} ({r['link']})"
+        terms[name] = terms.get(name, 0.0) + r["seconds"]
+    tokens_per_s = shape.global_batch * shape.seq_len / step_s
+    return {
+        "hardware": hw.name, "flops_per_device": flops, "hbm_bytes_per_device": traffic, "collectives": rows,
+        "compute_s": compute_s, "memory_s": memory_s, "blocking_collectives_s": blocking_s,
+        "overlapped_collectives_s": overlappable_s, "step_s": step_s,
+        "step_s_no_overlap": busy_s + blocking_s + overlappable_s,
+        "tokens_per_s": tokens_per_s,
+        "model_flops_per_s_per_device": model_flops_per_token * tokens_per_s / devices,
+        "mfu": model_flops_per_token * tokens_per_s / (devices * hw.matmul_tflops * 1e12),
+        "bound_by": max(terms, key=terms.get), "overlap_assumptions": OVERLAP_ASSUMPTIONS,
+    }

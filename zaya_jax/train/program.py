@@ -1,0 +1,62 @@
+"""What a config compiles to: the optimizer, the abstract train state, its shardings and the
+jitted train/eval steps on a mesh, built from shapes alone (no array is allocated).
+
+The Trainer runs it; tests/test_gpu_lowering.py lowers the same train step for CUDA and ROCm
+from a CPU process (`abstract_batch` gives the batch's shapes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from zaya_jax.model.zaya import ZayaLM
+from zaya_jax.train import balancing
+from zaya_jax.train.optimizer import make_optimizer, schedule
+from zaya_jax.train.settings import Settings
+from zaya_jax.train.state import ModelParts, TrainState, initial_state, state_specs, to_shardings
+from zaya_jax.train.step import BATCH_KEYS, jit_eval_step, jit_train_step
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainProgram:
+    parts: ModelParts
+    tx: optax.GradientTransformation
+    controller: optax.GradientTransformation
+    lr_schedule: Callable
+    abstract_state: TrainState   # of ShapeDtypeStructs
+    shardings: TrainState        # of NamedShardings
+    train_step: Callable         # (state, batch, rope_theta) -> (state, metrics)
+    eval_step: Callable          # (params, biases, batch, rope_theta) -> (nll sum, tokens)
+
+
+def build_program(s: Settings, mesh: Mesh) -> TrainProgram:
+    tx = make_optimizer(s.optimizer, s.train.steps)
+    controller = balancing.make_controller(s.balancing)
+    lr_schedule = schedule(s.optimizer, s.train.steps, s.optimizer.learning_rate)
+    abstract_model = nnx.eval_shape(lambda: ZayaLM(s.model, rngs=nnx.Rngs(s.train.seed)))
+    parts = ModelParts(abstract_model)
+    params_abs, biases_abs = ModelParts.arrays(abstract_model)
+    abstract_state = jax.eval_shape(
+        lambda p, b: initial_state(p, b, tx, controller, s.train.seed), params_abs, biases_abs)
+    specs = state_specs(abstract_state, parts.param_specs(mesh), parts.biases_spec(mesh), mesh,
+                        s.mesh.shard_optimizer_over_data)
+    shardings = to_shardings(specs, mesh)
+    static = dict(parts=parts, loss_chunk=s.train.loss_chunk_size)
+    train_step = jit_train_step(
+        shardings, mesh, tx=tx, controller=controller, lr_schedule=lr_schedule, microbatches=s.train.microbatches,
+        balance=s.balancing.enabled, include_skip=s.balancing.include_skip, **static)
+    eval_step = jit_eval_step(shardings.params, shardings.biases, mesh, **static)
+    return TrainProgram(parts, tx, controller, lr_schedule, abstract_state, shardings, train_step, eval_step)
+
+
+def abstract_batch(global_batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """The shapes of one global batch {inputs, targets, segment_ids, positions, loss_mask: [B, S]}."""
+    return {k: jax.ShapeDtypeStruct((global_batch_size, seq_len), jnp.float32 if k == "loss_mask" else jnp.int32)
+            for k in BATCH_KEYS}
