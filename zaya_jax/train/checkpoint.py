@@ -84,8 +84,8 @@ class CheckpointWriteError(RuntimeError):
     """An asynchronous checkpoint write failed (disk full, directory not writable, ...): one line."""
 
 
-_OS_ERROR = re.compile(r"([^:\[\]\n]+?) \[os_error_code='(\d+)'\]")  # how TensorStore reports an OS error
-_FAILED_FILE = re.compile(r'Failed writing: "([^"]+)"')
+_OS_ERROR = re.compile(r"os_error_code='?(\d+)")  # how TensorStore reports an OS error inside a ValueError
+_FAILED_FILE = re.compile(r'(?:Failed writing: |at local file )"([^"]+)"')
 
 
 def _root_cause(error: BaseException) -> str:
@@ -95,9 +95,10 @@ def _root_cause(error: BaseException) -> str:
         seen.append(e)
         if isinstance(e, OSError) and e.strerror:
             return f"{e.strerror} (errno {e.errno}){f': {e.filename}' if e.filename else ''}"
-        found, file = _OS_ERROR.search(str(e)), _FAILED_FILE.search(str(e))
+        found, files = _OS_ERROR.search(str(e)), _FAILED_FILE.findall(str(e))
         if found:
-            return f"{found[1].strip()} (errno {found[2]}){f': {file[1]}' if file else ''}"
+            errno = int(found[1])
+            return f"{os.strerror(errno)} (errno {errno}){f': {files[-1]}' if files else ''}"
         e = e.__cause__ or e.__context__
     lines = str(error).strip().splitlines() or [type(error).__name__]
     return f"{type(error).__name__}: {lines[0][:300]}"
