@@ -1,10 +1,14 @@
 """GPU self-test: one command, meant to finish in under 8 minutes on one H200 or MI300X.
 
     python -m benchmarks.gpu_selftest [--out benchmarks/results/gpu_selftest_<backend>.json]
+                                      [--calibration-out benchmarks/results/gpu_calibration_<backend>.json]
 
 Without a GPU it prints what it would run (JSON) and exits 0: nothing here has run on a GPU yet.
 On a GPU, sections in order (the JSON file is rewritten after each, so a cut run keeps what it
 measured; a failing section is recorded as {"error": ...} and the run goes on):
+  calibration dense bf16 matmul TFLOP/s, HBM GB/s, all-reduce bus GB/s over the local GPUs
+             (benchmarks/gpu_calibration.py), also written as the planner's calibration file for
+             `python -m zaya_jax.plan ... --calibration benchmarks/results/gpu_calibration_rocm.json`
   kernels    every Pallas kernel compiled at the platform's blocks and checked, values and
              gradients, against its fp32 reference (benchmarks/gpu_kernels.py's checks)
   attention  CCA flash attention against XLA attention, forward and forward+backward, ZAYA1-base
@@ -39,7 +43,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 
-from benchmarks import gpu_kernels  # noqa: E402
+from benchmarks import gpu_calibration, gpu_kernels  # noqa: E402
 from pallas_kernels import _backend, grouped_matmul  # noqa: E402
 from zaya_jax.model import moe_dispatch  # noqa: E402
 from zaya_jax.model.moe_dispatch import ExpertWeights  # noqa: E402
@@ -56,7 +60,10 @@ ITERS = 10
 
 def plan() -> dict:
     """What a GPU run does, without running it."""
-    return {"kernels": "cca_flash_attention fwd/dq/dkdv and gmm/gmm_transposed_rhs/tgmm vs fp32 references",
+    return {"calibration": {"matmul": gpu_calibration.MATMUL_N, "hbm_bf16_elements": gpu_calibration.HBM_ELEMENTS,
+                            "all_reduce_bf16_elements_per_device": gpu_calibration.ALL_REDUCE_ELEMENTS,
+                            "writes": "benchmarks/results/gpu_calibration_<backend>.json"},
+            "kernels": "cca_flash_attention fwd/dq/dkdv and gmm/gmm_transposed_rhs/tgmm vs fp32 references",
             "attention": {"batch_seq": ATTENTION, "compare": ["pallas", "xla"]},
             "moe": {**MOE, "paths": MOE_PATHS, "grouped_gemm_flag": GROUPED_GEMM_FLAG},
             "proxy": {**PROXY, "config": "configs/zaya1_base.py", "dtype": "bfloat16"}}
@@ -131,9 +138,17 @@ def proxy_mfu() -> dict:
     return {**PROXY, "mfu": last["mfu"], "tokens_per_sec": last["tokens_per_sec"], "loss": last["loss"]}
 
 
+def calibrate(path: str) -> dict:
+    """The measured rates, with the calibration file written to `path` from them."""
+    measured = gpu_calibration.measure()
+    return {**measured, "written": {"path": path, **gpu_calibration.write(measured, path)}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="default: benchmarks/results/gpu_selftest_<backend>.json")
+    parser.add_argument("--calibration-out", default=None,
+                        help="default: benchmarks/results/gpu_calibration_<backend>.json (plan --calibration)")
     parser.add_argument("--moe-path", choices=MOE_PATHS, help=argparse.SUPPRESS)  # one MoE timing (subprocess)
     args = parser.parse_args()
     if args.moe_path:
@@ -147,7 +162,9 @@ def main() -> None:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     start = time.perf_counter()
     result = {"jax": jax.__version__, "backend": _backend.target(), "device": jax.devices()[0].device_kind}
+    calibration_out = args.calibration_out or f"benchmarks/results/gpu_calibration_{_backend.target()}.json"
     sections = {
+        "calibration": lambda: calibrate(calibration_out),
         "kernels": lambda: {"attention": gpu_kernels.guarded(gpu_kernels.check_attention, 1, 1000),
                             "gmm": gpu_kernels.guarded(gpu_kernels.check_gmm, 3000, 512, 768)},
         "attention": lambda: gpu_kernels.bench_attention(*ATTENTION, ITERS, on_gpu=True),

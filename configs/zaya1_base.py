@@ -11,11 +11,14 @@ data parallelism with the optimizer state sharded over data (Zyphra's distribute
 Zyphra's learning rate, schedule, warmup, clipping and controller settings are not public: the
 values below are assumptions.
 
-Mesh: data=-1, tensor=2 (tensor pairs are neighbouring GPUs of a node), one mesh for all three
-phases: on 1,024 GPUs data=512 splits every phase's batch (4096, 4096 and the 32k phase's 512),
-which data=1024 cannot. By the planner it also sends less per device over the inter-node
-network than data=1024 in the 4k phases (launch/README.md has the numbers). The config declares
-mesh.platform=gpu: on a jax without a GPU plugin the trainer stops and names the install.
+Mesh: data=-1, context=2 (context pairs are neighbouring GPUs of a node), one mesh for all three
+phases, the mesh `python -m zaya_jax.plan --search --devices 1024` picks for this config on MI300X
+and on H200 with the XLA attention path that kernels.attention=auto runs on GPU: on 1,024 GPUs
+data=512 splits every phase's batch (4096, 4096 and the 32k phase's 512), which data=1024 cannot,
+and the planner predicts 0.445 s per 4k step against 0.508 s for data=512,tensor=2
+(launch/README.md, docs/parallel.md). The Pallas flash kernel refuses context > 1: with
+kernels.attention=pallas use mesh.context=1, tensor=2. The config declares mesh.platform=gpu: on
+a jax without a GPU plugin the trainer stops and names the install.
 """
 
 import ml_collections
@@ -50,7 +53,7 @@ def get_config():
     config.balancing = ml_collections.ConfigDict(dict(enabled=True, rate=1e-3, b1=0.9, b2=0.999, include_skip=False))
     config.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, max_to_keep=3, async_save=True))
     config.eval = ml_collections.ConfigDict(dict(every_steps=5000, max_batches=0))
-    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=2, context=1,
+    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=2,
                                                  shard_optimizer_over_data=True, platform="gpu"))
     config.monitor = ml_collections.ConfigDict(dict(progress_bar=True, tensorboard=True, heatmap_every_steps=1000,
                                                    profile_start_step=0, profile_steps=3))

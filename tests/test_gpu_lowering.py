@@ -28,12 +28,14 @@ ATTENTION_KERNELS = {"cca_flash_attention_fwd", "cca_flash_attention_dq", "cca_f
 
 # name: (model overrides, mesh, optimizer). Together they cover the GPU configurations of
 # docs/parallel.md: Pallas attention with the default (Pallas) grouped matmul under FSDP and tensor
-# parallelism; ragged_dot (XLA) with context parallelism; ragged_all_to_all expert parallelism.
+# parallelism; ragged_dot (XLA) with context parallelism; ragged_all_to_all expert parallelism; the
+# launch's kernels (configs/zaya1_base.py: XLA attention, Pallas grouped matmul) on its mesh shape.
 CONFIGS = {
     "pallas_fsdp_tensor": ({"attention_kernel": "pallas"}, "data=2,fsdp=2,tensor=2", "muon"),
     "ragged_xla_context": ({"moe_backend": "ragged", "moe_matmul_kernel": "xla"}, "data=4,context=2", "adamw"),
     "ragged_all_to_all": ({"expert_parallel": "ragged_all_to_all", "attention_kernel": "pallas"},
                           "data=2,expert=4", "adamw"),
+    "launch_xla_attention_context": ({}, "data=4,context=2", "muon"),
 }
 
 

@@ -3,9 +3,12 @@ an early signal, and local.sh gives each process its own GPUs.
 
 The planner runs on exactly the job's configuration: configs/zaya1_base.py with the overrides on
 the sbatch's srun line, at nodes x GPUs per node devices, for every phase, and must fit 192 GB
-(MI300X). The phase's batch must also pass the trainer's own layout check.
+(MI300X) or 141 GB (H200). The phase's batch must also pass the trainer's own layout check, and
+the job's mesh must be the one `plan --search` picked for all phases on that GPU
+(benchmarks/results/planner_predictions.json, written by benchmarks/planner_predictions.py).
 """
 
+import json
 import os
 import re
 import shlex
@@ -61,6 +64,20 @@ def test_every_phase_fits_at_full_scale(name):
                           shard_optimizer_over_data=settings.mesh.shard_optimizer_over_data, platform="gpu")
         result = plan(cfg, mesh, shape, MEMORY_GB[name])
         assert result["fits"], (phase.name, result["bytes_per_device"]["total"] / 1e9)
+
+
+@pytest.mark.parametrize("name,case", [("mi300x", "search_pick_xla_attention"), ("h200", "search_h200_xla_attention")])
+def test_job_mesh_is_the_planner_search_pick(name, case):
+    """The search ran on the XLA attention path, which the job's kernels.attention=auto runs on GPU."""
+    options, args, _ = read_job(name)
+    config = job_config(args)
+    assert config.kernels.attention == "auto" and config.model.attention_kernel == "auto"
+    recorded = json.load(open(os.path.join(REPO, "benchmarks/results/planner_predictions.json")))[case]
+    pick = recorded["mesh"] if "mesh" in recorded else recorded["whole_run_top5"][0]["mesh"]
+    devices = int(options["nodes"]) * int(options["gpus-per-node"])
+    for phase in parse_phases(config.data):
+        mesh = resolve_mesh_shape(phase_mesh_sizes(config, phase), devices)
+        assert ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) == pick, (name, phase.name)
 
 
 def test_the_old_mesh_did_not_split_the_32k_phase():
