@@ -42,7 +42,7 @@ def get_config():
     config.data.eval.max_batches = 2
     config.train = ml_collections.ConfigDict(dict(
         steps=sum(STEPS), seed=0, data="pipeline", microbatches=1, loss_chunk_size=128, log_every_steps=10,
-        peak_flops_per_device=0.0, init_from_hf="", max_nonfinite_streak=3,
+        peak_flops_per_device=0.0, init_from_hf="", max_nonfinite_streak=3, max_rollbacks=3,
     ))
     config.optimizer = ml_collections.ConfigDict(dict(
         name="muon", learning_rate=1e-2, adam_learning_rate=0.0, schedule="wsd", warmup_steps=20,

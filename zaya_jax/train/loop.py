@@ -30,7 +30,7 @@ from zaya_jax.model.kernels import resolve_attention_kernel
 from zaya_jax.parallel import distributed
 from zaya_jax.parallel.attention_sharding import check_attention_layout
 from zaya_jax.parallel.mesh import check_declared_platform, check_platform_support, make_mesh
-from zaya_jax.train import faults
+from zaya_jax.train import checkpoint, faults
 from zaya_jax.train.checkpoint import Checkpointer, config_json, restore_model
 from zaya_jax.train.data import curriculum_extension, eval_batches, open_training_data, phases_of
 from zaya_jax.train.metrics import expert_load, flops_per_token, peak_flops, router_metrics
@@ -39,6 +39,7 @@ from zaya_jax.train.profiling import StepProfiler
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
 from zaya_jax.train.program import abstract_batch, build_program
 from zaya_jax.train.state import ModelParts, TrainState, initial_state, with_shardings
+from zaya_jax.train.workdir_lock import WorkdirLock
 
 
 def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
@@ -84,6 +85,9 @@ class Trainer:
                               "directory: config.json + safetensors)")
         os.makedirs(self.workdir, exist_ok=True)
         self.is_main = jax.process_index() == 0
+        self._lock = WorkdirLock(self.workdir) if self.is_main else None
+        self.stopped_by: int | None = None  # the signal that stopped run(), if one did
+        self._rollbacks = 0
         self.data = open_training_data(config, s)
         self.eval_data = eval_batches(config, s) if s.eval.every_steps else {}
 
@@ -120,10 +124,11 @@ class Trainer:
                        out_shardings=self.shardings)(params, biases)
 
     def _initial_state(self) -> tuple[TrainState, str]:
-        step = self.checkpointer.latest_step()
-        if step is not None and self.checkpointer.has_train_state(step):
+        point = self.checkpointer.resume_point(self.monitor.log)
+        step = point[0] if point else None
+        if point is not None and point[1] == "training":
             return self._restore(step), f"restored checkpoint {step}"
-        if step is not None:
+        if point is not None:
             target = with_shardings({"params": self.abstract_state.params, "biases": self.abstract_state.biases},
                                     {"params": self.shardings.params, "biases": self.shardings.biases})
             model, _ = restore_model(self.checkpointer.directory, target, step)
@@ -152,8 +157,8 @@ class Trainer:
         last_saved = step if self.checkpointer.latest_step() == step else None
         window_start, window_tokens = time.perf_counter(), 0
         phase = None
-        with faults.StopSignal() as stop, jax.set_mesh(self.mesh):
-            while step < s.train.steps and not stop.requested:
+        with faults.catching_stops() as stop, jax.set_mesh(self.mesh):
+            while step < s.train.steps and not self._should_stop(stop):
                 try:
                     local = next(self.data)
                 except StopIteration:
@@ -180,16 +185,19 @@ class Trainer:
                 paused = time.perf_counter()  # evaluation and saving do not count against tokens/s
                 if s.eval.every_steps and step % s.eval.every_steps == 0:
                     self.evaluate(step, phase.rope_theta)
-                if s.checkpoint.every_steps and step % s.checkpoint.every_steps == 0 and not streak:
-                    last_saved = self.save()
+                if s.checkpoint.every_steps and step % s.checkpoint.every_steps == 0:
+                    last_saved = self._save_unless_nonfinite(streak, last_saved)
                 window_start += time.perf_counter() - paused
             self._log_profile(self.profiler.stop(self.state))  # a run that ended inside the traced steps
-            if stop.requested:
-                self.monitor.log(f"signal {stop.requested}: saving step {step} and stopping")
+            if self.stopped_by:
+                message = f"signal {self.stopped_by}: saving step {step} and stopping"
+                self.monitor.log(message)
+                if not self.is_main:
+                    print(f"process {jax.process_index()}: {message}", flush=True)
             elif s.eval.every_steps and step % s.eval.every_steps and step > start:
                 self.evaluate(step, self.data.phase.rope_theta)  # the final model is always evaluated
-            if last_saved != step and not int(jax.device_get(self.state.nonfinite_streak)):
-                self.save()  # never a state whose last step was non-finite: a rollback must not find it
+            if last_saved != step:
+                self._save_unless_nonfinite(int(jax.device_get(self.state.nonfinite_streak)), last_saved)
             self.checkpointer.wait()
         self.monitor.draw_heatmap()
         self._summarize(step)
@@ -244,14 +252,35 @@ class Trainer:
         if directory is not None:
             self.monitor.log(f"profiler trace (from step {self.profiler.start_step + 1}) written to {directory}")
 
+    def _should_stop(self, stop: faults.StopSignal) -> bool:
+        """At a step boundary, jointly with every process: raise a failed checkpoint write, or stop
+        on a signal any process received (sets `stopped_by`)."""
+        error = self.checkpointer.poll()
+        decision = stop.agreed(failing=error is not None)
+        if decision == faults.PEER_FAILED:
+            raise error or checkpoint.CheckpointWriteError("another process failed to write its checkpoint")
+        self.stopped_by = decision or None
+        return bool(decision)
+
+    def _save_unless_nonfinite(self, streak: int, last_saved: int | None) -> int | None:
+        """Saves the state unless its last step was non-finite (a rollback must never find such a state)."""
+        if streak:
+            self.monitor.log(f"step {int(jax.device_get(self.state.step))}: checkpoint not saved, "
+                             f"{streak} non-finite step(s) in a row")
+            return last_saved
+        return self.save()
+
     def _after_step(self, step: int) -> None:
         """Called after every step (a seam for fault-injection tests)."""
 
     def _roll_back(self, step: int, streak: int) -> int:
+        faults.check_rollback_budget(self._rollbacks, self.settings.train.max_rollbacks, step, streak)
         self.checkpointer.wait()
-        latest = self.checkpointer.latest_step()
-        if latest is None or not self.checkpointer.has_train_state(latest):
-            raise RuntimeError(f"{streak} non-finite steps in a row at step {step} and no checkpoint to roll back to")
+        latest = self.checkpointer.newest_whole_training_step()
+        if latest is None:
+            raise faults.TrainingFailed(f"{streak} non-finite steps in a row at step {step} "
+                                        "and no checkpoint to roll back to")
+        self._rollbacks += 1
         position, skipped = self.data.get_state(), self.state.skipped_steps
         self.state = self._restore(latest).replace(skipped_steps=skipped)  # skipped_steps counts the whole run
         self.data.set_state(position)  # keep reading forward: do not replay the batches that failed
@@ -264,6 +293,8 @@ class Trainer:
         self.checkpointer.close()
         self.monitor.close()
         self.data.close()
+        if self._lock is not None:
+            self._lock.release()
 
     # -- metrics ------------------------------------------------------------------------------
     def _write(self, record: dict) -> None:

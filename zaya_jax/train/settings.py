@@ -8,7 +8,8 @@ below, and every error names the offending `section.field`):
               microbatches (gradient accumulation), loss_chunk_size, log_every_steps,
               peak_flops_per_device (0: from the device-kind table), init_from_hf (an HF
               checkpoint dir to start from), max_nonfinite_streak (roll back after that many
-              non-finite steps in a row; 0: never)
+              non-finite steps in a row; 0: never), max_rollbacks (a run needing one rollback
+              more than this stops with an error, exit 1)
   optimizer   name ('muon' | 'adamw'), learning_rate, adam_learning_rate (0: learning_rate),
               schedule ('cosine' | 'wsd' | 'constant'), warmup_steps, decay_fraction (WSD),
               min_lr_ratio, b1, b2, eps, weight_decay, decay_embedding, grad_clip_norm (0: off),
@@ -49,6 +50,7 @@ class TrainSettings:
     peak_flops_per_device: float = 0.0
     init_from_hf: str = ""
     max_nonfinite_streak: int = 3
+    max_rollbacks: int = 3
 
 
 @dataclasses.dataclass(frozen=True)
