@@ -7,7 +7,10 @@ built offline on first use (~15 s). The model keeps ZAYA1's architecture (CCA, M
 EDA, 8 experts + skip slot, residual scaling) at 4 layers of width 128; the curriculum keeps
 the three phases of the demo data config (prose-heavy, then code/math-heavy at L=128 with
 rope_theta 1e4, then mixed at L=256 with rope_theta 1e5), shortened so the whole run takes a
-few minutes on 2 cores. Muon + AdamW as Zyphra trained ZAYA1. The balancing controller's rate
+few minutes on 2 cores. Muon + AdamW as Zyphra trained ZAYA1. The layout is ZAYA1-8B's `native`
+one (a skip-routed token outputs 0; one RMSNorm eps; residual stream in fp32), the one transformers'
+ZayaForCausalLM implements, so `python -m zaya_jax.convert to_hf --checkpoint runs/demo --out DIR`
+writes what transformers loads and computes the same logits. The balancing controller's rate
 (1e-2) is the one measured to balance this model: it recovers the early collapse onto one expert
 that top-1 routing shows at random init (router entropy 0 -> 0.98 within 150 steps).
 """
@@ -27,7 +30,7 @@ def get_config():
         vocab_size=4096, hidden_size=128, num_layers=4, num_q_heads=4, num_kv_heads=2, head_dim=32,
         num_experts=8, moe_intermediate_size=128, router_hidden_size=32,
         rope_theta=10_000.0, partial_rotary_factor=0.5, max_position_embeddings=1024,
-        rms_norm_eps=1e-5, router_norm_eps=1e-6, layout="base", residual_in_fp32=False,
+        rms_norm_eps=1e-5, router_norm_eps=1e-5, layout="native", residual_in_fp32=True,
         dtype="float32", scan_layers=True, remat="none", moe_backend="auto",
         pad_token_id=0, bos_token_id=2, eos_token_id=1,
     )
@@ -39,7 +42,7 @@ def get_config():
     config.data.eval.max_batches = 2
     config.train = ml_collections.ConfigDict(dict(
         steps=sum(STEPS), seed=0, data="pipeline", microbatches=1, loss_chunk_size=128, log_every_steps=10,
-        peak_flops_per_device=0.0, init_from_hf="", max_nonfinite_streak=3,
+        peak_flops_per_device=0.0, init_from_hf="", max_nonfinite_streak=3, max_rollbacks=3,
     ))
     config.optimizer = ml_collections.ConfigDict(dict(
         name="muon", learning_rate=1e-2, adam_learning_rate=0.0, schedule="wsd", warmup_steps=20,

@@ -25,7 +25,7 @@ def get_config():
     config.train = ml_collections.ConfigDict(dict(
         seq_len=64, global_batch_size=8, seed=0,
         steps=200, data="synthetic", microbatches=1, loss_chunk_size=32, log_every_steps=10,
-        peak_flops_per_device=0.0, init_from_hf="", max_nonfinite_streak=3,
+        peak_flops_per_device=0.0, init_from_hf="", max_nonfinite_streak=3, max_rollbacks=3,
     ))
     config.optimizer = ml_collections.ConfigDict(dict(
         name="muon", learning_rate=3e-3, adam_learning_rate=0.0, schedule="cosine", warmup_steps=10,

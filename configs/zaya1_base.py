@@ -43,7 +43,7 @@ def get_config():
     config.train.update(dict(
         steps=sum(p.num_batches for p in parse_phases(config.data)), data="pipeline", microbatches=1,
         loss_chunk_size=512, log_every_steps=10, peak_flops_per_device=0.0, init_from_hf="",
-        max_nonfinite_streak=3,
+        max_nonfinite_streak=3, max_rollbacks=3,
     ))
     config.optimizer = ml_collections.ConfigDict(dict(
         name="muon", learning_rate=3e-4, adam_learning_rate=0.0, schedule="wsd", warmup_steps=2000,

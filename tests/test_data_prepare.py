@@ -2,11 +2,20 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from zaya_jax.data import prepare, readers, sources, tokenizer, train_tokenizer
+from tests.train_helpers import REPO, cli_env
+from zaya_jax.data import prepare, readers, sources, tokenizer
+
+
+def data_cli(module: str, *args) -> subprocess.CompletedProcess:
+    """python -m zaya_jax.data.MODULE ARGS."""
+    return subprocess.run([sys.executable, "-m", f"zaya_jax.data.{module}", *map(str, args)], cwd=REPO,
+                          env=cli_env(), capture_output=True, text=True, timeout=120)
 
 TEXTS = [f"Document {i}: the quick brown fox jumps over {i * 7} lazy dogs.\nSecond line {i}." for i in range(60)]
 
@@ -54,22 +63,24 @@ def test_sentencepiece_tokenizer(tmp_path):
     assert tok.decode(doc) == "the quick brown fox"
 
 
-def test_train_tokenizer_cli(tmp_path, capsys):
+def test_train_tokenizer_cli(tmp_path):
     data = write_jsonl(tmp_path / "c.jsonl", TEXTS)
-    assert train_tokenizer.main(["--input", data, "--format", "jsonl", "--vocab-size", "300",
-                                 "--output", str(tmp_path / "t.json")]) == 0
-    assert json.loads(capsys.readouterr().out)["tokenizer"] == str(tmp_path / "t.json")
+    done = data_cli("train_tokenizer", "--input", data, "--format", "jsonl", "--vocab-size", "300",
+                    "--output", tmp_path / "t.json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["tokenizer"] == str(tmp_path / "t.json")
     assert tokenizer.Tokenizer(tmp_path / "t.json", bos_id=2, eos_id=1, pad_id=0).vocab_size == 300
 
 
-def test_prepare_jsonl_writes_documents_and_manifest(tmp_path, tok_path, capsys):
+def test_prepare_jsonl_writes_documents_and_manifest(tmp_path, tok_path):
     os.makedirs(tmp_path / "in")
     a = write_jsonl(tmp_path / "in" / "a.jsonl", TEXTS[:30])
     b = write_jsonl(tmp_path / "in" / "b.jsonl", TEXTS[30:] + [""])  # an empty document is skipped
     out = tmp_path / "out"
-    assert prepare.main(["--input", str(tmp_path / "in" / "*.jsonl"), "--format", "jsonl", "--tokenizer",
-                         str(tok_path), "--output", str(out), "--quiet"]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    done = data_cli("prepare", "--input", tmp_path / "in" / "*.jsonl", "--format", "jsonl", "--tokenizer",
+                    tok_path, "--output", out, "--quiet")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
     assert summary["num_documents"] == 60 and summary["shards"] == 2
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["inputs"] == [a, b]
@@ -144,15 +155,16 @@ def bad_inputs(tmp_path):
             (str(tmp_path / "garbage.parquet"), "parquet", f"{tmp_path / 'garbage.parquet'}: not a readable parquet")]
 
 
-def test_bad_inputs_name_file_and_line(tmp_path, tok_path, capsys):
+def test_bad_inputs_name_file_and_line(tmp_path, tok_path):
     for i, (path, fmt, message) in enumerate(bad_inputs(tmp_path)):
         with pytest.raises(readers.InputError) as error:
             prepare.prepare_dataset(path, fmt, str(tok_path), str(tmp_path / f"out{i}"), progress=False)
         assert str(error.value).startswith(message), (str(error.value), message)
     malformed = str(tmp_path / "malformed.jsonl")
-    assert prepare.main(["--input", malformed, "--format", "jsonl", "--tokenizer", str(tok_path),
-                         "--output", str(tmp_path / "cli"), "--quiet"]) == 1
-    assert f"{malformed}:4: malformed JSON" in capsys.readouterr().err
+    done = data_cli("prepare", "--input", malformed, "--format", "jsonl", "--tokenizer", tok_path,
+                    "--output", tmp_path / "cli", "--quiet")
+    assert done.returncode == 2 and done.stderr.startswith(f"error: {malformed}:4: malformed JSON")
+    assert len(done.stderr.strip().splitlines()) == 1
     with pytest.raises(FileNotFoundError, match="matches no file"):
         prepare.prepare_dataset(str(tmp_path / "missing*.jsonl"), "jsonl", str(tok_path), str(tmp_path / "x"))
 

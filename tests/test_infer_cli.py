@@ -8,15 +8,29 @@ import sys
 
 import pytest
 import tokenizers
+from absl import flags
 from flax import nnx
 
 import zaya_jax
 from tests.hf_reference import make_hf_model
+from zaya_jax.cli import normalize_flag_names
+from zaya_jax.errors import UserError
 from zaya_jax.infer import QuantizedArray
 from zaya_jax.model.params import BalancingBias
 
 cli = importlib.import_module("zaya_jax.generate")  # the CLI module (the package attribute is the function)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse(args: list[str]) -> None:
+    """Sets the CLI's flags as `python -m zaya_jax.generate ARGS` would."""
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["generate", *normalize_flag_names(args)])
+
+
+def run_main(args: list[str]) -> None:
+    parse(args)
+    cli.main(["generate"])
 
 
 def expected_ids(model, prompt: list[int], new: int) -> list[int]:
@@ -43,7 +57,7 @@ def tokenizer_file(tmp_path_factory):
 
 
 def test_prompt_ids_print_the_generated_ids(checkpoint, capsys):
-    cli.main(["--hf", str(checkpoint), "--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--ignore-eos"])
+    run_main(["--hf", str(checkpoint), "--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--ignore-eos"])
     printed = [int(x) for x in capsys.readouterr().out.split()]
     assert printed == expected_ids(zaya_jax.load_hf(checkpoint), [5, 6, 7], 6)
 
@@ -69,16 +83,16 @@ def test_checkpoint_reads_a_training_checkpoint(checkpoint, tmp_path, capsys):
     save_model(str(tmp_path / "run"), nnx.to_pure_dict(params),
                nnx.to_pure_dict(biases)["layers"]["moe"]["router"]["balancing_biases"],
                {"model": dataclasses.asdict(model.config)})
-    cli.main(["--checkpoint", str(tmp_path / "run"), "--prompt-ids", "5,6,7", "--max-new-tokens", "6",
+    run_main(["--checkpoint", str(tmp_path / "run"), "--prompt-ids", "5,6,7", "--max-new-tokens", "6",
               "--ignore-eos"])
     printed = [int(x) for x in capsys.readouterr().out.split()]
     assert printed == expected_ids(model, [5, 6, 7], 6)
 
 
 def test_quantize_and_dtype_options_reach_the_loader(checkpoint):
-    args = cli.parse_args(["--hf", str(checkpoint), "--prompt-ids", "5", "--quantize", "int4", "--group-size", "8",
-                           "--dtype", "bfloat16"])
-    model = cli.load_model(args)
+    parse(["--hf", str(checkpoint), "--prompt-ids", "5", "--quantize", "int4", "--group-size", "8",
+           "--dtype", "bfloat16"])
+    model = cli.load_model()
     assert model.config.dtype == "bfloat16"
     gate = model.layers.moe.gate.get_value()
     assert isinstance(gate, QuantizedArray) and gate.bits == 4 and gate.scales.shape[-2] == 32 // 8
@@ -86,14 +100,14 @@ def test_quantize_and_dtype_options_reach_the_loader(checkpoint):
 
 def test_checkpoint_without_the_trainer_names_the_missing_module(checkpoint, monkeypatch):
     monkeypatch.setitem(sys.modules, "zaya_jax.train", None)  # as if zaya_jax.train were not installed
-    with pytest.raises(SystemExit, match=r"needs zaya_jax\.train\.checkpoint"):
-        cli.main(["--checkpoint", str(checkpoint), "--prompt-ids", "5", "--max-new-tokens", "2"])
+    parse(["--checkpoint", str(checkpoint), "--prompt-ids", "5", "--max-new-tokens", "2"])
+    with pytest.raises(UserError, match=r"needs zaya_jax\.train\.checkpoint"):
+        cli.load_model()
 
 
-def test_prompt_text_needs_a_tokenizer(checkpoint, capsys):
-    with pytest.raises(SystemExit):
-        cli.main(["--hf", str(checkpoint), "--prompt", "hello"])
-    assert "--prompt needs --tokenizer" in capsys.readouterr().err
+def test_prompt_text_needs_a_tokenizer(checkpoint):
+    with pytest.raises(UserError, match="--prompt needs --tokenizer"):
+        run_main(["--hf", str(checkpoint), "--prompt", "hello"])
 
 
 def test_importing_the_cli_keeps_zaya_jax_generate_callable(monkeypatch):

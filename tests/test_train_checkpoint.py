@@ -65,6 +65,10 @@ def test_repeated_nonfinite_steps_roll_back_to_the_last_checkpoint(tmp_path):
     records = read_metrics(str(tmp_path / "metrics.jsonl"), kind="rollback")
     assert records == [{"kind": "rollback", "step": 5, "restored_step": 2, "nonfinite_streak": 2}]
     train = read_metrics(str(tmp_path / "metrics.jsonl"))
+    # the logged rate is the applied one: the schedule at the count of updates applied before each step
+    # (steps 3-6 as logged after the rollback to checkpoint 2: 2 to 5 updates applied before them)
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
+    np.testing.assert_allclose([r["lr"] for r in train], [float(trainer.lr_schedule(n)) for n in range(6)], rtol=1e-6)
     assert train[-1]["step"] == 6 and np.isfinite(train[-1]["loss"]) and train[-1]["skipped_steps"] == 2
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(trainer.state.params))
     assert trainer.checkpointer.latest_step() == 6  # the poisoned state (step 4) was never saved

@@ -10,6 +10,7 @@ import pytest
 from tests.train_helpers import run_train, train_losses
 from zaya_jax.config_files import load_config_file
 from zaya_jax.data import demo_data_config
+from zaya_jax.errors import EXIT_PREEMPTED
 from zaya_jax.train.loop import Trainer
 
 SHORT = ("--config.optimizer.warmup_steps=1",)
@@ -60,9 +61,9 @@ def test_cli_outputs_and_exact_resume_after_sigkill_crash_mid_save_and_sigterm(t
     entries = os.listdir(run / "checkpoints")
     assert "3" in entries and "6" not in entries and any(e.startswith("6.orbax-checkpoint-tmp") for e in entries)
 
-    # 2. restarts from 3 (the half-written 6 is never restored), then SIGTERM after step 5: saves 5, exits cleanly
+    # 2. restarts from 3 (the half-written 6 is never restored), then SIGTERM after step 5: saves 5, exits 75 (requeue)
     stopped = run_train(run, *RUN, faults={"KILL_AT_STEP": 5, "KILL_SIGNAL": "SIGTERM"})
-    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
     assert "start at step 3: restored checkpoint 3" in stopped.stderr + stopped.stdout
     assert sorted(os.listdir(run / "checkpoints")) == ["3", "5"]
 

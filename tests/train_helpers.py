@@ -6,30 +6,45 @@ per-step seam (Trainer._after_step) or Orbax's final rename, then runs the CLI's
                                                checkpoints started so far are on disk)
   KILL_IN_SAVE=n                               SIGKILL while checkpoint n is being written (after
                                                its data, before Orbax renames it into place)
+  POISON_FROM_STEP=n                           parameters set to NaN after every step >= n (the
+                                               next step is non-finite, every time)
+  FSIZE_LIMIT_AT_STEP=n                        after step n, files of this process may not grow
+                                               past 100 kB (RLIMIT_FSIZE: writes fail with EFBIG,
+                                               as on a full disk)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 WRAPPER = r"""
-import os, signal
+import os, resource, signal
+import jax, jax.numpy as jnp
 from absl import app
 from orbax.checkpoint._src.path import atomicity
 from zaya_jax.train import loop
 from zaya_jax.train.__main__ import main
 
 kill_at, kill_in_save = int(os.environ.get("KILL_AT_STEP", -1)), os.environ.get("KILL_IN_SAVE")
+poison_from, fsize_at = int(os.environ.get("POISON_FROM_STEP", 1 << 30)), int(os.environ.get("FSIZE_LIMIT_AT_STEP", -1))
 
 def after_step(self, step):
     if step == kill_at:
         self.checkpointer.wait()
         os.kill(os.getpid(), getattr(signal, os.environ["KILL_SIGNAL"]))
+    if step >= poison_from:
+        self.state = self.state.replace(params=jax.tree.map(lambda x: x * jnp.nan, self.state.params))
+    if step == fsize_at:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
 loop.Trainer._after_step = after_step
 
 original_finalize = atomicity.AtomicRenameTemporaryPath.finalize
@@ -75,3 +90,109 @@ def train_losses(workdir) -> dict[int, float]:
             if record["kind"] == "train":
                 losses[record["step"]] = record["loss"]
     return losses
+
+
+# -- damaged checkpoints: variant -> (damage a step directory, the reason a restore names) ---------------
+
+def _blob(step_dir, item):
+    """The largest array blob of `item` (OCDBT data file)."""
+    files = [os.path.join(root, n) for root, _, names in os.walk(os.path.join(step_dir, item)) for n in names
+             if os.sep + "d" + os.sep in os.path.join(root, n)]
+    return max(files, key=os.path.getsize)
+
+
+def empty_folder(step_dir):
+    for entry in os.listdir(step_dir):
+        shutil.rmtree(os.path.join(step_dir, entry), ignore_errors=True)
+        if os.path.exists(os.path.join(step_dir, entry)):
+            os.remove(os.path.join(step_dir, entry))
+
+
+def _delete_model_item(step_dir):
+    shutil.rmtree(os.path.join(step_dir, "model"))
+
+
+def _truncate_model_blob(step_dir):
+    path = _blob(step_dir, "model")
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+def flip_model_bytes(step_dir):
+    path = _blob(step_dir, "model")
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        chunk = f.read(16)
+        f.seek(os.path.getsize(path) // 2)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+
+
+def _garbage_config_json(step_dir):
+    with open(os.path.join(step_dir, "config", "metadata"), "w") as f:
+        f.write('{"model": {"hidden_size": 64,, garbage')
+
+
+DAMAGE = {  # variant -> (damage, the reason the loader names)
+    "empty folder": (empty_folder, "no zaya_manifest.json"),
+    "deleted item": (_delete_model_item, "item 'model' is missing"),
+    "truncated blob": (_truncate_model_blob, r"model/.* has \d+ bytes, \d+ were written"),
+    "flipped bytes": (flip_model_bytes, "model/.* fails its checksum"),
+    "garbage json": (_garbage_config_json, "config/metadata (has|fails)"),
+}
+
+
+# -- two processes -------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    """`python -m zaya_jax.train` as 2 processes of one jax.distributed job (launch/local.sh's environment)."""
+
+    def __init__(self, workdir, *overrides):
+        self.workdir, port = workdir, free_port()
+        self.logs = [open(workdir.parent / f"{workdir.name}.{i}.log", "w+") for i in range(2)]
+        self.processes = []
+        for i in range(2):
+            env = {**cli_env(), "ZAYA_COORDINATOR": f"127.0.0.1:{port}", "ZAYA_NUM_PROCESSES": "2",
+                   "ZAYA_PROCESS_ID": str(i), "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+            command = [sys.executable, "-m", "zaya_jax.train", "--config", "configs/tiny.py", "--workdir", str(workdir),
+                       "--config.monitor.progress_bar=False", *overrides]
+            self.processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=self.logs[i],
+                                                   stderr=subprocess.STDOUT))
+
+    def output(self, i: int) -> str:
+        self.logs[i].seek(0)
+        return self.logs[i].read()
+
+    def wait_for(self, text: str, process: int = 0, timeout: float = 240) -> None:
+        deadline = time.time() + timeout
+        while text not in self.output(process):
+            assert time.time() < deadline and all(p.poll() is None for p in self.processes), \
+                f"never printed {text!r}:\n" + self.output(0)[-3000:] + self.output(1)[-3000:]
+            time.sleep(0.05)
+
+    def wait_for_step(self, beyond: int) -> None:
+        """Until process 0 logs a train record past step `beyond`."""
+        deadline = time.time() + 240
+        while not self._logged_beyond(beyond):
+            assert time.time() < deadline and all(p.poll() is None for p in self.processes), \
+                self.output(0)[-3000:] + self.output(1)[-3000:]
+            time.sleep(0.05)
+
+    def _logged_beyond(self, beyond: int) -> bool:
+        try:
+            return max(train_losses(self.workdir), default=-1) > beyond
+        except (FileNotFoundError, json.JSONDecodeError):  # not yet written, or a line half written
+            return False
+
+    def signal(self, process: int, signum=signal.SIGTERM) -> None:
+        self.processes[process].send_signal(signum)
+
+    def finish(self, timeout: float = 60) -> tuple[list[int], float]:
+        """(exit codes, seconds from now until both exited)."""
+        start = time.time()
+        codes = [p.wait(timeout=timeout) for p in self.processes]
+        return codes, time.time() - start

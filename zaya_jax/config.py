@@ -17,12 +17,22 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, Mapping
 
+from zaya_jax.errors import UserError
+
 LAYOUTS = ("base", "native")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 MOE_BACKENDS = ("auto", "dense", "capacity", "ragged", "tiles", "native")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 KERNELS = ("auto", "xla", "pallas")
 EXPERT_PARALLEL = ("all_to_all", "all_gather", "ragged_all_to_all")
+# Fields that choose how the model runs, not what it computes; an HF checkpoint does not carry them.
+RUNTIME_MODEL_FIELDS = ("dtype", "scan_layers", "remat", "moe_backend", "capacity_factor", "moe_tile_size",
+                        "expert_parallel", "attention_kernel", "moe_matmul_kernel", "init_std",
+                        "key_temperature_init", "isolate_documents")
+
+
+class ConfigError(UserError, ValueError):
+    """A config field or override with a bad value; the message names the field."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +89,7 @@ class ModelConfig:
         known = cls.defaults()
         unknown = sorted(set(names) - set(known))
         if unknown:
-            raise ValueError(f"model.{unknown[0]}: unknown field (known fields: {', '.join(sorted(known))})")
+            raise ConfigError(f"model.{unknown[0]}: unknown field (known fields: {', '.join(sorted(known))})")
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any] | Any) -> "ModelConfig":
@@ -118,24 +128,24 @@ def _validate(c: ModelConfig) -> None:
     for name in positive:
         value = getattr(c, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+            raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
     for name in ("rope_theta", "rms_norm_eps", "router_norm_eps", "capacity_factor", "init_std"):
         if not getattr(c, name) > 0:
-            raise ValueError(f"model.{name} must be > 0, got {getattr(c, name)!r}")
+            raise ConfigError(f"model.{name} must be > 0, got {getattr(c, name)!r}")
     if c.num_q_heads % c.num_kv_heads:
-        raise ValueError(f"model.num_q_heads ({c.num_q_heads}) must be a multiple of "
-                         f"model.num_kv_heads ({c.num_kv_heads})")
+        raise ConfigError(f"model.num_q_heads ({c.num_q_heads}) must be a multiple of "
+                          f"model.num_kv_heads ({c.num_kv_heads})")
     if c.num_kv_heads % 2:
-        raise ValueError(f"model.num_kv_heads ({c.num_kv_heads}) must be even: CCA's value shift takes "
-                         "half of the KV heads from the current token and half from the previous one")
+        raise ConfigError(f"model.num_kv_heads ({c.num_kv_heads}) must be even: CCA's value shift takes "
+                          "half of the KV heads from the current token and half from the previous one")
     if not 0 < c.partial_rotary_factor <= 1 or c.rotary_dim % 2:
-        raise ValueError(f"model.partial_rotary_factor ({c.partial_rotary_factor}) must give an even "
-                         f"number of rotary dims in (0, head_dim]; got {c.rotary_dim}")
+        raise ConfigError(f"model.partial_rotary_factor ({c.partial_rotary_factor}) must give an even "
+                          f"number of rotary dims in (0, head_dim]; got {c.rotary_dim}")
     for name, allowed in (("layout", LAYOUTS), ("dtype", COMPUTE_DTYPES), ("moe_backend", MOE_BACKENDS),
                           ("remat", REMAT_POLICIES), ("attention_kernel", KERNELS),
                           ("moe_matmul_kernel", KERNELS), ("expert_parallel", EXPERT_PARALLEL)):
         if getattr(c, name) not in allowed:
-            raise ValueError(f"model.{name}={getattr(c, name)!r} does not exist; choose one of {allowed}")
+            raise ConfigError(f"model.{name}={getattr(c, name)!r} does not exist; choose one of {allowed}")
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if not 0 <= getattr(c, name) < c.vocab_size:
-            raise ValueError(f"model.{name} ({getattr(c, name)}) must lie in [0, vocab_size={c.vocab_size})")
+            raise ConfigError(f"model.{name} ({getattr(c, name)}) must lie in [0, vocab_size={c.vocab_size})")

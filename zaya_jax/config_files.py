@@ -17,7 +17,7 @@ import os
 
 import ml_collections
 
-from zaya_jax.config import ModelConfig
+from zaya_jax.config import ConfigError, ModelConfig
 
 
 def load_config_file(path: str | os.PathLike) -> ml_collections.ConfigDict:
@@ -29,7 +29,7 @@ def load_config_file(path: str | os.PathLike) -> ml_collections.ConfigDict:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
-        raise ValueError(f"{path}: defines no get_config()")
+        raise ConfigError(f"{path}: defines no get_config()")
     return module.get_config()
 
 
@@ -57,14 +57,14 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     applies; both set to different non-default values is an error naming both.
     """
     if "model" not in config:
-        raise ValueError("config has no 'model' section")
+        raise ConfigError("config has no 'model' section")
     values = dict(config.model.items())
     kernels, defaults = config.get("kernels", {}), ModelConfig.defaults()
     for key, field in KERNEL_FIELDS.items():
         if key not in kernels or kernels[key] == defaults[field]:
             continue
         if values.get(field, defaults[field]) not in (defaults[field], kernels[key]):
-            raise ValueError(f"kernels.{key}={kernels[key]!r} and model.{field}={values[field]!r} are the same "
-                             "setting with different values; set one of them")
+            raise ConfigError(f"kernels.{key}={kernels[key]!r} and model.{field}={values[field]!r} are the same "
+                              "setting with different values; set one of them")
         values[field] = kernels[key]
     return ModelConfig.from_config(values)

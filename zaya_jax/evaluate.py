@@ -22,6 +22,10 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from zaya_jax import cli
+from zaya_jax.errors import UserError
+from zaya_jax.infer.loading import existing_checkpoint
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (default: the checkpoint's own).")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Orbax checkpoint (WORKDIR, WORKDIR/checkpoints, to_orbax).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
@@ -62,7 +66,12 @@ def main(argv):
 
     if _CONFIG.value is None and _HF.value:
         raise app.UsageError("--hf needs --config (it names the evaluation data and the mesh)")
+    if _CHECKPOINT.value:
+        existing_checkpoint(_CHECKPOINT.value)
     config = _CONFIG.value if _CONFIG.value is not None else read_config(checkpoint_dir(_CHECKPOINT.value), _STEP.value)
+    if "train" not in config:
+        raise UserError(f"--checkpoint {_CHECKPOINT.value}: a model-only checkpoint (convert to_orbax) names no "
+                        "evaluation data; pass --config FILE, e.g. --config configs/demo.py")
     settings = settings_from_config(config)
     mesh = make_mesh(evaluation_mesh_sizes(settings.mesh.sizes, from_checkpoint=_CONFIG.value is None))
     abstract = abstract_model(settings.model)
@@ -87,4 +96,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

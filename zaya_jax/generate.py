@@ -1,14 +1,18 @@
 """CLI: generate text (or ids) from a ZAYA model, streaming tokens as the compiled loop makes them.
 
+  python -m zaya_jax.generate --checkpoint runs/demo --prompt "ROMEO:" --max_new_tokens 64
   python -m zaya_jax.generate --hf DIR --tokenizer tokenizer.json --prompt "Once upon a time" \\
-      --max-new-tokens 64 [--temperature 0.8 --top-k 50 --top-p 0.95 --seed 0] [--quantize int8|int4]
-  python -m zaya_jax.generate --hf DIR --prompt-ids 2,651,1234 --max-new-tokens 16   # prints ids
-  python -m zaya_jax.generate --checkpoint DIR ...   # a trainer (Orbax) checkpoint
+      --max_new_tokens 64 [--temperature 0.8 --top_k 50 --top_p 0.95 --seed 0] [--quantize int8|int4]
+  python -m zaya_jax.generate --hf DIR --prompt_ids 2,651,1234 --max_new_tokens 16   # prints ids
 
---hf reads an HF ZAYA checkpoint (zaya_jax.load_hf); --checkpoint the latest step of a training
-run's Orbax checkpoint, its WORKDIR or checkpoint directory (zaya_jax.infer.load_checkpoint, through
-zaya_jax.train.checkpoint; without that module it fails and says so), onto this process's first
-device whatever mesh and device count the training run had. Timing goes to stderr, generated text or ids to stdout.
+(Every flag may also be spelled with dashes: --max-new-tokens, --prompt-ids.)
+--checkpoint reads a training run (its WORKDIR or checkpoints/ directory, or a `convert to_orbax`
+output; default: the latest step) onto this process's first device, whatever mesh wrote it, as
+the model it was at that step (the saved config's layout and the RoPE base of its curriculum
+phase); --prompt then uses the tokenizer the run was trained with (the saved config's
+data.tokenizer; `demo:tokenizer` is the demo corpus's tokenizer.json) unless --tokenizer is given.
+--hf reads an HF ZAYA checkpoint (zaya_jax.load_hf) and needs --tokenizer for --prompt. Timing
+goes to stderr, generated text or ids to stdout.
 
 `zaya_jax.generate` is also the generate function (zaya_jax/__init__.py); importing this module
 would shadow it with the module, so the module itself is made callable as that function.
@@ -16,58 +20,86 @@ would shadow it with the module, so the module itself is made callable as that f
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import types
 
 import numpy as np
+from absl import app, flags
 
+from zaya_jax import cli
+from zaya_jax.errors import UserError
 from zaya_jax.infer.generate import generate
-from zaya_jax.infer.loading import load_checkpoint, load_hf
+from zaya_jax.infer.loading import existing_checkpoint, load_checkpoint, load_hf
 from zaya_jax.infer.quantize import MODES
 
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m zaya_jax.generate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--hf", metavar="DIR", help="HF ZAYA checkpoint directory (config.json + safetensors)")
-    source.add_argument("--checkpoint", metavar="DIR", help="training run WORKDIR or its checkpoint directory (Orbax)")
-    prompt = parser.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt", help="prompt text (needs --tokenizer)")
-    prompt.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 2,17,5")
-    parser.add_argument("--tokenizer", metavar="PATH", help="HF tokenizer.json (the `tokenizers` library)")
-    parser.add_argument("--no-bos", action="store_true",
-                        help="do not prepend the model's bos id to an encoded --prompt that lacks it")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ignore-eos", action="store_true", help="keep generating after the eos id")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
-                        help="compute dtype (default: float32 for --hf, the saved config's for --checkpoint)")
-    parser.add_argument("--quantize", choices=sorted(MODES), default=None, help="weight-only quantization")
-    parser.add_argument("--group-size", type=int, default=64, help="quantization group along the input axis")
-    args = parser.parse_args(argv)
-    if args.prompt is not None and args.tokenizer is None:
-        parser.error("--prompt needs --tokenizer (or pass --prompt-ids)")
-    return args
+_HF = flags.DEFINE_string("hf", None, "HF ZAYA checkpoint directory (config.json + safetensors).")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training run WORKDIR, its checkpoints/ directory, or a "
+                                                      "`convert to_orbax` output (Orbax).")
+_PROMPT = flags.DEFINE_string("prompt", None, "Prompt text (tokenized with --tokenizer or the checkpoint's).")
+_PROMPT_IDS = flags.DEFINE_string("prompt_ids", None, "Comma-separated prompt token ids, e.g. 2,17,5.")
+_TOKENIZER = flags.DEFINE_string("tokenizer", None, "tokenizer.json (default for --checkpoint: the one the run "
+                                                    "was trained with).")
+_NO_BOS = flags.DEFINE_bool("no_bos", False, "Do not prepend the model's bos id to an encoded --prompt.")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate.", lower_bound=1)
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.", lower_bound=0.0)
+_TOP_K = flags.DEFINE_integer("top_k", None, "Sample among the k most likely tokens.", lower_bound=1)
+_TOP_P = flags.DEFINE_float("top_p", None, "Nucleus sampling mass.", lower_bound=0.0, upper_bound=1.0)
+_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+_IGNORE_EOS = flags.DEFINE_bool("ignore_eos", False, "Keep generating after the eos id.")
+_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
+                           "Compute dtype (default: float32 for --hf, the saved config's for --checkpoint).")
+_QUANTIZE = flags.DEFINE_enum("quantize", None, sorted(MODES), "Weight-only quantization.")
+_GROUP_SIZE = flags.DEFINE_integer("group_size", 64, "Quantization group along the input axis.", lower_bound=1)
 
 
-def load_model(args: argparse.Namespace):
-    options = dict(quantize=args.quantize, group_size=args.group_size)
-    if args.dtype is not None:
-        options["dtype"] = args.dtype
-    if args.hf is not None:
-        return load_hf(args.hf, **options)
+def check_flags() -> None:
+    if (_HF.value is None) == (_CHECKPOINT.value is None):
+        raise app.UsageError("give exactly one of --checkpoint and --hf")
+    if (_PROMPT.value is None) == (_PROMPT_IDS.value is None):
+        raise app.UsageError("give exactly one of --prompt and --prompt_ids")
+
+
+def load_model():
+    options = dict(quantize=_QUANTIZE.value, group_size=_GROUP_SIZE.value)
+    if _DTYPE.value is not None:
+        options["dtype"] = _DTYPE.value
+    if _HF.value is not None:
+        return load_hf(_HF.value, **options)
     try:
-        return load_checkpoint(args.checkpoint, **options)
+        return load_checkpoint(_CHECKPOINT.value, **options)
     except ModuleNotFoundError as err:
         if "zaya_jax.train" not in str(err.name):
             raise
-        raise SystemExit(f"--checkpoint: {err}") from err
+        raise UserError(f"--checkpoint: {err}") from err
+
+
+def tokenizer_file() -> str:
+    """--tokenizer, else the tokenizer the checkpoint's run was trained with (its data.tokenizer)."""
+    if _TOKENIZER.value is not None:
+        return _TOKENIZER.value
+    if _CHECKPOINT.value is None:
+        raise UserError("--prompt needs --tokenizer with --hf (or pass --prompt_ids)")
+    from zaya_jax.data.sources import tokenizer_path
+    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
+    config = read_config(checkpoint_dir(existing_checkpoint(_CHECKPOINT.value)))
+    if "data" not in config or not config.data.get("tokenizer"):
+        raise UserError(f"--checkpoint {_CHECKPOINT.value}: its config names no tokenizer (synthetic data); "
+                        "pass --tokenizer FILE or --prompt_ids")
+    try:
+        path = tokenizer_path(config.data)
+    except FileNotFoundError as err:
+        raise UserError(f"--checkpoint {_CHECKPOINT.value}: {err}; pass --tokenizer FILE") from err
+    print(f"[tokenizer: {path}, the run's data.tokenizer {config.data.tokenizer!r}]", file=sys.stderr)
+    return path
+
+
+def load_tokenizer(path: str):
+    import tokenizers
+    try:
+        return tokenizers.Tokenizer.from_file(path)
+    except Exception as err:  # tokenizers raises a bare Exception for a missing or malformed file
+        raise UserError(f"--tokenizer {path}: cannot read it as a tokenizer.json ({err})") from err
 
 
 class TextStream:
@@ -95,25 +127,27 @@ class TextStream:
         sys.stdout.flush()
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    tokenizer = None
-    if args.tokenizer is not None:
-        import tokenizers
-        tokenizer = tokenizers.Tokenizer.from_file(args.tokenizer)
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    check_flags()
+    tokenizer = load_tokenizer(tokenizer_file()) if _PROMPT.value is not None else None
     start = time.perf_counter()
-    model = load_model(args)
+    model = load_model()
     cfg = model.config
-    if args.prompt is not None:
-        ids = tokenizer.encode(args.prompt).ids
-        if not args.no_bos and ids[:1] != [cfg.bos_token_id]:
+    if _PROMPT.value is not None:
+        ids = tokenizer.encode(_PROMPT.value).ids
+        if not _NO_BOS.value and ids[:1] != [cfg.bos_token_id]:
             ids = [cfg.bos_token_id] + ids
     else:
-        ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+        try:
+            ids = [int(x) for x in _PROMPT_IDS.value.split(",") if x.strip()]
+        except ValueError as err:
+            raise UserError(f"--prompt_ids {_PROMPT_IDS.value!r}: not comma-separated integers") from err
     loaded = time.perf_counter()
-    stream = TextStream(tokenizer, None if args.ignore_eos else cfg.eos_token_id)
-    generate(model, [ids], args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-             seed=args.seed, stop_at_eos=not args.ignore_eos, on_token=stream)
+    stream = TextStream(tokenizer, None if _IGNORE_EOS.value else cfg.eos_token_id)
+    generate(model, [ids], _MAX_NEW.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
+             seed=_SEED.value, stop_at_eos=not _IGNORE_EOS.value, on_token=stream)
     sys.stdout.write("\n")
     done = time.perf_counter()
     print(f"[loaded in {loaded - start:.1f}s; {len(stream.ids)} tokens in {done - loaded:.1f}s "
@@ -128,4 +162,4 @@ class _CallableModule(types.ModuleType):
 sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

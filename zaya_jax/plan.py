@@ -2,7 +2,6 @@
 
   python -m zaya_jax.plan --config configs/zaya1_base.py [--json] [--config.model.num_layers=4]
   python -m zaya_jax.plan --config configs/zaya1_base.py --mesh data=128,fsdp=8 [--device_memory_gb 192]
-
   python -m zaya_jax.plan --config configs/zaya1_base.py --mesh data=1024 --hardware mi300x [--calibration rates.json]
   python -m zaya_jax.plan --config configs/zaya1_base.py --search --devices 1024 --hardware mi300x
 
@@ -23,6 +22,8 @@ import math
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from zaya_jax import cli
 
 from zaya_jax.config_files import model_config
 from zaya_jax.model.accounting import model_summary
@@ -225,4 +226,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

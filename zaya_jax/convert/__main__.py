@@ -1,13 +1,20 @@
 """HF safetensors <-> Orbax checkpoints.
 
   python -m zaya_jax.convert to_orbax --hf HF_DIR --out CKPT_DIR [--dtype bfloat16]
-  python -m zaya_jax.convert to_hf --checkpoint CKPT_DIR --out HF_DIR [--step N] [--schema native|original]
+  python -m zaya_jax.convert to_hf --checkpoint runs/demo --out HF_DIR [--step N] [--schema native|original]
 
 to_orbax writes a model-only checkpoint (params, balancing biases and the model config, step 0)
 in the trainer's layout: point `python -m zaya_jax.evaluate --checkpoint` at it, or copy it to
 WORKDIR/checkpoints to fine-tune from it. to_hf reads the `model` item of any checkpoint (a
-training run's WORKDIR, its WORKDIR/checkpoints, or a to_orbax output) and writes config.json +
-safetensors that `transformers.ZayaForCausalLM.from_pretrained` loads.
+training run's WORKDIR, its WORKDIR/checkpoints, or a to_orbax output), with the RoPE base of
+the curriculum phase it was saved in, and writes config.json + safetensors.
+
+to_hf writes what `transformers.ZayaForCausalLM.from_pretrained` loads (the native schema),
+and only when the written files compute the same model: they are read back and their logits
+compared with the checkpoint's on a probe batch before the directory appears. A base-layout
+model (skip slot passes p * x; transformers outputs 0 there) is written as native only when no
+token can reach its skip slot; otherwise to_hf refuses and says why. `--schema original` writes
+Zyphra's ZAYA1-base names instead (zaya_jax.load_hf reads them; transformers cannot).
 """
 
 from __future__ import annotations
@@ -15,8 +22,15 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import sys
+
 from absl import app, flags
 
+from zaya_jax import cli
+from zaya_jax.convert.export_check import schema_problem
+from zaya_jax.convert.hf_save import OutputExistsError
+from zaya_jax.errors import UserError
+from zaya_jax.infer.loading import existing_checkpoint
 from zaya_jax.train.checkpoint import load_checkpoint_model, save_model
 from zaya_jax.train.state import ModelParts
 
@@ -24,14 +38,16 @@ _HF = flags.DEFINE_string("hf", None, "to_orbax: the HF checkpoint directory to 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "to_hf: the Orbax checkpoint directory to read.")
 _OUT = flags.DEFINE_string("out", None, "The directory to write (must not exist or be empty).")
 _STEP = flags.DEFINE_integer("step", None, "to_hf: the checkpoint step (default: the latest).")
-_SCHEMA = flags.DEFINE_enum("schema", None, ["native", "original"], "to_hf: HF tensor names (default: by layout).")
+_SCHEMA = flags.DEFINE_enum("schema", None, ["native", "original"],
+                            "to_hf: native (transformers; the default) or original (Zyphra's ZAYA1-base names, "
+                            "which transformers cannot load).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "to_orbax: the compute dtype recorded.")
 
 
 def to_orbax(hf_dir: str, out_dir: str, dtype: str = "float32") -> str:
     import zaya_jax
     if os.path.isdir(out_dir) and os.listdir(out_dir):
-        raise FileExistsError(f"{out_dir}: exists and is not empty; refusing to overwrite")
+        raise OutputExistsError(f"--out {out_dir}: exists and is not empty; choose a new directory")
     model = zaya_jax.load_hf(hf_dir, dtype=dtype)
     params, biases = ModelParts.arrays(model)
     save_model(out_dir, params, biases, {"model": dataclasses.asdict(model.config)})
@@ -39,9 +55,21 @@ def to_orbax(hf_dir: str, out_dir: str, dtype: str = "float32") -> str:
 
 
 def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | None = None) -> str:
+    """Writes the checkpoint's model (fp32) as an HF directory; `schema` None: native, which
+    transformers loads, refused (UserError) when it would change what the model computes."""
     import zaya_jax
-    model, _ = load_checkpoint_model(checkpoint, step)
+    model, _ = load_checkpoint_model(existing_checkpoint(checkpoint), step, dtype="float32")
+    if schema is None:
+        problem = schema_problem(model, "native")
+        if problem:
+            raise UserError(f"--checkpoint {checkpoint}: not exported: {problem}.\nTrain with "
+                            "--config.model.layout=native, or pass --schema original for Zyphra's original names "
+                            "(zaya_jax.load_hf reads them; transformers cannot).")
+        schema = "native"
     zaya_jax.save_hf(model, out_dir, schema=schema)
+    if schema == "original":
+        print("note: the original schema holds Zyphra's ZAYA1-base names: zaya_jax.load_hf reads it, "
+              "transformers' ZayaForCausalLM cannot", file=sys.stderr)
     return out_dir
 
 
@@ -62,4 +90,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -12,24 +12,33 @@ from __future__ import annotations
 from typing import Any
 
 from zaya_jax.config import ModelConfig
+from zaya_jax.errors import UserError
+
+
+class HFCheckpointError(UserError, ValueError):
+    """An HF checkpoint directory that is not a ZAYA checkpoint this code reads; names the file and key."""
+
+
+class HFFileMissing(UserError, FileNotFoundError):
+    """A file an HF checkpoint directory must hold is absent."""
 
 
 def detect_schema(hf: dict[str, Any]) -> str:
     if hf.get("model_type") != "zaya":
-        raise ValueError(f"config.json: model_type is {hf.get('model_type')!r}, expected 'zaya'")
+        raise HFCheckpointError(f"config.json: model_type is {hf.get('model_type')!r}, expected 'zaya'")
     return "original" if "zaya_layers" in hf else "native"
 
 
 def _require(hf: dict, key: str):
     if key not in hf:
-        raise ValueError(f"config.json: missing required key {key!r}")
+        raise HFCheckpointError(f"config.json: missing required key {key!r}")
     return hf[key]
 
 
 def _expect(hf: dict, key: str, allowed, default) -> None:
     value = hf.get(key, default)
     if value not in allowed:
-        raise ValueError(f"config.json: {key}={value!r} is not supported (supported: {allowed})")
+        raise HFCheckpointError(f"config.json: {key}={value!r} is not supported (supported: {allowed})")
 
 
 def _native_to_model(hf: dict) -> dict:
@@ -42,8 +51,8 @@ def _native_to_model(hf: dict) -> dict:
     layers = _require(hf, "num_hidden_layers")
     layer_types = hf.get("layer_types") or ["hybrid"] * layers
     if set(layer_types) - {"hybrid", "full_attention"}:
-        raise ValueError(f"config.json: layer_types {sorted(set(layer_types))} include sliding-window layers, "
-                         "which zaya_jax does not implement")
+        raise HFCheckpointError(f"config.json: layer_types {sorted(set(layer_types))} include sliding-window layers, "
+                                "which zaya_jax does not implement")
     rope = (hf.get("rope_parameters") or {}).get(layer_types[0]) or {}
     return dict(
         vocab_size=_require(hf, "vocab_size"), hidden_size=_require(hf, "hidden_size"), num_layers=layers,
@@ -68,11 +77,11 @@ def _first(value):
 def _original_to_model(hf: dict) -> dict:
     sub_layers = _require(hf, "zaya_layers")
     if len(sub_layers) % 2 or any((s == "a") != (n % 2 == 0) for n, s in enumerate(sub_layers)):
-        raise ValueError("config.json: zaya_layers must alternate 'a' (CCA) and a MoE expert count, "
-                         f"starting with 'a'; got {sub_layers[:6]}...")
+        raise HFCheckpointError("config.json: zaya_layers must alternate 'a' (CCA) and a MoE expert count, "
+                                f"starting with 'a'; got {sub_layers[:6]}...")
     experts = {s for s in sub_layers[1::2]}
     if len(experts) != 1:
-        raise ValueError(f"config.json: zaya_layers mixes expert counts {sorted(experts)}")
+        raise HFCheckpointError(f"config.json: zaya_layers mixes expert counts {sorted(experts)}")
     _expect(hf, "moe_router_topk", (1,), 1)
     _expect(hf, "add_bias_linear", (False,), False)
     _expect(hf, "zaya_use_mod", (True,), True)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from zaya_jax.convert.hf_config import model_config_from_hf
+from zaya_jax.convert.hf_config import HFCheckpointError, HFFileMissing, model_config_from_hf
 from zaya_jax.convert.hf_names import ENTRIES, IGNORED_SUFFIXES, TIED_HEAD, Entry
 from zaya_jax.convert.safetensors_io import TensorReader
 from zaya_jax.model.build import abstract_model
@@ -21,11 +21,11 @@ from zaya_jax.model.zaya import ZayaLM
 def read_hf_config(directory: str | os.PathLike) -> dict:
     path = Path(directory) / "config.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path}: missing (an HF checkpoint directory holds config.json)")
+        raise HFFileMissing(f"{path}: missing (an HF checkpoint directory holds config.json)")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from err
+        raise HFCheckpointError(f"{path}: not valid JSON ({err})") from err
 
 
 def _lookup(tree: dict, path: tuple[str, ...]):
@@ -38,12 +38,12 @@ def check_names(entries: list[Entry], names: set[str], where: str) -> None:
     expected = {e.hf_name for e in entries}
     missing = sorted(expected - names)
     if missing:
-        raise ValueError(f"{where}: missing tensor {missing[0]!r}" + (f" (and {len(missing) - 1} more)"
-                                                                        if len(missing) > 1 else ""))
+        raise HFCheckpointError(f"{where}: missing tensor {missing[0]!r}"
+                                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     unknown = sorted(n for n in names - expected - {TIED_HEAD} if not n.endswith(IGNORED_SUFFIXES))
     if unknown:
-        raise ValueError(f"{where}: unexpected tensor {unknown[0]!r}, not part of this ZAYA config"
-                         + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+        raise HFCheckpointError(f"{where}: unexpected tensor {unknown[0]!r}, not part of this ZAYA config"
+                                + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
 
 
 def params_from_tensors(model_like: ZayaLM, entries: list[Entry], get_tensor, where: str) -> dict:
@@ -57,8 +57,8 @@ def params_from_tensors(model_like: ZayaLM, entries: list[Entry], get_tensor, wh
     for entry in entries:
         tensor = get_tensor(entry.hf_name)
         if tuple(tensor.shape) != entry.hf_shape:
-            raise ValueError(f"{where}: tensor {entry.hf_name!r} has shape {tuple(tensor.shape)}, "
-                             f"expected {entry.hf_shape} for this config")
+            raise HFCheckpointError(f"{where}: tensor {entry.hf_name!r} has shape {tuple(tensor.shape)}, "
+                                    f"expected {entry.hf_shape} for this config")
         for (path, index), part in zip(entry.targets, entry.from_hf(np.asarray(tensor, np.float32))):
             _lookup(arrays, path)[index] = part
     return arrays

@@ -11,10 +11,26 @@ from pathlib import Path
 import numpy as np
 from flax import nnx
 
+from zaya_jax.convert.export_check import check_schema, verify_export
 from zaya_jax.convert.hf_config import hf_config_from_model
 from zaya_jax.convert.hf_names import ENTRIES
 from zaya_jax.convert.safetensors_io import write_sharded
+from zaya_jax.errors import UserError
 from zaya_jax.model.zaya import ZayaLM
+
+
+class OutputExistsError(UserError, FileExistsError):
+    """The output directory exists and is not empty."""
+
+
+def group_readable(directory: Path) -> None:
+    """Gives a directory made by tempfile.mkdtemp (0700) and its files (safetensors writes 0600) the
+    permissions of ones made by a plain mkdir / open (the umask's: usually readable by the group)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.iterdir():
+        path.chmod(0o666 & ~umask)
 
 
 def hf_tensors(model: ZayaLM, schema: str):
@@ -35,22 +51,27 @@ def save_hf(model: ZayaLM, directory: str | os.PathLike, schema: str | None = No
     """Writes config.json + safetensors that `transformers.ZayaForCausalLM.from_pretrained` loads.
 
     schema: "native" (transformers names) or "original" (Zyphra's ZAYA1-base names); by default
-    it follows the model's layout. The directory appears whole or not at all (written to a
-    temporary sibling, then renamed); an existing non-empty directory is refused.
+    it follows the model's layout. The written files are read back and must compute the same
+    model (zaya_jax.convert.export_check); otherwise nothing is written and ExportMismatch says
+    why. The directory appears whole or not at all (written to a temporary sibling, checked,
+    then renamed); an existing non-empty directory is refused.
     """
     cfg = model.config
     schema = schema or ("original" if cfg.layout == "base" else "native")
     if schema not in ENTRIES:
-        raise ValueError(f"schema={schema!r} does not exist; choose one of {sorted(ENTRIES)}")
+        raise UserError(f"schema={schema!r} does not exist; choose one of {sorted(ENTRIES)}")
+    check_schema(model, schema)
     target = Path(directory)
     if target.exists() and any(target.iterdir()):
-        raise FileExistsError(f"{target}: exists and is not empty; refusing to overwrite")
+        raise OutputExistsError(f"{target}: exists and is not empty; refusing to overwrite (choose a new directory)")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         write_sharded(staging, hf_tensors(model, schema), max_shard_bytes)
         config = {**hf_config_from_model(cfg, schema), "torch_dtype": "float32"}
         (staging / "config.json").write_text(json.dumps(config, indent=2))
+        verify_export(model, staging, schema)
+        group_readable(staging)
         if target.exists():
             target.rmdir()
         os.replace(staging, target)

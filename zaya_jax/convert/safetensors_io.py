@@ -11,6 +11,8 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from zaya_jax.convert.hf_config import HFCheckpointError, HFFileMissing
+
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -25,12 +27,12 @@ class TensorReader:
             try:
                 self.file_of = dict(json.loads(index.read_text())["weight_map"])
             except (json.JSONDecodeError, KeyError) as err:
-                raise ValueError(f"{index}: not a safetensors index with a weight_map ({err})") from err
+                raise HFCheckpointError(f"{index}: not a safetensors index with a weight_map ({err})") from err
         elif (self.directory / SINGLE_FILE).exists():
             with safe_open(self.directory / SINGLE_FILE, framework="np") as f:
                 self.file_of = {name: SINGLE_FILE for name in f.keys()}
         else:
-            raise FileNotFoundError(f"{self.directory}: no {SINGLE_FILE} or {INDEX_FILE}")
+            raise HFFileMissing(f"{self.directory}: no {SINGLE_FILE} or {INDEX_FILE}")
         for name in sorted(set(self.file_of.values())):
             if not (self.directory / name).exists():
                 raise FileNotFoundError(f"{self.directory / name}: shard named in {INDEX_FILE} is missing")

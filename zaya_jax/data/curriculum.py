@@ -29,6 +29,8 @@ import math
 
 import ml_collections
 
+from zaya_jax.config import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class PhaseInfo:
@@ -55,7 +57,7 @@ class PhaseInfo:
 def _positive_int(value, field: str) -> int:
     if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
             or value != int(value) or value <= 0):
-        raise ValueError(f"{field} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{field} must be a positive integer, got {value!r}")
     return int(value)
 
 
@@ -64,20 +66,20 @@ def _phase(cfg, index: int, sources: list[str], global_batch_size: int | None) -
     cfg = ml_collections.ConfigDict(cfg) if isinstance(cfg, dict) else cfg
     for key in ("name", "token_budget", "seq_len", "rope_theta", "global_batch_size", "weights"):
         if key not in cfg:
-            raise ValueError(f"{field}.{key} is missing")
+            raise ConfigError(f"{field}.{key} is missing")
     if not isinstance(cfg.name, str) or not cfg.name:
-        raise ValueError(f"{field}.name must be a non-empty string, got {cfg.name!r}")
+        raise ConfigError(f"{field}.name must be a non-empty string, got {cfg.name!r}")
     rope_theta = cfg.rope_theta
     if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)) or rope_theta <= 0:
-        raise ValueError(f"{field}.rope_theta must be a positive number, got {rope_theta!r}")
+        raise ConfigError(f"{field}.rope_theta must be a positive number, got {rope_theta!r}")
     weights = dict(cfg.weights)
     for name, w in weights.items():
         if name not in sources:
-            raise ValueError(f"{field}.weights names unknown source {name!r} (data.sources has {sources})")
+            raise ConfigError(f"{field}.weights names unknown source {name!r} (data.sources has {sources})")
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
-            raise ValueError(f"{field}.weights.{name} must be a finite number >= 0, got {w!r}")
+            raise ConfigError(f"{field}.weights.{name} must be a finite number >= 0, got {w!r}")
     if not sum(weights.values()) > 0:
-        raise ValueError(f"{field}.weights must sum to a positive number, got {weights}")
+        raise ConfigError(f"{field}.weights must sum to a positive number, got {weights}")
     return PhaseInfo(
         index=index, name=cfg.name,
         token_budget=_positive_int(cfg.token_budget, f"{field}.token_budget"),
@@ -91,42 +93,42 @@ def parse_phases(data_config, *, global_batch_size: int | None = None,
                  process_count: int = 1) -> tuple[PhaseInfo, ...]:
     """Validates the config (cheaply, touching no file) and returns its phases.
 
-    Raises ValueError naming the offending field. `global_batch_size`, if given, replaces every
+    Raises ConfigError (a ValueError) naming the offending field. `global_batch_size`, if given, replaces every
     phase's; each phase's B must split evenly over processes and then over workers.
     """
     for key in ("sources", "phases", "pad_id", "heldout_fraction", "packing_bins", "worker_count",
                 "worker_buffer_size", "prefetch_buffer_size"):
         if key not in data_config:
-            raise ValueError(f"data.{key} is missing")
+            raise ConfigError(f"data.{key} is missing")
     if not dict(data_config.sources):
-        raise ValueError("data.sources must name at least one source")
+        raise ConfigError("data.sources must name at least one source")
     sources = list(data_config.sources)
     for name in sources:
         if not isinstance(data_config.sources[name], str) or not data_config.sources[name]:
-            raise ValueError(f"data.sources.{name} must be a path string, got {data_config.sources[name]!r}")
+            raise ConfigError(f"data.sources.{name} must be a path string, got {data_config.sources[name]!r}")
     if not data_config.phases:
-        raise ValueError("data.phases must list at least one phase")
+        raise ConfigError("data.phases must list at least one phase")
     phases = tuple(_phase(p, i, sources, global_batch_size) for i, p in enumerate(data_config.phases))
     if len({p.name for p in phases}) != len(phases):
-        raise ValueError(f"data.phases names must be unique, got {[p.name for p in phases]}")
+        raise ConfigError(f"data.phases names must be unique, got {[p.name for p in phases]}")
     if not 0 <= data_config.heldout_fraction < 1:
-        raise ValueError(f"data.heldout_fraction must be in [0, 1), got {data_config.heldout_fraction!r}")
+        raise ConfigError(f"data.heldout_fraction must be in [0, 1), got {data_config.heldout_fraction!r}")
     if isinstance(data_config.pad_id, bool) or not isinstance(data_config.pad_id, int) or data_config.pad_id < 0:
-        raise ValueError(f"data.pad_id must be an integer >= 0, got {data_config.pad_id!r}")
+        raise ConfigError(f"data.pad_id must be an integer >= 0, got {data_config.pad_id!r}")
     _positive_int(data_config.packing_bins, "data.packing_bins")
     for key in ("worker_count", "worker_buffer_size", "prefetch_buffer_size"):
         value = data_config[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"data.{key} must be an integer >= 0, got {value!r}")
+            raise ConfigError(f"data.{key} must be an integer >= 0, got {value!r}")
     _positive_int(process_count, "process_count")
     workers = max(1, data_config.worker_count)
     for p in phases:
         if p.global_batch_size % process_count:
-            raise ValueError(f"data.phases[{p.index}].global_batch_size={p.global_batch_size} does not split "
-                             f"evenly over {process_count} processes")
+            raise ConfigError(f"data.phases[{p.index}].global_batch_size={p.global_batch_size} does not split "
+                              f"evenly over {process_count} processes")
         if p.global_batch_size // process_count % workers:
-            raise ValueError(f"data.worker_count={workers} must divide the per-process batch "
-                             f"{p.global_batch_size // process_count} of phase {p.name!r}")
+            raise ConfigError(f"data.worker_count={workers} must divide the per-process batch "
+                              f"{p.global_batch_size // process_count} of phase {p.name!r}")
     return phases
 
 

@@ -14,12 +14,11 @@ Cache: <cache_dir>/<settings key>/; cache_dir defaults to $ZAYA_JAX_CACHE/demo_c
 ~/.cache/zaya_jax/demo_corpus. A build runs in a temporary dir under a file lock and is renamed
 into place when complete, so concurrent users never see half a corpus.
 
-    python -m zaya_jax.data.demo_corpus [--cache-dir DIR] [--max-docs N]   # build ahead of time
+    python -m zaya_jax.data.demo_corpus [--cache_dir DIR] [--max_docs N]   # build ahead of time
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import fcntl
 import glob
@@ -34,7 +33,9 @@ import sys
 import sysconfig
 
 import tqdm
+from absl import app, flags
 
+from zaya_jax import cli
 from zaya_jax.data import math_problems, prepare, tokenizer
 
 BUILD_VERSION = 1
@@ -187,19 +188,23 @@ def build_demo_corpus(cache_dir: str | os.PathLike | None = None, *, max_docs: i
     return corpus
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the demo corpus ahead of time.")
-    parser.add_argument("--cache-dir", default=None,
-                        help="default: $ZAYA_JAX_CACHE/demo_corpus, else ~/.cache/zaya_jax/demo_corpus")
-    parser.add_argument("--max-docs", type=int, default=0, help="cap every source at N documents (0: no cap)")
-    parser.add_argument("--vocab-size", type=int, default=4096)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    corpus = build_demo_corpus(args.cache_dir, max_docs=args.max_docs, vocab_size=args.vocab_size, seed=args.seed)
+def define_flags() -> None:
+    """The CLI's flags, defined only when this module runs as the CLI (it is also a library module)."""
+    flags.DEFINE_string("cache_dir", None, "Default: $ZAYA_JAX_CACHE/demo_corpus, else ~/.cache/zaya_jax/demo_corpus.")
+    flags.DEFINE_integer("max_docs", 0, "Cap every source at N documents (0: no cap).", lower_bound=0)
+    flags.DEFINE_integer("vocab_size", 4096, "Vocabulary of the BPE tokenizer.", lower_bound=260)
+    flags.DEFINE_integer("seed", 0, "Shuffling and generation seed.")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    f = flags.FLAGS
+    corpus = build_demo_corpus(f.cache_dir, max_docs=f.max_docs, vocab_size=f.vocab_size, seed=f.seed)
     print(json.dumps({"root": str(corpus.root), "tokenizer": str(corpus.tokenizer),
                       **json.loads((corpus.root / "complete.json").read_text())}))
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    define_flags()
+    cli.run(main)

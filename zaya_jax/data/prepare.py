@@ -3,6 +3,10 @@
     python -m zaya_jax.data.prepare --input 'raw/**/*.jsonl' --format jsonl \
         --tokenizer /models/gemma3/tokenizer.json --output /data/zaya1/web --workers 8
 
+Flags: --input (repeatable), --format text|jsonl|parquet, --tokenizer, --output, --workers,
+--num_shards, --text_field, --bos_id/--eos_id/--pad_id, --skip_bad, --quiet (dashes work too:
+--num-shards). A bad input ends in one `error:` line naming the file and line, exit code 2.
+
 Output directory:
   shard-00000-of-00016.array_record   one record per document: [bos, ids..., eos] as uint16
                                       (vocab <= 65536) or uint32, little-endian bytes
@@ -13,25 +17,26 @@ Output directory:
 
 Input files (sorted) are split into contiguous groups, one per shard; shards run in parallel
 worker processes; a re-run skips shards already done. A bad input (unreadable, empty, malformed
-line) fails with the file and line, or with --skip-bad is skipped and counted in the manifest.
+line) fails with the file and line, or with --skip_bad is skipped and counted in the manifest.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
 import multiprocessing
 import os
 import queue
-import sys
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import tqdm
+from absl import app, flags
 
+from zaya_jax import cli
 from zaya_jax.data import readers
+from zaya_jax.errors import UserError
 from zaya_jax.data.tokenizer import Tokenizer, token_dtype
 
 MANIFEST, PLAN = "manifest.json", "plan.json"
@@ -241,33 +246,37 @@ def write_tokenized(output_dir: str, documents: Sequence[Sequence[int]], *, toke
                            inputs=[])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", action="append", required=True, help="glob pattern (** recurses); repeatable")
-    parser.add_argument("--format", choices=readers.FORMATS, required=True)
-    parser.add_argument("--tokenizer", required=True, help="tokenizer.json or SentencePiece .model")
-    parser.add_argument("--output", required=True, help="output directory")
-    parser.add_argument("--workers", type=int, default=1, help="worker processes")
-    parser.add_argument("--num-shards", type=int, default=None, help="default: min(#files, 64)")
-    parser.add_argument("--text-field", default="text", help="jsonl key / parquet column")
-    parser.add_argument("--bos-id", type=int, default=2, help="from the model config (ZAYA1: 2)")
-    parser.add_argument("--eos-id", type=int, default=1, help="from the model config (ZAYA1: 1)")
-    parser.add_argument("--pad-id", type=int, default=0, help="from the model config (ZAYA1: 0)")
-    parser.add_argument("--skip-bad", action="store_true", help="skip and count bad files/lines instead of failing")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
+def define_flags() -> None:
+    """The CLI's flags, defined only when this module runs as the CLI (it is also a library module,
+    imported by others whose processes define their own flags)."""
+    flags.DEFINE_multi_string("input", None, "Glob pattern (** recurses); repeatable.", required=True)
+    flags.DEFINE_enum("format", None, list(readers.FORMATS), "Input format.", required=True)
+    flags.DEFINE_string("tokenizer", None, "tokenizer.json or SentencePiece .model.", required=True)
+    flags.DEFINE_string("output", None, "Output directory.", required=True)
+    flags.DEFINE_integer("workers", 1, "Worker processes.", lower_bound=1)
+    flags.DEFINE_integer("num_shards", None, "Shards to write (default: min(#files, 64)).", lower_bound=1)
+    flags.DEFINE_string("text_field", "text", "jsonl key / parquet column.")
+    flags.DEFINE_integer("bos_id", 2, "From the model config (ZAYA1: 2).")
+    flags.DEFINE_integer("eos_id", 1, "From the model config (ZAYA1: 1).")
+    flags.DEFINE_integer("pad_id", 0, "From the model config (ZAYA1: 0).")
+    flags.DEFINE_bool("skip_bad", False, "Skip and count bad files/lines instead of failing.")
+    flags.DEFINE_bool("quiet", False, "No progress bar.")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    f = flags.FLAGS
     try:
-        manifest = prepare_dataset(args.input, args.format, args.tokenizer, args.output, bos_id=args.bos_id,
-                                   eos_id=args.eos_id, pad_id=args.pad_id, text_field=args.text_field,
-                                   num_shards=args.num_shards, workers=args.workers, skip_bad=args.skip_bad,
-                                   progress=not args.quiet)
-    except (readers.InputError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        manifest = prepare_dataset(f.input, f.format, f.tokenizer, f.output, bos_id=f.bos_id, eos_id=f.eos_id,
+                                   pad_id=f.pad_id, text_field=f.text_field, num_shards=f.num_shards,
+                                   workers=f.workers, skip_bad=f.skip_bad, progress=not f.quiet)
+    except (FileNotFoundError, ValueError) as err:  # an InputError is a UserError already
+        raise UserError(str(err)) from err
     summary = {k: manifest[k] for k in ("num_documents", "num_tokens", "skipped_files", "skipped_lines", "dtype")}
-    print(json.dumps({"output": args.output, "shards": len(manifest["shards"]), **summary}))
-    return 0
+    print(json.dumps({"output": f.output, "shards": len(manifest["shards"]), **summary}))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    define_flags()
+    cli.run(main)

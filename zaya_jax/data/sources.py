@@ -86,7 +86,26 @@ def load_manifest(path: str, field: str) -> dict:
         shard_path = os.path.join(path, shard["file"])
         if not os.path.isfile(shard_path):
             raise FileNotFoundError(f"{field}: shard {shard_path!r} listed in the manifest does not exist")
+        check_shard(shard_path, shard.get("documents"), field)
     return manifest
+
+
+def check_shard(shard_path: str, documents: int | None, field: str) -> None:
+    """Opens an ArrayRecord shard (its footer and index) and compares its record count with the
+    manifest's, so that a damaged shard is named at start, not found mid-run. Raises InputError."""
+    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+    from zaya_jax.data.readers import InputError  # pylint: disable=g-import-not-at-top
+    try:
+        reader = array_record_module.ArrayRecordReader(shard_path)
+        records = reader.num_records()
+        reader.close()
+    except Exception as e:  # pylint: disable=broad-except  (the reader raises RuntimeError or ValueError)
+        cause = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise InputError(shard_path, None, f"not a readable ArrayRecord shard ({cause}); "
+                                           f"re-run `python -m zaya_jax.data.prepare` for {field}") from None
+    if documents is not None and records != documents:
+        raise InputError(shard_path, None, f"holds {records} records but the manifest lists {documents}; "
+                                           f"re-run `python -m zaya_jax.data.prepare` for {field}")
 
 
 def open_source(name: str, path: str, heldout_fraction: float, field: str) -> PreparedSource:

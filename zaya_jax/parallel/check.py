@@ -14,6 +14,7 @@ import json
 from absl import app, flags
 from ml_collections import config_flags
 
+from zaya_jax import cli
 from zaya_jax.parallel import distributed
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).")
@@ -67,4 +68,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -5,6 +5,8 @@
   SLURM (SLURM_JOB_ID with SLURM_NTASKS > 1: jax's own SLURM cluster detection);
   nothing: a single process, jax.distributed is not started.
 `global_batch(local, mesh)` assembles the global batch from each process's rows.
+`broadcast_int` / `max_over_processes`: process 0's value / the largest value, on every process
+(the trainer's choice of checkpoint and its stop decision).
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ def _use_cpu_collectives() -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 
+def _keep_python_signal_handlers() -> None:
+    """jax's preemption service would take SIGTERM from the trainer's own handler (zaya_jax.train.faults,
+    which agrees a stop across processes at every step boundary, SIGINT included); it stays off."""
+    jax.config.update("jax_enable_preemption_service", False)
+
+
 def initialize(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None,
                env: Mapping[str, str] | None = None) -> str:
     """Starts jax.distributed when the job has more than one process; returns how it was configured.
@@ -62,10 +70,12 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         if not 0 <= process_id < num_processes:
             raise ValueError(f"process_id {process_id} must lie in [0, num_processes={num_processes})")
         _use_cpu_collectives()
+        _keep_python_signal_handlers()
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                    process_id=process_id)
         how = f"explicit: process {process_id} of {num_processes}, coordinator {coordinator}"
     elif env.get("SLURM_JOB_ID") and (_int_env(env, "SLURM_NTASKS") or 1) > 1:
+        _keep_python_signal_handlers()
         jax.distributed.initialize()
         how = f"SLURM job {env['SLURM_JOB_ID']}: process {jax.process_index()} of {jax.process_count()}"
     else:
@@ -99,3 +109,19 @@ def global_batch(local: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.A
         global_shape = (rows.shape[0] * jax.process_count(),) + tuple(rows.shape[1:])
         out[name] = jax.make_array_from_process_local_data(sharding, rows, global_shape)
     return out
+
+
+def broadcast_int(value: int) -> int:
+    """Process 0's `value` on every process (itself when there is one process)."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+    return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
+def max_over_processes(value: int) -> int:
+    """The largest of every process's `value` (a collective: every process must call it at the same point)."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+    return int(np.max(multihost_utils.process_allgather(np.int32(value))))

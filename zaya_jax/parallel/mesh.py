@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh
 
 from pallas_kernels._backend import GPU_TARGETS, target
+from zaya_jax.config import ConfigError
 from zaya_jax.errors import UserError
 from zaya_jax.model.kernels import platform
 
@@ -35,11 +36,11 @@ def parse_mesh_flag(text: str) -> dict[str, int]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, sep, value = part.partition("=")
         if not sep or name not in MESH_AXES:
-            raise ValueError(f"--mesh: {part!r} is not AXIS=SIZE with AXIS in {MESH_AXES}")
+            raise ConfigError(f"--mesh: {part!r} is not AXIS=SIZE with AXIS in {MESH_AXES}")
         try:
             sizes[name] = int(value)
         except ValueError:
-            raise ValueError(f"--mesh: size of {name!r} must be an integer, got {value!r}") from None
+            raise ConfigError(f"--mesh: size of {name!r} must be an integer, got {value!r}") from None
     return sizes
 
 
@@ -47,24 +48,25 @@ def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int) -> dict[str, 
     """Fills defaults (1) and the one -1 axis; checks the product is the device count."""
     unknown = sorted(set(sizes) - set(MESH_AXES))
     if unknown:
-        raise ValueError(f"mesh.{unknown[0]}: unknown mesh axis (axes: {MESH_AXES})")
+        raise ConfigError(f"mesh.{unknown[0]}: unknown mesh axis (axes: {MESH_AXES})")
     shape = {axis: int(sizes.get(axis, 1)) for axis in MESH_AXES}
     free = [a for a, n in shape.items() if n == -1]
     for axis, n in shape.items():
         if n == 0 or n < -1:
-            raise ValueError(f"mesh.{axis}={n}: sizes must be positive (or -1 for the rest of the devices)")
+            raise ConfigError(f"mesh.{axis}={n}: sizes must be positive (or -1 for the rest of the devices)")
     if len(free) > 1:
-        raise ValueError(f"mesh: only one axis may be -1, got {free}")
+        raise ConfigError(f"mesh: only one axis may be -1, got {free}")
     fixed = math.prod(n for n in shape.values() if n != -1)
     if free:
         if num_devices % fixed:
-            raise ValueError(f"mesh: mesh.{free[0]}=-1 cannot fill {num_devices} devices with the other axes' "
-                             f"product {fixed}")
+            raise ConfigError(f"mesh: mesh.{free[0]}=-1 cannot fill {num_devices} devices with the other axes' "
+                              f"product {fixed}: choose axis sizes that divide {num_devices}")
         shape[free[0]] = num_devices // fixed
     if math.prod(shape.values()) != num_devices:
         described = ", ".join(f"{a}={n}" for a, n in shape.items() if n != 1) or "all 1"
-        raise ValueError(f"mesh: product of mesh axes ({described}) = {math.prod(shape.values())} "
-                         f"!= {num_devices} devices")
+        raise ConfigError(f"mesh: product of mesh axes ({described}) = {math.prod(shape.values())} "
+                          f"!= {num_devices} devices: make the sizes multiply to {num_devices}, or set one "
+                          "axis to -1 (e.g. --config.mesh.data=-1)")
     return shape
 
 
@@ -86,9 +88,9 @@ def check_platform_support(mesh_shape: Mapping[str, int], expert_parallel: str,
     target = target_platform or platform()
     if (expert_parallel == "ragged_all_to_all" and mesh_shape.get("expert", 1) > 1
             and target not in RAGGED_ALL_TO_ALL_PLATFORMS):
-        raise ValueError(f"model.expert_parallel='ragged_all_to_all' with mesh.expert={mesh_shape['expert']} needs "
-                         f"jax.lax.ragged_all_to_all, which platform {target!r} cannot run (it runs on "
-                         f"{' and '.join(RAGGED_ALL_TO_ALL_PLATFORMS)}); use model.expert_parallel=all_to_all "
+        raise ConfigError(f"model.expert_parallel='ragged_all_to_all' with mesh.expert={mesh_shape['expert']} needs "
+                          f"jax.lax.ragged_all_to_all, which platform {target!r} cannot run (it runs on "
+                          f"{' and '.join(RAGGED_ALL_TO_ALL_PLATFORMS)}); use model.expert_parallel=all_to_all "
                          "(fixed capacity) or model.expert_parallel=all_gather (dropless)")
 
 

@@ -7,9 +7,11 @@
   optimizer.py   Muon (matrices) + AdamW (the rest), or AdamW; schedules; weight-decay masks
   balancing.py   the router balancing controller (AdamW on load fraction - 1/E)
   step.py        the jitted train step (micro-batches, clipping, non-finite skip) and eval step
-  checkpoint.py  async Orbax checkpoints (model, train state, data iterator, config)
+  checkpoint.py  async Orbax checkpoints (model, train state, data iterator, config), verified restores
+  integrity.py   the checksum manifest of a checkpoint step, and the newest step that passes it
   metrics.py     router statistics, model FLOPs, MFU
   monitor.py     metrics.jsonl, TensorBoard, progress bar, expert-load heatmap
-  faults.py      rollback after repeated non-finite steps; SIGTERM / SIGINT
+  faults.py      rollback (and its budget) after non-finite steps; SIGTERM / SIGINT agreed by all processes
+  workdir_lock.py  one trainer per workdir
   loop.py        the Trainer
 """

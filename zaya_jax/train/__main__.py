@@ -2,18 +2,27 @@
 
   python -m zaya_jax.train --config configs/demo.py --workdir runs/demo [--config.train.steps=200 ...]
 
-Resumes from the latest checkpoint in WORKDIR/checkpoints when there is one. Writes
-WORKDIR/metrics.jsonl, WORKDIR/tensorboard/, WORKDIR/expert_load.png. SIGTERM / SIGINT save a
-checkpoint and stop. Compiled programs are cached in $JAX_COMPILATION_CACHE_DIR (default
+Resumes from the newest whole checkpoint in WORKDIR/checkpoints when there is one. Writes
+WORKDIR/metrics.jsonl, WORKDIR/tensorboard/, WORKDIR/expert_load.png. SIGTERM / SIGINT (caught
+from the first line of main on) save a checkpoint and stop. Exit codes (zaya_jax.errors): 0 done,
+75 stopped by a signal after saving (requeue), 2 a bad input (one line), 1 failed. Compiled programs are cached in $JAX_COMPILATION_CACHE_DIR (default
 ~/.cache/zaya_jax/jit), so a restart compiles nothing it has compiled before.
 """
 
 from __future__ import annotations
 
-import os
+from zaya_jax.train import faults
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+faults.install()  # before anything slow: a signal during start-up (imports, distributed init, compilation) is kept
+
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from zaya_jax import cli, errors  # noqa: E402
+from zaya_jax.errors import UserError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, plots.")
@@ -32,19 +41,30 @@ def main(argv):
     if _CONFIG.value is None:
         raise app.UsageError("--config is required, e.g. --config configs/demo.py")
     if not _WORKDIR.value:
-        raise app.UsageError("--workdir is required")
-    if not flags.FLAGS["verbosity"].present:  # Orbax logs every save step at INFO; --verbosity=0 shows it
-        logging.set_verbosity(logging.WARNING)
+        raise app.UsageError("--workdir is required, e.g. --workdir runs/demo")
+    if os.path.exists(_WORKDIR.value) and not os.path.isdir(_WORKDIR.value):
+        raise UserError(f"--workdir {_WORKDIR.value}: is a file, not a directory; choose another --workdir")
     from zaya_jax.parallel import distributed
     distributed.initialize()
     enable_compilation_cache()
+    from zaya_jax.train.checkpoint import CheckpointWriteError
     from zaya_jax.train.loop import Trainer
-    trainer = Trainer(_CONFIG.value, _WORKDIR.value)
+    trainer = Trainer(_CONFIG.value, _WORKDIR.value)  # a UserError here: cli.run prints it, exit 2
+    failure = None
     try:
         trainer.run()
+    except (faults.TrainingFailed, CheckpointWriteError) as e:
+        failure = f"{type(e).__name__}: {e}"
     finally:
         trainer.close()
+    if failure:
+        print(failure, file=sys.stderr, flush=True)
+        # Skip the interpreter's teardown: TensorStore's writes that were cut short would print a
+        # traceback each against Orbax's closed event loops, burying the line above.
+        os._exit(errors.EXIT_FAILED)
+    if trainer.stopped_by:
+        sys.exit(errors.EXIT_PREEMPTED)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -5,9 +5,21 @@ A step directory holds four items:
           to_hf and generation read)
   train   {step, opt_state, controller_state, rng, skipped_steps, nonfinite_streak}
   data    the data iterator's state (grain.checkpoint.CheckpointSave: one JSON per process)
-  config  the full run config as JSON
+  config  the full run config as JSON; its model section has the rope_theta of the curriculum
+          phase being trained, so it rebuilds the model as it was at that step
 `python -m zaya_jax.convert to_orbax` writes model + config only (step 0); training from such a
 directory starts from its weights with a fresh optimizer.
+
+Every finished step directory also holds `zaya_manifest.json` (integrity.py): the size and crc32
+of every file, written by process 0 in a background thread once Orbax has renamed the step into
+place (the loop checks for that at every step boundary; `save()` and `wait()` too; `wait()` also
+waits for the manifest). A step without a valid manifest is incomplete. Restores
+check the items they read against it and fall back to the newest step that passes, saying which
+steps they passed over and why: the trainer (`resume_point`) also moves the damaged newer steps
+to `<directory>.rejected/` (never deletes them) so that new saves cannot collide with them; the
+read-only loaders (`restore_model`, `read_config`, `load_checkpoint_model`) only read, create
+nothing, and raise `UserError` naming the directory when no step passes. A failed asynchronous
+write is raised by `poll()` at the next step boundary as one `CheckpointWriteError` line.
 
 Saves are asynchronous (the loop blocks only while device arrays are copied to host; the write
 runs in a background thread) and atomic: Orbax writes into `<step>.orbax-checkpoint-tmp-*` and
@@ -22,32 +34,52 @@ that may not exist here ("Topology mismatch").
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
-from typing import Any
+import re
+import shutil
+from typing import Any, Callable
 
 import grain
 import jax
 import ml_collections
+from absl import logging
 import orbax.checkpoint as ocp
+from absl import logging
 
 from zaya_jax.config_files import model_config
+from zaya_jax.errors import UserError
 from zaya_jax.model.build import abstract_model
 from zaya_jax.model.zaya import ZayaLM
+from zaya_jax.parallel import distributed
+from zaya_jax.train import integrity
 from zaya_jax.train.settings import CheckpointSettings
 from zaya_jax.train.state import ModelParts, TrainState, with_shardings
 
 # Replicated arrays are written by one replica. Orbax's default (replica-parallel writes) compiles
 # a slicing program per device and array shape at the first save: about 0.5 s per parameter
-# shape on CPU, all of it blocking the training loop.
-ocp.type_handlers.register_type_handler(
-    jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+# shape on CPU, all of it blocking the training loop. (Orbax warns about any override, on every
+# import of this module: the warning is silenced, the override being the point.)
+_verbosity = logging.get_verbosity()
+logging.set_verbosity(logging.ERROR)
+try:
+    ocp.type_handlers.register_type_handler(
+        jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+finally:
+    logging.set_verbosity(_verbosity)
 
 TRAIN_FIELDS = ("step", "opt_state", "controller_state", "rng", "skipped_steps", "nonfinite_streak")
 
 
-def config_json(config: ml_collections.ConfigDict) -> dict:
-    return json.loads(config.to_json_best_effort())
+def config_json(config: ml_collections.ConfigDict, rope_theta: float | None = None) -> dict:
+    """The run config as JSON. `rope_theta` (the RoPE base of the curriculum phase being trained)
+    replaces model.rope_theta, so that the saved model section rebuilds the model as it was at
+    that step (generate, convert and zaya_jax.infer.load_checkpoint read only that section)."""
+    saved = json.loads(config.to_json_best_effort())
+    if rope_theta is not None:
+        saved["model"]["rope_theta"] = float(rope_theta)
+    return saved
 
 
 def _manager(directory: str, max_to_keep: int | None, async_save: bool) -> ocp.CheckpointManager:
@@ -56,28 +88,124 @@ def _manager(directory: str, max_to_keep: int | None, async_save: bool) -> ocp.C
     return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
 
+def _reader(directory: str) -> ocp.CheckpointManager:
+    """A manager that only reads `directory` (creates nothing, deletes nothing)."""
+    options = ocp.CheckpointManagerOptions(create=False, cleanup_tmp_directories=False)
+    return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+
+
+class CheckpointWriteError(RuntimeError):
+    """An asynchronous checkpoint write failed (disk full, directory not writable, ...): one line."""
+
+
+_OS_ERROR = re.compile(r"os_error_code='?(\d+)")  # how TensorStore reports an OS error inside a ValueError
+_FAILED_FILE = re.compile(r'(?:Failed writing: |at local file )"([^"]+)"')
+
+
+def _root_cause(error: BaseException) -> str:
+    """The operating system's error (text, errno, file) behind a failed write, else the error's first line."""
+    seen, e = [], error
+    while e is not None and e not in seen:
+        seen.append(e)
+        if isinstance(e, OSError) and e.strerror:
+            return f"{e.strerror} (errno {e.errno}){f': {e.filename}' if e.filename else ''}"
+        found, files = _OS_ERROR.search(str(e)), _FAILED_FILE.findall(str(e))
+        if found:
+            errno = int(found[1])
+            return f"{os.strerror(errno)} (errno {errno}){f': {files[-1]}' if files else ''}"
+        e = e.__cause__ or e.__context__
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    return f"{type(error).__name__}: {lines[0][:300]}"
+
+
+class _OrbaxErrorsOnOneLine(logging.logging.Filter):
+    """Orbax logs a failed background write from each of its threads with a traceback (about 1,300
+    lines); the loop raises the cause as one line, so Orbax's records keep their first line only."""
+
+    def filter(self, record):
+        if record.levelno >= logging.logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname:
+            record.msg, record.args = record.getMessage().splitlines()[0][:300], None
+            record.exc_info = record.exc_text = None
+        return True
+
+
+logging.get_absl_logger().addFilter(_OrbaxErrorsOnOneLine())
+
+
 class Checkpointer:
     """Saves and restores TrainStates (plus data-iterator state and config) in `directory`."""
 
     def __init__(self, directory: str, settings: CheckpointSettings):
         self.directory = os.path.abspath(directory)
         self._manager = _manager(self.directory, settings.max_to_keep, settings.async_save)
+        self._unsealed: list[int] = []  # steps saved, not yet known to be on disk
+        self._sealing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="manifest")
+        self._manifests: list[concurrent.futures.Future] = []  # manifests being written (process 0)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
-    def has_train_state(self, step: int) -> bool:
-        return os.path.isdir(os.path.join(self.directory, str(step), "train"))
+    def resume_point(self, log: Callable[[str], None]) -> tuple[int, str] | None:
+        """(step, kind) of the newest whole checkpoint (kind: 'training' or 'model'), or None if none exists.
+
+        Damaged steps newer than it are logged and moved to `<directory>.rejected/` by process 0;
+        every process restores the step process 0 chose. Raises UserError when step directories
+        exist but none is whole (a run never restarts from scratch over its own checkpoints).
+        """
+        step, refusal = None, None
+        if jax.process_index() == 0:
+            step, skipped = integrity.newest_whole_step(self.directory, integrity.ITEMS["training"])
+            if step is None and skipped:
+                refusal = (f"no whole checkpoint in {self.directory}: "
+                           + "; ".join(f"step {s}: {why}" for s, why in skipped)
+                           + ". Restore a backup, or move the step directories away to start afresh")
+            for s, why in skipped if refusal is None else []:
+                log(f"checkpoint {s} skipped ({why}); moved to {self._set_aside(s)}")
+        step = distributed.broadcast_int(-2 if refusal else -1 if step is None else step)  # every process refuses
+        if step == -2:
+            raise UserError(refusal or f"no whole checkpoint in {self.directory} (see process 0's message)")
+        self._manager.reload()
+        if step < 0:
+            return None
+        return step, integrity.kind_of(os.path.join(self.directory, str(step)))
+
+    def _set_aside(self, step: int) -> str:
+        rejected = self.directory + ".rejected"
+        os.makedirs(rejected, exist_ok=True)
+        target, n = os.path.join(rejected, str(step)), 0
+        while os.path.exists(target):
+            n += 1
+            target = os.path.join(rejected, f"{step}.{n}")
+        shutil.move(os.path.join(self.directory, str(step)), target)
+        return target
+
+    def newest_whole_training_step(self) -> int | None:
+        """The newest step whose every item is intact (after `wait()`: the rollback target), as
+        process 0 sees it (it writes the manifests), on every process."""
+        step = None
+        if jax.process_index() == 0:
+            step, _ = integrity.newest_whole_step(self.directory, integrity.ITEMS["training"])
+            if step is not None and integrity.kind_of(os.path.join(self.directory, str(step))) != "training":
+                step = None
+        step = distributed.broadcast_int(-1 if step is None else step)
+        return None if step < 0 else step
 
     def save(self, state: TrainState, data_iterator: grain.DatasetIterator, config: dict) -> int:
-        """Starts saving `state` at its step; returns the step. Blocks only for the device-to-host copy."""
+        """Starts saving `state` at its step; returns the step. Blocks only for the device-to-host copy
+        (and for the previous save, if it is still being written)."""
         step = int(jax.device_get(state.step))
+        self._finish_save()  # (Orbax would wait for it too); its manifest may still be being written
         args = ocp.args.Composite(
             model=ocp.args.StandardSave({"params": state.params, "biases": state.biases}),
             train=ocp.args.StandardSave({f: getattr(state, f) for f in TRAIN_FIELDS}),
             data=grain.checkpoint.CheckpointSave(data_iterator),
             config=ocp.args.JsonSave(config))
-        self._manager.save(step, args=args, force=True)
+        try:
+            self._manager.save(step, args=args, force=True)
+        except Exception as e:  # pylint: disable=broad-except
+            raise CheckpointWriteError(f"checkpoint {step} could not be written to {self.directory}: "
+                                       f"{_root_cause(e)}") from None
+        self._unsealed.append(step)
         return step
 
     def restore(self, step: int, target: TrainState, data_iterator: grain.DatasetIterator) -> TrainState:
@@ -88,11 +216,64 @@ class Checkpointer:
             data=grain.checkpoint.CheckpointRestore(data_iterator)))
         return TrainState(params=restored.model["params"], biases=restored.model["biases"], **restored.train)
 
+    def poll(self) -> CheckpointWriteError | None:
+        """At a step boundary: once the last save has finished, start writing its manifest (in a
+        background thread), or return its error (the loop raises it once every process knows, so
+        that none waits in a collective)."""
+        try:
+            if self._unsealed and not self._manager.is_saving_in_progress():
+                self._finish_save()
+            done = [f for f in self._manifests if f.done()]
+            self._manifests = [f for f in self._manifests if not f.done()]
+            for future in done:
+                self._manifest_result(future)
+        except CheckpointWriteError as e:
+            return e
+        return None
+
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        """Blocks until the last save is on disk with its manifest (raises CheckpointWriteError if it failed)."""
+        self._finish_save()
+        manifests, self._manifests = self._manifests, []
+        for future in manifests:
+            self._manifest_result(future)
+
+    def _finish_save(self) -> None:
+        """Waits for Orbax's write (raising its error as one line), then queues the manifests."""
+        if not self._unsealed:
+            return
+        steps, self._unsealed = self._unsealed, []
+        try:
+            self._manager.wait_until_finished()  # raises the error of the background write
+            self._manager.check_for_errors()
+        except Exception as e:  # pylint: disable=broad-except
+            raise CheckpointWriteError(f"checkpoint {steps[-1]} could not be written to {self.directory}: "
+                                       f"{_root_cause(e)}") from None
+        if jax.process_index() == 0:
+            self._manifests += [self._sealing.submit(self._write_manifest, s) for s in steps]
+
+    def _write_manifest(self, step: int) -> None:
+        step_dir = os.path.join(self.directory, str(step))
+        try:
+            integrity.write_manifest(step_dir, "training")
+        except FileNotFoundError:
+            if os.path.isdir(step_dir):
+                raise  # else max_to_keep removed the step meanwhile
+
+    def _manifest_result(self, future: concurrent.futures.Future) -> None:
+        try:
+            future.result()
+        except Exception as e:  # pylint: disable=broad-except
+            raise CheckpointWriteError(f"the manifest of a checkpoint in {self.directory} could not be written: "
+                                       f"{_root_cause(e)}") from None
 
     def close(self) -> None:
-        self._manager.close()
+        """Finishes (and seals) the last save, then releases Orbax's threads."""
+        try:
+            self.wait()
+        finally:
+            self._sealing.shutdown()
+            self._manager.close()
 
 
 def model_target(abstract: ZayaLM, shardings: dict | None = None) -> dict:
@@ -106,31 +287,45 @@ def model_target(abstract: ZayaLM, shardings: dict | None = None) -> dict:
     return tree if shardings is None else with_shardings(tree, shardings)
 
 
+def whole_step(directory: str, items: tuple[str, ...], step: int | None = None) -> int:
+    """The newest step of `directory` (or exactly `step`) whose `items` pass their checksums.
+
+    Read-only: logs (absl, warning) every newer step it passes over and why; raises UserError
+    naming the directory when it does not exist or no step passes.
+    """
+    if not os.path.isdir(directory):
+        raise UserError(f"no checkpoint at {directory} (give a run's WORKDIR, its WORKDIR/checkpoints, "
+                        "or the output of `python -m zaya_jax.convert to_orbax`)")
+    found, skipped = integrity.newest_whole_step(directory, items, step)
+    for s, why in skipped:
+        if found is not None:
+            logging.warning("checkpoint %s in %s skipped: %s", s, directory, why)
+    if found is None:
+        detail = "; ".join(f"step {s}: {why}" for s, why in skipped) or "no step directories"
+        raise UserError(f"no whole checkpoint at {directory}{f' (step {step})' if step is not None else ''}: {detail}")
+    return found
+
+
 def restore_model(directory: str, target: dict, step: int | None = None) -> tuple[dict, int]:
-    """The `model` item ({params, biases}) of `step` (default: the latest) onto `target`'s shardings.
+    """The `model` item ({params, biases}) of `step` (default: the newest whole one) onto `target`'s shardings.
 
     A target leaf without a sharding goes onto this process's first device (Orbax would otherwise
     use the sharding saved in the checkpoint, which fails whenever the saving process had other devices).
     """
-    manager = _manager(directory, None, False)
-    step = manager.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"{directory}: no finished checkpoint (a step directory written by the trainer "
-                                "or `python -m zaya_jax.convert to_orbax`)")
+    step = whole_step(directory, ("model",), step)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda a: a if getattr(a, "sharding", None) is not None
                           else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target)
+    manager = _reader(directory)
     restored = manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(target)))
     manager.close()
     return restored.model, step
 
 
 def read_config(directory: str, step: int | None = None) -> ml_collections.ConfigDict:
-    """The run config saved with a checkpoint."""
-    manager = _manager(directory, None, False)
-    step = manager.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"{directory}: no finished checkpoint")
+    """The run config saved with a checkpoint (default: the newest whole one)."""
+    step = whole_step(directory, ("config",), step)
+    manager = _reader(directory)
     config = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
     manager.close()
     return ml_collections.ConfigDict(config)
@@ -143,6 +338,8 @@ def save_model(directory: str, params: dict, biases: Any, config: dict, step: in
                                                config=ocp.args.JsonSave(config)), force=True)
     manager.wait_until_finished()
     manager.close()
+    if jax.process_index() == 0:
+        integrity.write_manifest(os.path.join(os.path.abspath(directory), str(step)), "model")
 
 
 def checkpoint_dir(path: str) -> str:
@@ -158,6 +355,7 @@ def load_checkpoint_model(path: str, step: int | None = None, **overrides) -> tu
     saved config (dtype, moe_backend, ...). Works whatever mesh and device count wrote the checkpoint.
     """
     directory = checkpoint_dir(path)
+    step = whole_step(directory, ("model", "config"), step)
     abstract = abstract_model(model_config(read_config(directory, step)).replace(**overrides))
     model, step = restore_model(directory, model_target(abstract), step)
     return ModelParts(abstract).merge(model["params"], model["biases"]), step

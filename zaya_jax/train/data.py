@@ -14,6 +14,7 @@ another seed.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import grain
@@ -84,12 +85,35 @@ def synthetic_phase(settings: Settings) -> PhaseInfo:
                      weights=(("synthetic", 1.0),))
 
 
+def curriculum_extension(config, settings: Settings) -> int:
+    """Global batches that train.steps asks for beyond the curriculum as written (0 if none)."""
+    if settings.train.data == "synthetic":
+        return 0
+    from zaya_jax.data.curriculum import parse_phases
+    phases = parse_phases(config.data, process_count=jax.process_count())
+    return max(0, settings.train.steps - sum(p.num_batches for p in phases))
+
+
+def training_data_config(config, settings: Settings):
+    """config.data, its last phase extended by curriculum_extension batches: `--config.train.steps=N`
+    alone trains a finished run on, in its last phase (docs/training.md)."""
+    extra = curriculum_extension(config, settings)
+    if not extra:
+        return config.data
+    from zaya_jax.data.curriculum import parse_phases
+    last = parse_phases(config.data, process_count=jax.process_count())[-1]
+    data = copy.deepcopy(config.data)  # copy_and_resolve_references would share the phases tuple's dicts
+    data.phases[-1].token_budget = (last.num_batches + extra) * last.tokens_per_batch
+    return data
+
+
 def phases_of(config, settings: Settings) -> tuple[PhaseInfo, ...]:
-    """The phases, validated without opening any file (ValueError naming the field)."""
+    """The phases (the last one extended to train.steps), validated without opening any file
+    (ConfigError naming the field)."""
     if settings.train.data == "synthetic":
         return (synthetic_phase(settings),)
     from zaya_jax.data.curriculum import parse_phases
-    return parse_phases(config.data, process_count=jax.process_count())
+    return parse_phases(training_data_config(config, settings), process_count=jax.process_count())
 
 
 def open_training_data(config, settings: Settings) -> grain.DatasetIterator:
@@ -97,8 +121,8 @@ def open_training_data(config, settings: Settings) -> grain.DatasetIterator:
     if settings.train.data == "synthetic":
         return SyntheticIterator(synthetic_phase(settings), settings.model.vocab_size, settings.train.seed)
     from zaya_jax.data import build_pipeline
-    pipeline = build_pipeline(config.data, process_index=jax.process_index(), process_count=jax.process_count(),
-                              seed=settings.train.seed)
+    pipeline = build_pipeline(training_data_config(config, settings), process_index=jax.process_index(),
+                              process_count=jax.process_count(), seed=settings.train.seed)
     if pipeline.vocab_size > settings.model.vocab_size:
         raise ValueError(f"data.sources were tokenized with a vocabulary of {pipeline.vocab_size}, larger than "
                          f"model.vocab_size={settings.model.vocab_size}")

@@ -1,49 +1,106 @@
-"""Fault handling in the loop: non-finite steps, rollback, and stop signals.
+"""Fault handling in the loop: non-finite steps, rollback, stop signals, and the exit they end in.
 
 Non-finite loss or gradient: the step itself skips the update (step.py) and counts it in
 `skipped_steps`; the state's `nonfinite_streak` counts such steps in a row. Once it reaches
 train.max_nonfinite_streak, the loop rolls back: parameters, optimizer and controller state
 return to the last checkpoint, while the data iterator keeps going (replaying the same batches
-would most likely fail the same way).
+would most likely fail the same way). A run that would need more than train.max_rollbacks
+rollbacks stops with `TrainingFailed` (exit EXIT_FAILED). A checkpoint step (or the final step)
+whose last step was non-finite is not saved, and the log says so.
 
-SIGTERM / SIGINT (a preempted or cancelled job): the handler only raises a flag; the loop
-finishes the current step, saves a checkpoint, waits for it and exits. A second signal exits at
-once, as Python's default would.
+SIGTERM / SIGINT (a preempted or cancelled job): `install()` puts the handlers in place at the
+very start of the process (`python -m zaya_jax.train` calls it before anything else), so a signal
+during start-up is kept too. The handler only records the signal. At every step boundary the
+processes agree on it (`agreed()`: the largest signal number over all processes, one tiny
+collective per step), so a signal to any one process makes every process stop after the same
+step, save it, wait for the write and exit with EXIT_PREEMPTED. Further SIGTERMs (a scheduler
+repeating itself) change nothing; a second SIGINT exits at once, as Python's default would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
+
+
+class TrainingFailed(RuntimeError):
+    """The run cannot go on (e.g. the rollback budget is spent): reported as one line, exit EXIT_FAILED."""
 
 
 def should_roll_back(nonfinite_streak: int, max_streak: int) -> bool:
     return max_streak > 0 and nonfinite_streak >= max_streak
 
 
+def check_rollback_budget(rollbacks_done: int, max_rollbacks: int, step: int, streak: int) -> None:
+    """Raises TrainingFailed when one more rollback would exceed train.max_rollbacks."""
+    if rollbacks_done >= max_rollbacks:
+        raise TrainingFailed(f"{streak} non-finite steps in a row at step {step} after {rollbacks_done} rollback(s) "
+                             f"(train.max_rollbacks={max_rollbacks}): the run diverges; lower the learning rate "
+                             "or inspect the data, then resume from the last checkpoint")
+
+
 class StopSignal:
-    """Catches SIGTERM and SIGINT while installed (a context manager); `requested` tells the loop."""
+    """Records SIGTERM and SIGINT while installed; `requested` is this process's first signal."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
         self.requested: int | None = None
-        self._previous = {}
+        self._previous: dict = {}
 
     def _handle(self, signum, frame):
         del frame
-        if self.requested is not None:
-            sys.exit(128 + signum)
-        self.requested = signum
+        if self.requested is not None and signum == signal.SIGINT == self.requested:
+            sys.exit(128 + signum)  # a second Ctrl-C: stop now
+        if self.requested is None:
+            self.requested = signum
 
-    def __enter__(self) -> "StopSignal":
-        if threading.current_thread() is not threading.main_thread():
-            return self  # only the main thread may install handlers (e.g. a trainer run from a worker thread)
-        for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+    @property
+    def installed(self) -> bool:
+        return bool(self._previous)
+
+    def install(self) -> "StopSignal":
+        if threading.current_thread() is threading.main_thread() and not self.installed:
+            for sig in self.SIGNALS:  # only the main thread may install handlers
+                self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def uninstall(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._previous = {}
+
+    def agreed(self, failing: bool = False) -> int:
+        """What every process does now: 0 go on, a signal number: stop (the largest any process
+        received), PEER_FAILED: some process is `failing` (its checkpoint write failed).
+
+        A collective when there are several processes: called by all of them at the same step boundary.
+        """
+        from zaya_jax.parallel import distributed  # not at import: install() runs before jax is imported
+        return distributed.max_over_processes(PEER_FAILED if failing else (self.requested or 0))
+
+
+PROCESS_STOP = StopSignal()
+
+
+def install() -> StopSignal:
+    """Catches SIGTERM / SIGINT from now on, for the whole process (the CLI's first call)."""
+    return PROCESS_STOP.install()
+
+
+PEER_FAILED = 1 << 20  # agreed() when some process failed to write its checkpoint
+
+
+@contextlib.contextmanager
+def catching_stops():
+    """PROCESS_STOP, installed for the duration if the process did not install it at start."""
+    installed_here = not PROCESS_STOP.installed
+    PROCESS_STOP.install()
+    try:
+        yield PROCESS_STOP
+    finally:
+        if installed_here:
+            PROCESS_STOP.uninstall()
+            PROCESS_STOP.requested = None

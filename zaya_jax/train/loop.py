@@ -24,25 +24,22 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from zaya_jax.config import RUNTIME_MODEL_FIELDS, ConfigError
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.model.kernels import resolve_attention_kernel
 from zaya_jax.parallel import distributed
 from zaya_jax.parallel.attention_sharding import check_attention_layout
 from zaya_jax.parallel.mesh import check_declared_platform, check_platform_support, make_mesh
-from zaya_jax.train import faults
+from zaya_jax.train import checkpoint, faults
 from zaya_jax.train.checkpoint import Checkpointer, config_json, restore_model
-from zaya_jax.train.data import eval_batches, open_training_data, phases_of
+from zaya_jax.train.data import curriculum_extension, eval_batches, open_training_data, phases_of
 from zaya_jax.train.metrics import expert_load, flops_per_token, peak_flops, router_metrics
-from zaya_jax.train.monitor import Monitor
+from zaya_jax.train.monitor import HEATMAP_FILE, METRICS_FILE, Monitor
 from zaya_jax.train.profiling import StepProfiler
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
 from zaya_jax.train.program import abstract_batch, build_program
 from zaya_jax.train.state import ModelParts, TrainState, initial_state, with_shardings
-
-# ModelConfig fields that an HF checkpoint does not carry (they come from our config).
-RUNTIME_MODEL_FIELDS = ("dtype", "scan_layers", "remat", "moe_backend", "capacity_factor", "moe_tile_size",
-                        "attention_kernel", "moe_matmul_kernel", "init_std", "key_temperature_init",
-                        "isolate_documents")
+from zaya_jax.train.workdir_lock import WorkdirLock
 
 
 def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
@@ -51,7 +48,7 @@ def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
     model = zaya_jax.load_hf(path, **{f: getattr(cfg, f) for f in RUNTIME_MODEL_FIELDS})
     for name, value in vars(model.config).items():
         if value != getattr(cfg, name):
-            raise ValueError(f"{field}: {path} has model.{name}={value!r} but the config says {getattr(cfg, name)!r}")
+            raise ConfigError(f"{field}: {path} has model.{name}={value!r} but the config says {getattr(cfg, name)!r}")
     return model
 
 
@@ -59,8 +56,8 @@ def check_same_architecture(model: ZayaLM, cfg, field: str) -> None:
     """`model`'s architecture must equal `cfg`'s (runtime fields may differ); names the first difference."""
     for name, value in vars(model.config).items():
         if name not in RUNTIME_MODEL_FIELDS and value != getattr(cfg, name):
-            raise ValueError(f"{field}: the model has model.{name}={value!r} "
-                             f"but the config says {getattr(cfg, name)!r}")
+            raise ConfigError(f"{field}: the model has model.{name}={value!r} "
+                              f"but the config says {getattr(cfg, name)!r}")
 
 
 class Trainer:
@@ -71,6 +68,8 @@ class Trainer:
         if init_model is not None:
             check_same_architecture(init_model, s.model, "init_model")
         self._init_model, self.on_log = init_model, on_log
+        self._last_loss: float | None = None
+        self._compiled: set[tuple[int, int, float]] = set()  # (batch, seq_len, rope_theta): one step program each
         distributed.initialize()
         check_declared_platform(s.mesh.platform)
         self.phases = phases_of(config, s)
@@ -82,9 +81,13 @@ class Trainer:
         check_platform_support(mesh_shape, s.model.expert_parallel)
         check_attention_layout(resolve_attention_kernel(s.model.attention_kernel), mesh_shape)
         if s.train.init_from_hf and not os.path.isdir(s.train.init_from_hf):
-            raise FileNotFoundError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory")
+            raise ConfigError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory (an HF checkpoint "
+                              "directory: config.json + safetensors)")
         os.makedirs(self.workdir, exist_ok=True)
         self.is_main = jax.process_index() == 0
+        self._lock = WorkdirLock(self.workdir) if self.is_main else None
+        self.stopped_by: int | None = None  # the signal that stopped run(), if one did
+        self._rollbacks = 0
         self.data = open_training_data(config, s)
         self.eval_data = eval_batches(config, s) if s.eval.every_steps else {}
 
@@ -97,6 +100,7 @@ class Trainer:
         self.profiler = StepProfiler(os.path.join(self.workdir, "profile"), s.monitor.profile_start_step,
                                      s.monitor.profile_steps)
         self.monitor.log(f"topology: {distributed.topology()}; mesh {mesh_shape}")
+        self._announce_extension(curriculum_extension(config, s))
         with jax.set_mesh(self.mesh):
             self.state, origin = self._initial_state()
         self.monitor.advance(int(self.state.step))
@@ -120,10 +124,11 @@ class Trainer:
                        out_shardings=self.shardings)(params, biases)
 
     def _initial_state(self) -> tuple[TrainState, str]:
-        step = self.checkpointer.latest_step()
-        if step is not None and self.checkpointer.has_train_state(step):
+        point = self.checkpointer.resume_point(self.monitor.log)
+        step = point[0] if point else None
+        if point is not None and point[1] == "training":
             return self._restore(step), f"restored checkpoint {step}"
-        if step is not None:
+        if point is not None:
             target = with_shardings({"params": self.abstract_state.params, "biases": self.abstract_state.biases},
                                     {"params": self.shardings.params, "biases": self.shardings.biases})
             model, _ = restore_model(self.checkpointer.directory, target, step)
@@ -143,7 +148,7 @@ class Trainer:
         return self.checkpointer.restore(step, with_shardings(self.abstract_state, self.shardings), self.data)
 
     def save(self) -> int:
-        return self.checkpointer.save(self.state, self.data, config_json(self.config))
+        return self.checkpointer.save(self.state, self.data, config_json(self.config, self.data.phase.rope_theta))
 
     # -- loop -------------------------------------------------------------------------------
     def run(self) -> TrainState:
@@ -151,14 +156,16 @@ class Trainer:
         step = start = int(jax.device_get(self.state.step))
         last_saved = step if self.checkpointer.latest_step() == step else None
         window_start, window_tokens = time.perf_counter(), 0
-        with faults.StopSignal() as stop, jax.set_mesh(self.mesh):
-            while step < s.train.steps and not stop.requested:
+        phase = None
+        with faults.catching_stops() as stop, jax.set_mesh(self.mesh):
+            while step < s.train.steps and not self._should_stop(stop):
                 try:
                     local = next(self.data)
                 except StopIteration:
-                    self.monitor.log(f"data exhausted after {step} steps")
+                    self.monitor.log(f"data exhausted after {step} of train.steps={s.train.steps} steps; "
+                                     "--config.train.steps beyond the curriculum extends its last phase")
                     break
-                phase = self.data.phase
+                phase = self._announce_phase(step, phase, self.data.phase)
                 self.state, metrics = self._train_step(self.state, distributed.global_batch(local, self.mesh),
                                                        phase.rope_theta)
                 step += 1
@@ -178,18 +185,22 @@ class Trainer:
                 paused = time.perf_counter()  # evaluation and saving do not count against tokens/s
                 if s.eval.every_steps and step % s.eval.every_steps == 0:
                     self.evaluate(step, phase.rope_theta)
-                if s.checkpoint.every_steps and step % s.checkpoint.every_steps == 0 and not streak:
-                    last_saved = self.save()
+                if s.checkpoint.every_steps and step % s.checkpoint.every_steps == 0:
+                    last_saved = self._save_unless_nonfinite(streak, last_saved)
                 window_start += time.perf_counter() - paused
             self._log_profile(self.profiler.stop(self.state))  # a run that ended inside the traced steps
-            if stop.requested:
-                self.monitor.log(f"signal {stop.requested}: saving step {step} and stopping")
+            if self.stopped_by:
+                message = f"signal {self.stopped_by}: saving step {step} and stopping"
+                self.monitor.log(message)
+                if not self.is_main:
+                    print(f"process {jax.process_index()}: {message}", flush=True)
             elif s.eval.every_steps and step % s.eval.every_steps and step > start:
                 self.evaluate(step, self.data.phase.rope_theta)  # the final model is always evaluated
-            if last_saved != step and not int(jax.device_get(self.state.nonfinite_streak)):
-                self.save()  # never a state whose last step was non-finite: a rollback must not find it
+            if last_saved != step:
+                self._save_unless_nonfinite(int(jax.device_get(self.state.nonfinite_streak)), last_saved)
             self.checkpointer.wait()
         self.monitor.draw_heatmap()
+        self._summarize(step)
         return self.state
 
     def compiled_step(self) -> jax.stages.Compiled:
@@ -198,6 +209,39 @@ class Trainer:
         phase = self.phases[0]
         batch = abstract_batch(phase.global_batch_size, phase.seq_len)
         return self._train_step.lower(self.state, batch, phase.rope_theta).compile()
+
+    # -- messages -------------------------------------------------------------------------------
+    def _announce_extension(self, extra: int) -> None:
+        if extra:
+            self.monitor.log(f"train.steps={self.settings.train.steps} is {extra} batches past the curriculum: "
+                             f"its last phase {self.phases[-1].name!r} continues for them")
+
+    def _announce_phase(self, step: int, previous, phase):
+        """Logs the start of each phase this session trains, and whether the step compiles for it
+        (a new batch shape or RoPE base: rope_theta is a static argument of the step)."""
+        if previous is None or phase.index != previous.index:
+            key = (phase.global_batch_size, phase.seq_len, phase.rope_theta)
+            fresh = key not in self._compiled
+            self._compiled.add(key)
+            self.monitor.log(f"step {step}: phase {phase.index + 1}/{len(self.phases)} {phase.name!r} "
+                             f"(batch {key[0]} x seq_len {key[1]}, rope_theta {key[2]:g})"
+                             + ("; compiling the step for it" if fresh else ""))
+        return phase
+
+    def _summarize(self, step: int) -> None:
+        """The end-of-run lines: where every output is, and the last loss."""
+        if not self.is_main:
+            return
+        latest = self.checkpointer.latest_step()
+        lines = [f"finished at step {step}" + (f", loss {self._last_loss:.4f}" if self._last_loss is not None else ""),
+                 f"  checkpoints     {self.checkpointer.directory} (latest: {latest})",
+                 f"  metrics         {os.path.join(self.workdir, METRICS_FILE)}"]
+        if self.settings.monitor.tensorboard:
+            lines.append(f"  tensorboard     tensorboard --logdir {os.path.join(self.workdir, 'tensorboard')}")
+        heatmap = os.path.join(self.workdir, HEATMAP_FILE)
+        if os.path.exists(heatmap):
+            lines.append(f"  expert load     {heatmap}")
+        self.monitor.log("\n".join(lines))
 
     def compiled_step_text(self) -> str:
         """The compiled HLO of the train step for the first phase's batch shape: the op names a
@@ -208,14 +252,35 @@ class Trainer:
         if directory is not None:
             self.monitor.log(f"profiler trace (from step {self.profiler.start_step + 1}) written to {directory}")
 
+    def _should_stop(self, stop: faults.StopSignal) -> bool:
+        """At a step boundary, jointly with every process: raise a failed checkpoint write, or stop
+        on a signal any process received (sets `stopped_by`)."""
+        error = self.checkpointer.poll()
+        decision = stop.agreed(failing=error is not None)
+        if decision == faults.PEER_FAILED:
+            raise error or checkpoint.CheckpointWriteError("another process failed to write its checkpoint")
+        self.stopped_by = decision or None
+        return bool(decision)
+
+    def _save_unless_nonfinite(self, streak: int, last_saved: int | None) -> int | None:
+        """Saves the state unless its last step was non-finite (a rollback must never find such a state)."""
+        if streak:
+            self.monitor.log(f"step {int(jax.device_get(self.state.step))}: checkpoint not saved, "
+                             f"{streak} non-finite step(s) in a row")
+            return last_saved
+        return self.save()
+
     def _after_step(self, step: int) -> None:
         """Called after every step (a seam for fault-injection tests)."""
 
     def _roll_back(self, step: int, streak: int) -> int:
+        faults.check_rollback_budget(self._rollbacks, self.settings.train.max_rollbacks, step, streak)
         self.checkpointer.wait()
-        latest = self.checkpointer.latest_step()
-        if latest is None or not self.checkpointer.has_train_state(latest):
-            raise RuntimeError(f"{streak} non-finite steps in a row at step {step} and no checkpoint to roll back to")
+        latest = self.checkpointer.newest_whole_training_step()
+        if latest is None:
+            raise faults.TrainingFailed(f"{streak} non-finite steps in a row at step {step} "
+                                        "and no checkpoint to roll back to")
+        self._rollbacks += 1
         position, skipped = self.data.get_state(), self.state.skipped_steps
         self.state = self._restore(latest).replace(skipped_steps=skipped)  # skipped_steps counts the whole run
         self.data.set_state(position)  # keep reading forward: do not replay the batches that failed
@@ -228,6 +293,8 @@ class Trainer:
         self.checkpointer.close()
         self.monitor.close()
         self.data.close()
+        if self._lock is not None:
+            self._lock.release()
 
     # -- metrics ------------------------------------------------------------------------------
     def _write(self, record: dict) -> None:
@@ -245,6 +312,7 @@ class Trainer:
                   **router_metrics(m["expert_counts"], m["dropped"]),
                   "expert_load": np.round(expert_load(m["expert_counts"]), 5).tolist()}
         self._write(record)
+        self._last_loss = record["loss"]
         self.monitor.progress(step, record["loss"], tokens_per_sec, mfu)
 
     def evaluate(self, step: int, rope_theta: float) -> dict:

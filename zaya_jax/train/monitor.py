@@ -50,9 +50,9 @@ class Monitor:
             self._tb.flush()
 
     def advance(self, step: int) -> None:
-        """Moves the progress bar to `step` (e.g. after a restore)."""
+        """Starts the progress bar at `step` (after a restore): its rate counts only this session's steps."""
         if self._bar is not None:
-            self._bar.n = step
+            self._bar.n = self._bar.initial = self._bar.last_print_n = step
             self._bar.refresh()
 
     def progress(self, step: int, loss: float, tokens_per_sec: float, mfu: float | None) -> None:

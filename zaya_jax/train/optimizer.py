@@ -127,3 +127,11 @@ def make_optimizer(settings: OptimizerSettings, total_steps: int) -> optax.Gradi
         transforms["muon"] = _muon(s, schedule(s, total_steps, s.learning_rate))
     parts = optax.partition(transforms, lambda p: param_labels(p, s))
     return optax.chain(optax.clip_by_global_norm(s.grad_clip_norm), parts) if s.grad_clip_norm else parts
+
+
+def applied_updates(opt_state) -> jax.Array:
+    """[] int32: the updates applied so far, as the learning-rate schedule counts them (so the logged
+    rate is the applied one, after skipped steps and rollbacks too)."""
+    counts = [v for p, v in optax.tree_utils.tree_get_all_with_path(opt_state, "count")
+              if "ScaleByScheduleState" in jax.tree_util.keystr(p)]
+    return counts[0]

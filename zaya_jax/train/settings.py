@@ -8,7 +8,8 @@ below, and every error names the offending `section.field`):
               microbatches (gradient accumulation), loss_chunk_size, log_every_steps,
               peak_flops_per_device (0: from the device-kind table), init_from_hf (an HF
               checkpoint dir to start from), max_nonfinite_streak (roll back after that many
-              non-finite steps in a row; 0: never)
+              non-finite steps in a row; 0: never), max_rollbacks (a run needing one rollback
+              more than this stops with an error, exit 1)
   optimizer   name ('muon' | 'adamw'), learning_rate, adam_learning_rate (0: learning_rate),
               schedule ('cosine' | 'wsd' | 'constant'), warmup_steps, decay_fraction (WSD),
               min_lr_ratio, b1, b2, eps, weight_decay, decay_embedding, grad_clip_norm (0: off),
@@ -31,7 +32,7 @@ import dataclasses
 import math
 from typing import Any
 
-from zaya_jax.config import ModelConfig
+from zaya_jax.config import ConfigError, ModelConfig
 from zaya_jax.config_files import model_config
 from zaya_jax.parallel.mesh import MESH_AXES, PLATFORMS
 
@@ -49,6 +50,7 @@ class TrainSettings:
     peak_flops_per_device: float = 0.0
     init_from_hf: str = ""
     max_nonfinite_streak: int = 3
+    max_rollbacks: int = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,24 +150,24 @@ def _check_type(section: str, field: dataclasses.Field, value: Any) -> Any:
     kind = type(field.default)
     if kind is bool:
         if not isinstance(value, bool):
-            raise ValueError(f"{name} must be true or false, got {value!r}")
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
     elif kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
     elif kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number, got {value!r}")
+            raise ConfigError(f"{name} must be a finite number, got {value!r}")
         value = float(value)
     elif not isinstance(value, str):
-        raise ValueError(f"{name} must be a string, got {value!r}")
+        raise ConfigError(f"{name} must be a string, got {value!r}")
     if (section, field.name) in CHOICES and value not in CHOICES[section, field.name]:
-        raise ValueError(f"{name}={value!r} does not exist; choose one of {CHOICES[section, field.name]}")
+        raise ConfigError(f"{name}={value!r} does not exist; choose one of {CHOICES[section, field.name]}")
     if (section, field.name) in POSITIVE and not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
+        raise ConfigError(f"{name} must be > 0, got {value!r}")
     if (section, field.name) in FRACTIONS and not 0 <= value < 1:
-        raise ValueError(f"{name} must lie in [0, 1), got {value!r}")
+        raise ConfigError(f"{name} must lie in [0, 1), got {value!r}")
     if kind in (int, float) and (section, field.name) not in POSITIVE and section != "mesh" and value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
+        raise ConfigError(f"{name} must be >= 0, got {value!r}")
     return value
 
 
@@ -175,33 +177,34 @@ def _section(config, section: str):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(f"{section}.{unknown[0]}: unknown field (known fields: {', '.join(sorted(fields))})")
+        raise ConfigError(f"{section}.{unknown[0]}: unknown field (known fields: {', '.join(sorted(fields))})")
     return cls(**{k: _check_type(section, fields[k], v) for k, v in values.items()})
 
 
 def settings_from_config(config) -> Settings:
-    """Validates every training section of `config`; raises ValueError naming the field."""
+    """Validates every training section of `config`; raises ConfigError (a ValueError) naming the field."""
     s = Settings(model=model_config(config), **{name: _section(config, name) for name in SECTIONS})
     if s.train.data == "synthetic":
         for field in ("seq_len", "global_batch_size"):
             if getattr(s.train, field) <= 0:
-                raise ValueError(f"train.{field} must be > 0 with train.data='synthetic', "
-                                 f"got {getattr(s.train, field)}")
+                raise ConfigError(f"train.{field} must be > 0 with train.data='synthetic', "
+                                  f"got {getattr(s.train, field)}")
     elif "data" not in config:
-        raise ValueError("train.data='pipeline' needs a data section (zaya_jax.data.curriculum)")
+        raise ConfigError("train.data='pipeline' needs a data section (zaya_jax.data.curriculum)")
     if s.train.steps <= s.optimizer.warmup_steps and s.optimizer.schedule != "constant":
-        raise ValueError(f"optimizer.warmup_steps ({s.optimizer.warmup_steps}) must be below "
-                         f"train.steps ({s.train.steps})")
+        raise ConfigError(f"optimizer.warmup_steps ({s.optimizer.warmup_steps}) must be below "
+                          f"train.steps ({s.train.steps}): lower --config.optimizer.warmup_steps or raise "
+                          "--config.train.steps")
     return s
 
 
 def check_batch_layout(batch: int, seq_len: int, microbatches: int, mesh_shape: dict[str, int], where: str) -> None:
     """A global batch [batch, seq_len] must split into micro-batches that shard over the mesh."""
     if batch % microbatches:
-        raise ValueError(f"train.microbatches={microbatches} must divide the global batch {batch} ({where})")
+        raise ConfigError(f"train.microbatches={microbatches} must divide the global batch {batch} ({where})")
     shards = math.prod(mesh_shape.get(a, 1) for a in ("data", "fsdp", "expert"))
     if (batch // microbatches) % shards:
-        raise ValueError(f"{where}: micro-batch of {batch // microbatches} rows (global batch {batch} / "
-                         f"train.microbatches {microbatches}) does not split over mesh data*fsdp*expert = {shards}")
+        raise ConfigError(f"{where}: micro-batch of {batch // microbatches} rows (global batch {batch} / "
+                          f"train.microbatches {microbatches}) does not split over mesh data*fsdp*expert = {shards}")
     if seq_len % mesh_shape.get("context", 1):
-        raise ValueError(f"{where}: seq_len {seq_len} is not divisible by mesh.context={mesh_shape['context']}")
+        raise ConfigError(f"{where}: seq_len {seq_len} is not divisible by mesh.context={mesh_shape['context']}")

@@ -28,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from zaya_jax.parallel.rules import batch_spec
 from zaya_jax.train import balancing
 from zaya_jax.train.loss import chunked_nll_sum
+from zaya_jax.train.optimizer import applied_updates
 from zaya_jax.train.state import ModelParts, TrainState
 
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
@@ -97,7 +98,7 @@ def train_step(state: TrainState, batch: dict, *, parts: ModelParts, tx: optax.G
     def skip(s: TrainState) -> TrainState:
         return s.replace(skipped_steps=s.skipped_steps + 1, nonfinite_streak=s.nonfinite_streak + 1)
 
-    applied_before = state.step - state.skipped_steps
+    applied_before = applied_updates(state.opt_state)
     new = jax.lax.cond(finite, apply, skip, state)
     new = new.replace(step=state.step + 1,
                       rng=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]))

@@ -1,0 +1,257 @@
+"""Chaos campaign on `python -m zaya_jax.train` (configs/tiny.py, CPU): kills, damaged checkpoints,
+stops of a 2-process job. Writes benchmarks/results/chaos_cpu.json.
+
+  python benchmarks/chaos.py [--kills 30] [--steps 60]
+
+1. Kills: one workdir, restarted after each SIGKILL until the run finishes (then a new one). Most
+   kills land 1 to 8 steps into a run plus a random fraction of a step (some during an
+   asynchronous checkpoint write: a `*.orbax-checkpoint-tmp*` directory is left behind, or the
+   step is renamed but has no manifest yet); every 5th is forced inside a write (the
+   test wrapper's KILL_IN_SAVE: after the data, before Orbax renames the step into place). After
+   each kill the restart must resume from the newest checkpoint whose manifest passes (a lost
+   state: it starts earlier); at the end every loss logged by any attempt must equal the
+   uninterrupted reference run's loss at that step bit for bit (a silently wrong state: any
+   difference).
+2. Damage: each variant of tests.train_helpers.DAMAGE applied to the newest checkpoint of a
+   finished run, then the run resumed with 4 more steps: it must restore the previous checkpoint,
+   name what it skipped, and log the reference's losses; with every checkpoint damaged it must
+   refuse (exit 2) naming each step.
+3. Multi-host stops (2 processes x 1 CPU device, ZAYA_* environment as launch/local.sh sets):
+   SIGTERM to one process, to both 0.3 s apart, twice 5 ms apart, SIGINT, SIGTERM during start-up.
+   Each must end with both processes exiting 75 within 10 s of the (last) signal, having saved the
+   same step. Also timed: the per-step stop agreement (an all-gather of one int32) against the
+   step itself, from the same job's metrics (the machine was shared: ratios, not absolutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.train_helpers import DAMAGE, REPO, WRAPPER, Job, cli_env, free_port, run_train  # noqa: E402
+from zaya_jax.errors import EXIT_PREEMPTED, EXIT_USER_ERROR  # noqa: E402
+from zaya_jax.train import integrity  # noqa: E402
+
+RESULT = os.path.join(REPO, "benchmarks", "results", "chaos_cpu.json")
+FAST = ("--config.optimizer.warmup_steps=1", "--config.optimizer.name=adamw", "--config.train.log_every_steps=1",
+        "--config.eval.every_steps=0", "--config.monitor.tensorboard=False", "--config.monitor.heatmap_every_steps=0",
+        "--config.monitor.progress_bar=False")
+EVERY = 4
+
+
+def all_losses(workdir) -> list[tuple[int, float]]:
+    """Every (step, loss) any attempt logged, in order (not only the last of each step)."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # the line a SIGKILL cut short
+                continue
+            if record.get("kind") == "train":
+                out.append((record["step"], record["loss"]))
+    return out
+
+
+def start_step(output: str) -> int | None:
+    for line in output.splitlines():
+        if line.startswith("start at step "):
+            return int(line.split()[3].rstrip(":"))
+    return None
+
+
+def kills(root: str, steps: int, count: int, reference: dict[int, float], rng: random.Random) -> dict:
+    """SIGKILLs until `count`, each followed by a restart; a chain that finishes is checked and a new one begun."""
+    trials, attempts, chains, wrong, complete = [], [], 0, [], True
+    while len(trials) < count:
+        chains += 1
+        workdir = os.path.join(root, f"kills_{chains}")
+        while True:
+            attempt = _attempt(root, workdir, steps, len(attempts), in_save=len(trials) % 5 == 4,
+                               kill=len(trials) < count, rng=rng)
+            attempts.append(attempt)
+            if attempt["exit"] == -signal.SIGKILL:
+                trials.append(attempt)
+                continue
+            if attempt["exit"] != 0:
+                raise RuntimeError(f"attempt {len(attempts)} exited {attempt['exit']}:\n{attempt['output'][-3000:]}")
+            break
+        logged = all_losses(workdir)
+        wrong += [(chains, s) for s, loss in logged if reference.get(s) != loss]
+        complete &= sorted({s for s, _ in logged}) == sorted(reference)
+    for a in attempts:
+        del a["output"]
+    checked = [a for a in attempts if a["start"] is not None]
+    return {"kills": len(trials), "kills_in_save_forced": sum(t["in_save"] for t in trials),
+            "kills_during_async_write": sum(t["during_async_write"] for t in trials), "chains": chains,
+            "restarts": len(attempts) - chains, "resumes_checked": len(checked),
+            "lost_states": sum(a["start"] != a["expected_start"] for a in checked),
+            "silently_wrong_steps": wrong, "every_step_logged": complete, "attempts": attempts}
+
+
+def _attempt(root: str, workdir: str, steps: int, index: int, in_save: bool, kill: bool, rng: random.Random) -> dict:
+    """One run of the CLI on `workdir`, SIGKILLed (if `kill`) at a random time after its first step or
+    (if `in_save`) inside the write of its first checkpoint."""
+    expected_start, _ = integrity.newest_whole_step(os.path.join(workdir, "checkpoints"), integrity.ITEMS["training"])
+    env, command = cli_env(), [sys.executable, "-m", "zaya_jax.train"]
+    in_save = kill and in_save and ((expected_start or 0) // EVERY + 1) * EVERY < steps
+    if in_save:
+        env["KILL_IN_SAVE"], command = str(((expected_start or 0) // EVERY + 1) * EVERY), [sys.executable, "-c", WRAPPER]
+    log = open(os.path.join(root, f"attempt_{index}.log"), "w+")
+    process = subprocess.Popen([*command, "--config", "configs/tiny.py", "--workdir", workdir, *FAST,
+                                f"--config.train.steps={steps}", f"--config.checkpoint.every_steps={EVERY}"],
+                               cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if kill and not in_save:  # after 1 to 2 * EVERY steps, then a random part of a step (or of a save)
+        target = len(all_losses(workdir)) + rng.randint(1, 2 * EVERY)
+        started = time.time()
+        while len(all_losses(workdir)) < target and process.poll() is None:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, min(time.time() - started, 2.0) / 2))
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+    code = process.wait()
+    log.seek(0)
+    output = log.read()
+    log.close()
+    directory = os.path.join(workdir, "checkpoints")
+    entries = os.listdir(directory) if os.path.isdir(directory) else []
+    return {"expected_start": expected_start or 0, "start": start_step(output), "exit": code, "in_save": in_save,
+            "killed_after_step": max([s for s, _ in all_losses(workdir)], default=0),
+            "during_async_write": code == -signal.SIGKILL and any("orbax-checkpoint-tmp" in e for e in entries),
+            "output": output}
+
+
+def damage(root: str, reference_dir: str, steps: int, reference: dict[int, float]) -> dict:
+    results = {}
+    newest = steps - EVERY  # the reference's checkpoints: ..., steps - EVERY, steps (damaged: the newest below)
+    for variant, (damage_fn, _) in DAMAGE.items():
+        workdir = os.path.join(root, "damage_" + variant.replace(" ", "_"))
+        shutil.copytree(reference_dir, workdir, ignore=shutil.ignore_patterns(".lock", "metrics.jsonl"))
+        shutil.rmtree(os.path.join(workdir, "checkpoints", str(steps)))
+        damage_fn(os.path.join(workdir, "checkpoints", str(newest)))
+        result = run_train(workdir, *FAST, f"--config.train.steps={steps}", f"--config.checkpoint.every_steps={EVERY}")
+        skipped = [ln for ln in result.stdout.splitlines() if ln.startswith(f"checkpoint {newest} skipped")]
+        losses = dict(all_losses(workdir))
+        results[variant] = {"exit": result.returncode, "skipped_line": skipped[0] if skipped else None,
+                            "restored": start_step(result.stdout),
+                            "losses_equal_reference": bool(losses) and all(reference[s] == v for s, v in losses.items()),
+                            "ok": result.returncode == 0 and bool(skipped) and start_step(result.stdout) == newest - EVERY
+                            and all(reference[s] == v for s, v in losses.items())}
+    workdir = os.path.join(root, "damage_all")
+    shutil.copytree(reference_dir, workdir, ignore=shutil.ignore_patterns(".lock"))
+    for step in integrity.steps_in(os.path.join(workdir, "checkpoints")):
+        DAMAGE["flipped bytes"][0](os.path.join(workdir, "checkpoints", str(step)))
+    result = run_train(workdir, *FAST, f"--config.train.steps={steps}", f"--config.checkpoint.every_steps={EVERY}")
+    last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
+    results["every checkpoint damaged"] = {"exit": result.returncode, "message": last[:400],
+                                           "ok": result.returncode == EXIT_USER_ERROR and "no whole checkpoint" in last}
+    return results
+
+
+def stops(root: str) -> dict:
+    """Each variant on a fresh 2-process job; seconds from the (last) signal until both processes exited."""
+    variants = {
+        "SIGTERM to process 1": [(1, signal.SIGTERM, 0.0)],
+        "SIGTERM to both, 0.3 s apart": [(0, signal.SIGTERM, 0.0), (1, signal.SIGTERM, 0.3)],
+        "two SIGTERMs 5 ms apart to process 0": [(0, signal.SIGTERM, 0.0), (0, signal.SIGTERM, 0.005)],
+        "SIGINT to process 0": [(0, signal.SIGINT, 0.0)],
+        "SIGTERM to process 1 during start-up": [(1, signal.SIGTERM, 0.0)],
+    }
+    results = {}
+    for name, signals in variants.items():
+        workdir = os.path.join(root, "stop_" + str(len(results)))
+        job = Job(Path(workdir), *FAST, "--config.train.steps=100000", "--config.checkpoint.every_steps=0")
+        if "start-up" in name:
+            job.wait_for("topology:")
+        else:
+            job.wait_for_step(2)
+        for process, signum, delay in signals:
+            time.sleep(delay)
+            job.signal(process, signum)
+        codes, seconds = job.finish(timeout=120)
+        saved = [integrity.steps_in(os.path.join(workdir, "checkpoints"))]
+        lines = [[ln for ln in job.output(i).splitlines() if "saving step" in ln] for i in range(2)]
+        steps_named = [int(ls[0].split("saving step ")[1].split()[0]) if ls else None for ls in lines]
+        results[name] = {"exits": codes, "seconds_to_exit": round(seconds, 2), "saved_steps": saved[0],
+                         "step_named_by_each_process": steps_named,
+                         "ok": codes == [EXIT_PREEMPTED] * 2 and seconds < 10 and steps_named[0] == steps_named[1]
+                         and saved[0][:1] == [steps_named[0]]}
+    results["agreement_cost"] = agreement_cost(os.path.join(root, "stop_0"))  # a job that trained
+    return results
+
+
+def agreement_cost(workdir: str) -> dict:
+    """The per-step all-gather, timed in a 2-process job, against the mean step time of `workdir`'s run."""
+    port = free_port()
+    code = ("import time, numpy as np; from zaya_jax.parallel import distributed as d; d.initialize(); "
+            "d.max_over_processes(0); t=time.perf_counter(); [d.max_over_processes(1) for _ in range(200)]; "
+            "print('PER_CALL', (time.perf_counter()-t)/200)")
+    processes = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True, env={
+        **cli_env(), "ZAYA_COORDINATOR": f"127.0.0.1:{port}", "ZAYA_NUM_PROCESSES": "2", "ZAYA_PROCESS_ID": str(i),
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}) for i in range(2)]
+    per_call = [float(p.communicate(timeout=300)[0].split("PER_CALL")[1]) for p in processes]
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rates = [json.loads(line)["tokens_per_sec"] for line in f if '"kind": "train"' in line][2:]
+    step_seconds = 8 * 64 / (sum(rates) / len(rates))  # tiny: 8 x 64 tokens per step
+    return {"allgather_seconds_per_step": max(per_call), "step_seconds": step_seconds,
+            "ratio_to_step": max(per_call) / step_seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    root = tempfile.mkdtemp(prefix="zaya_chaos_")
+    started = time.time()
+    reference_dir = os.path.join(root, "reference")
+    result = run_train(reference_dir, *FAST, f"--config.train.steps={args.steps}",
+                       f"--config.checkpoint.every_steps={EVERY}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    reference = dict(all_losses(reference_dir))
+    out = {"machine": "2 shared CPU cores (other jobs running): times are indicative",
+           "config": "configs/tiny.py, adamw, 8 CPU devices (1 per process for the 2-process job)",
+           "steps": args.steps, "checkpoint_every_steps": EVERY}
+    out["kill_trials"] = kills(root, args.steps, args.kills, reference, random.Random(args.seed))
+    _write(out)
+    out["damage"] = damage(root, reference_dir, args.steps, reference)
+    _write(out)
+    out["multihost_stops"] = stops(root)
+    k = out["kill_trials"]
+    out["summary"] = {"kills": k["kills"], "kills_during_async_write": k["kills_during_async_write"],
+                      "lost_states": k["lost_states"], "silently_wrong_steps": len(k["silently_wrong_steps"]),
+                      "damage_variants_ok": f"{sum(v['ok'] for v in out['damage'].values())}/{len(out['damage'])}",
+                      "stop_variants_ok": f"{sum(v['ok'] for n, v in out['multihost_stops'].items() if n != 'agreement_cost')}"
+                                          f"/{len(out['multihost_stops']) - 1}",
+                      "max_seconds_to_exit": max(v["seconds_to_exit"] for n, v in out["multihost_stops"].items()
+                                                 if n != "agreement_cost"),
+                      "wall_seconds": round(time.time() - started)}
+    _write(out)
+    print(json.dumps(out["summary"]))
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _write(out: dict) -> None:
+    """The results so far (each phase adds its part)."""
+    os.makedirs(os.path.dirname(RESULT), exist_ok=True)
+    with open(RESULT, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

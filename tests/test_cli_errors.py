@@ -1,0 +1,97 @@
+"""Every entry point, run as a user runs it: a mistake ends in one or two `error:` lines naming the
+input and the fix, exit code 2, no traceback (unless --debug) and nothing created; --help exits 0."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.train_helpers import REPO, cli_env
+from zaya_jax.config_files import load_config_file, model_config
+from zaya_jax.model.build import create_model
+from zaya_jax.train.checkpoint import save_model
+from zaya_jax.train.state import ModelParts
+
+TINY = os.path.join(REPO, "configs", "tiny.py")
+ENTRY_POINTS = ("zaya_jax.train", "zaya_jax.plan", "zaya_jax.generate", "zaya_jax.evaluate", "zaya_jax.convert",
+                "zaya_jax.data.prepare", "zaya_jax.data.train_tokenizer", "zaya_jax.data.demo_corpus")
+
+
+def cli(module, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=REPO, env=cli_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_user_error(done: subprocess.CompletedProcess, *fragments: str) -> None:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert lines[0].startswith("error: ") and len(lines) <= 2, done.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in done.stderr, (fragment, done.stderr)
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_help_exits_zero_and_shows_the_usage(module):
+    done = cli(module, "--help")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"python -m {module}" in done.stdout and "--[no]debug" in done.stdout
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (("--config", "configs/nope.py"), ("--config configs/nope.py: no such config file",)),
+    (("--config", TINY, "--config.train.stepz=1"),
+     ("--config.train.stepz", "no field 'stepz'", "did you mean 'steps'")),
+    (("--config", TINY, "--config.train.steps=abc"), ("--config.train.steps=abc",)),
+    (("--config", TINY, "--config.mesh.data=3"), ("mesh:", "!= 8 devices", "--config.mesh.data=-1")),
+    (("--config", TINY, "--config.train.steps=5"), ("optimizer.warmup_steps (10) must be below train.steps (5)",
+                                                    "--config.optimizer.warmup_steps")),
+])
+def test_train_config_mistakes(tmp_path, args, fragments):
+    assert_user_error(cli("zaya_jax.train", *args, "--workdir", tmp_path / "run"), *fragments)
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_workdir_that_is_a_file(tmp_path):
+    (tmp_path / "file").write_text("")
+    assert_user_error(cli("zaya_jax.train", "--config", TINY, "--workdir", tmp_path / "file"),
+                      "is a file, not a directory")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    done = cli("zaya_jax.train", "--config", TINY, "--config.train.steps=5", "--workdir", tmp_path / "run", "--debug")
+    assert done.returncode != 0 and "Traceback" in done.stderr and "ConfigError" in done.stderr
+
+
+@pytest.mark.parametrize("module,args", [
+    ("zaya_jax.generate", ("--prompt_ids", "2,5")),
+    ("zaya_jax.evaluate", ()),
+    ("zaya_jax.convert", ("to_hf", "--out", "OUT")),
+])
+def test_a_missing_checkpoint_is_named_and_never_created(tmp_path, module, args):
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
+    assert_user_error(cli(module, "--checkpoint", tmp_path / "nope", *args), f"no checkpoint at {tmp_path / 'nope'}")
+    assert not (tmp_path / "nope").exists() and not (tmp_path / "out").exists()
+
+
+def test_evaluate_of_a_model_only_checkpoint_asks_for_a_config(tmp_path):
+    cfg = model_config(load_config_file(TINY))
+    params, biases = ModelParts.arrays(create_model(cfg, seed=0))
+    save_model(str(tmp_path / "orbax"), params, biases, {"model": dataclasses.asdict(cfg)})  # as convert to_orbax
+    done = cli("zaya_jax.evaluate", "--checkpoint", tmp_path / "orbax")
+    assert_user_error(done, "model-only checkpoint", "--config configs/demo.py")
+    assert "type_handler_registry" not in done.stderr and " INFO " not in done.stderr  # library logs quiet
+
+
+def test_plan_accepts_the_spelling_its_help_shows(tmp_path):
+    for flag in ("--device_memory_gb", "--device-memory-gb"):
+        done = cli("zaya_jax.plan", "--config", "configs/tiny.py", "--mesh", "data=8", flag, "80")
+        assert done.returncode == 0 and "fits in 80 GB" in done.stdout, done.stderr[-3000:]
+
+
+def test_generate_names_a_bad_hf_directory_and_a_bad_tokenizer(tmp_path):
+    assert_user_error(cli("zaya_jax.generate", "--hf", tmp_path, "--prompt-ids", "2,5"),
+                      f"{tmp_path / 'config.json'}: missing")
+    assert_user_error(cli("zaya_jax.generate", "--hf", tmp_path, "--prompt", "hi", "--tokenizer", tmp_path / "t.json"),
+                      f"--tokenizer {tmp_path / 't.json'}: cannot read it")

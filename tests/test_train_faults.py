@@ -1,0 +1,206 @@
+"""Faults through the real CLI: damaged checkpoints, stops agreed by 2 processes, the rollback
+budget, a failed checkpoint write, a second trainer on one workdir."""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from tests.train_helpers import (DAMAGE, REPO, Job, cli_env, empty_folder, flip_model_bytes, run_train,
+                                 train_losses)
+from zaya_jax.errors import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USER_ERROR, UserError
+from zaya_jax.train import integrity
+from zaya_jax.train.checkpoint import Checkpointer, load_checkpoint_model, read_config, restore_model
+from zaya_jax.train.settings import CheckpointSettings
+
+SHORT = ("--config.optimizer.warmup_steps=1", "--config.optimizer.name=adamw", "--config.train.log_every_steps=1",
+         "--config.eval.every_steps=0", "--config.monitor.tensorboard=False", "--config.monitor.heatmap_every_steps=0")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """A 4-step CLI run with checkpoints 2 and 4, and its losses."""
+    workdir = tmp_path_factory.mktemp("reference")
+    result = run_train(workdir, *SHORT, "--config.train.steps=4", "--config.checkpoint.every_steps=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert integrity.steps_in(str(workdir / "checkpoints")) == [4, 2]
+    return workdir, train_losses(workdir)
+
+
+def _copy(reference_dir, target):
+    shutil.copytree(reference_dir, target, ignore=shutil.ignore_patterns(".lock"))
+    return target
+
+
+@pytest.mark.parametrize("variant", sorted(DAMAGE))
+def test_read_only_loaders_fall_back_past_a_damaged_step_or_refuse_it_by_name(reference, tmp_path, variant):
+    damage, reason = DAMAGE[variant]
+    pristine, _ = load_checkpoint_model(str(reference[0]), step=2)
+    run = _copy(reference[0], tmp_path / "run")
+    damage(str(run / "checkpoints" / "4"))
+    model, step = load_checkpoint_model(str(run))
+    assert step == 2
+    for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(pristine, nnx.Param))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(UserError, match=rf"no whole checkpoint at .*checkpoints \(step 4\): step 4: {reason}"):
+        load_checkpoint_model(str(run), step=4)
+    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4"]  # a reader moves nothing
+
+
+def test_read_only_loaders_create_nothing(tmp_path):
+    missing = tmp_path / "nope"
+    for load in (lambda: read_config(str(missing)), lambda: restore_model(str(missing), {}),
+                 lambda: load_checkpoint_model(str(missing))):
+        with pytest.raises(UserError, match=f"no checkpoint at {missing}"):
+            load()
+    assert not missing.exists()
+    result = subprocess.run([sys.executable, "-m", "zaya_jax.evaluate", "--checkpoint", str(missing)], cwd=REPO,
+                            env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and f"no checkpoint at {missing}" in result.stderr
+    assert not missing.exists()
+
+
+def test_resume_skips_a_checkpoint_missing_its_train_item(reference, tmp_path):
+    """Never a silent restart from step 0: the damaged step 4 is set aside, the run resumes from 2,
+    and steps 3 and 4 repeat the reference's losses bit for bit."""
+    reference_dir, expected = reference
+    run = _copy(reference_dir, tmp_path / "run")
+    shutil.rmtree(run / "checkpoints" / "4" / "train")
+    os.remove(run / "metrics.jsonl")
+    result = run_train(run, *SHORT, "--config.train.steps=4", "--config.checkpoint.every_steps=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "checkpoint 4 skipped (item 'train' is missing); moved to" in result.stdout
+    assert "start at step 2: restored checkpoint 2" in result.stdout
+    assert train_losses(run) == {3: expected[3], 4: expected[4]}
+    assert os.listdir(run / "checkpoints.rejected") == ["4"]
+    assert integrity.steps_in(str(run / "checkpoints")) == [4, 2]
+
+
+def test_resume_refuses_a_workdir_whose_every_checkpoint_is_damaged(reference, tmp_path):
+    run = _copy(reference[0], tmp_path / "run")
+    flip_model_bytes(str(run / "checkpoints" / "4"))
+    empty_folder(str(run / "checkpoints" / "2"))
+    checkpointer = Checkpointer(str(run / "checkpoints"), CheckpointSettings())
+    with pytest.raises(UserError, match=r"no whole checkpoint in .*: step 4: model/.* fails its checksum .*; "
+                                        r"step 2: no zaya_manifest.json"):
+        checkpointer.resume_point(print)
+    checkpointer.close()
+    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4"]
+
+
+def test_rollback_budget_ends_the_run_and_skipped_saves_are_logged(tmp_path):
+    result = run_train(tmp_path, *SHORT, "--config.train.steps=8", "--config.checkpoint.every_steps=2",
+                       "--config.train.max_nonfinite_streak=3", "--config.train.max_rollbacks=1",
+                       faults={"POISON_FROM_STEP": 3}, timeout=240)
+    assert result.returncode == EXIT_FAILED, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "TrainingFailed: 3 non-finite steps in a row at step 6 after 1 rollback(s) (train.max_rollbacks=1): "
+        "the run diverges; lower the learning rate or inspect the data, then resume from the last checkpoint")
+    assert result.stdout.count("step 4: checkpoint not saved, 1 non-finite step(s) in a row") == 2
+    assert "3 non-finite steps in a row at step 6: rolled back to checkpoint 2" in result.stdout
+    assert integrity.steps_in(str(tmp_path / "checkpoints")) == [2]
+
+
+def test_a_failed_checkpoint_write_stops_the_run_at_the_next_step(tmp_path):
+    result = run_train(tmp_path, *SHORT, "--config.train.steps=16", "--config.checkpoint.every_steps=8",
+                       faults={"FSIZE_LIMIT_AT_STEP": 2})
+    assert result.returncode == EXIT_FAILED, result.stderr[-3000:]
+    # TensorStore's threads may still print (tracebacks of writes completing after the failure) while it is printed
+    expected = (f"CheckpointWriteError: checkpoint 8 could not be written to {tmp_path}/checkpoints: "
+                f"File too large (errno 27): {tmp_path}/checkpoints/8.orbax-checkpoint-tmp/")
+    assert expected in result.stderr, result.stderr[-3000:]
+    orbax_records = [ln for ln in result.stderr.splitlines() if re.match(r"E\d{4} .*\] \[process=0\]", ln)]
+    assert orbax_records and all(len(ln) < 400 for ln in orbax_records)  # Orbax's records: one short line each
+    # raised at the first step boundary after the write failed (on main: at the next save, the final step 16)
+    assert 8 <= max(train_losses(tmp_path)) < 16
+    assert integrity.steps_in(str(tmp_path / "checkpoints")) == []
+
+
+# -- two processes ---------------------------------------------------------------------------
+
+
+def _saved_step(job: Job) -> int:
+    lines = [ln for ln in job.output(0).splitlines() if "saving step" in ln]
+    assert len(lines) == 1, job.output(0)[-3000:]
+    step = int(lines[0].split("saving step ")[1].split()[0])
+    assert f"process 1: signal 15: saving step {step} and stopping" in job.output(1), job.output(1)[-3000:]
+    return step
+
+
+LONG = ("--config.train.steps=100000", "--config.checkpoint.every_steps=0")
+
+
+def _finish_stopped(job: Job, previous: int) -> int:
+    """Both processes exit 75 within 10 s, having saved the same step (> `previous`, whole); returns it."""
+    codes, seconds = job.finish()
+    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(0)[-3000:] + job.output(1)[-3000:]
+    step = _saved_step(job)
+    assert step > previous
+    assert integrity.problem(str(job.workdir / "checkpoints" / str(step)), integrity.ITEMS["training"]) is None
+    return step
+
+
+def _resume_and_stop(workdir, previous: int, signals: list[tuple[int, float]]) -> int:
+    """Resumes the 2-process job from checkpoint `previous`; once it trained a step, SIGTERMs
+    [(process, seconds after the signal before)]; returns the step saved."""
+    job = Job(workdir, *SHORT, *LONG)
+    job.wait_for(f"start at step {previous}: restored checkpoint {previous}")
+    job.wait_for_step(previous)
+    for process, delay in signals:
+        time.sleep(delay)
+        job.signal(process)
+    return _finish_stopped(job, previous)
+
+
+def test_stops_are_agreed_by_two_processes_and_a_second_trainer_is_refused(tmp_path):
+    workdir = tmp_path / "run"
+    # 1. SIGTERM to process 1 only: both save the same step and exit 75; meanwhile a second trainer is refused
+    job = Job(workdir, *SHORT, *LONG)
+    job.wait_for_step(0)
+    second = run_train(workdir, *SHORT)
+    assert second.returncode == EXIT_USER_ERROR
+    assert f"workdir {workdir} is in use by another trainer (host pid: {socket.gethostname()} " \
+           f"{job.processes[0].pid}" in second.stderr
+    job.signal(1)
+    first = _finish_stopped(job, 0)
+    assert integrity.steps_in(str(workdir / "checkpoints")) == [first]
+    # 2. SIGTERM to both, 0.3 s apart (process 0 first); 3. two SIGTERMs 5 ms apart to process 1
+    both = _resume_and_stop(workdir, first, [(0, 0.0), (1, 0.3)])
+    twice = _resume_and_stop(workdir, both, [(1, 0.0), (1, 0.005)])
+    # 4. SIGTERM to process 0 during start-up (before its first step): no step runs, exit 75
+    job = Job(workdir, *SHORT, f"--config.train.steps={twice + 3}", "--config.checkpoint.every_steps=0")
+    job.wait_for("topology:")
+    job.signal(0)
+    codes, seconds = job.finish()
+    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(0)[-3000:]
+    assert max(train_losses(workdir)) == twice and f"saving step {twice}" in job.output(0)
+
+
+def test_damaged_data_shards_are_named_when_the_sources_open(tmp_path):
+    """Before: a truncated shard opened fine and failed mid-run, naming no file."""
+    from zaya_jax.data import prepare
+    from zaya_jax.data.readers import InputError
+    from zaya_jax.data.sources import open_sources
+    tokenizer = {"sha256": "synthetic", "vocab_size": 65536, "bos_id": 2, "eos_id": 1, "pad_id": 0}
+    docs = [np.arange(1 + 200 * i, 1 + 200 * i + 150) for i in range(400)]
+    for name in ("truncated", "short"):
+        prepare.write_tokenized(str(tmp_path / name), docs, tokenizer_info=tokenizer, num_shards=2)
+    config = lambda name: type("DataConfig", (), {"sources": {"a": str(tmp_path / name)}, "heldout_fraction": 0.0})
+    assert len(open_sources(config("truncated"))["a"].train) == 400  # whole shards open
+    shard = tmp_path / "truncated" / "shard-00001-of-00002.array_record"
+    os.truncate(shard, os.path.getsize(shard) // 2)
+    with pytest.raises(InputError, match=rf"{shard}: not a readable ArrayRecord shard \(.*\); re-run .* data.sources.a"):
+        open_sources(config("truncated"))
+    prepare.write_tokenized(str(tmp_path / "other"), docs[:3], tokenizer_info=tokenizer, num_shards=1)
+    shard = tmp_path / "short" / "shard-00000-of-00002.array_record"
+    shutil.copy(tmp_path / "other" / "shard-00000-of-00001.array_record", shard)
+    with pytest.raises(InputError, match=rf"{shard}: holds 3 records but the manifest lists 200"):
+        open_sources(config("short"))

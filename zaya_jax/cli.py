@@ -1,0 +1,119 @@
+"""How every entry point runs: absl flags (+ ml_collections config files), one error style.
+
+    if __name__ == "__main__":
+        cli.run(main)        # main(argv) as for absl.app.run
+
+What `run` adds to absl.app.run, the same for train, plan, generate, evaluate, convert and
+data.prepare:
+  - `--flag-name` is accepted for every flag `--flag_name` (both spellings work);
+  - `--help` (or -h) prints the module's usage text and its flags and exits 0;
+  - a user error ends in `error: ...` lines (one or two: the input and the fix) and exit code 2:
+    a `zaya_jax.errors.UserError` raised anywhere, an unknown or malformed flag or config
+    override, a missing config file, `app.UsageError`; `--debug` shows the traceback instead;
+  - library logs (Orbax INFO lines) are quiet unless `--verbosity` asks for them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Callable, Sequence
+
+from absl import app, flags, logging
+
+from zaya_jax.errors import EXIT_USER_ERROR, UserError
+
+_DEBUG = flags.DEFINE_bool("debug", False, "Show the traceback of an error (otherwise a user error is one "
+                                           "`error:` line and exit code 2).")
+HELP_FLAGS = ("--help", "-h", "--helpshort", "--helpfull", "-?")
+
+
+def normalize_flag_names(argv: Sequence[str]) -> list[str]:
+    """`--flag-name[=v]` -> `--flag_name[=v]` for every defined flag spelled with dashes."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and not arg.startswith("--config."):
+            name, sep, value = arg[2:].partition("=")
+            underscored = name.replace("-", "_")
+            if underscored != name and (underscored in flags.FLAGS or underscored.removeprefix("no") in flags.FLAGS):
+                arg = f"--{underscored}{sep}{value}"
+        out.append(arg)
+    return out
+
+
+def _config_file_argument(argv: Sequence[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            return arg[len("--config="):]
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def _unknown_field_message(err: AttributeError, argv: Sequence[str]) -> str:
+    """ml_collections' garbled "'\\'stepz\\'\\nDid you mean..." -> which override and the fix."""
+    text = str(err).replace("\\'", "'").replace("\\n", "\n")
+    field = re.search(r"'([^'\n]+)'", text)
+    name = field.group(1) if field else "?"
+    override = next((a.split("=")[0] for a in argv if a.startswith("--config.") and name in a), "--config...")
+    hint = re.search(r'Did you mean "([^"]+)"', text)
+    return (f"{override}: the config has no field {name!r}"
+            + (f"; did you mean {hint.group(1)!r}?" if hint else "") + "\n(the config file lists every field)")
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+    """absl's flag parsing, with user errors raised as UserError."""
+    config = _config_file_argument(argv[1:])
+    if config is not None and "config" in flags.FLAGS and not os.path.isfile(config.split(":")[0]):
+        raise UserError(f"--config {config}: no such config file (the shipped configs are in configs/)")
+    try:
+        return flags.FLAGS(list(argv))
+    except flags.Error as err:
+        raise UserError(f"{err} (--help lists the flags)") from err
+    except AttributeError as err:  # ml_collections: an override of a field the config does not have
+        raise UserError(_unknown_field_message(err, argv)) from err
+
+
+def usage() -> str:
+    """The running module's docstring (its examples) and its flags."""
+    doc = (getattr(sys.modules.get("__main__"), "__doc__", None) or "").strip()
+    listed = flags.FLAGS.main_module_help() or flags.FLAGS.module_help(sys.argv[0])
+    return (f"{doc}\n\nflags:\n{listed}\n  --[no]debug: {flags.FLAGS['debug'].help}\n"
+            "  --verbosity: log level (default: WARNING; 0 shows the libraries' INFO logs)\n")
+
+
+def report(err: BaseException) -> int:
+    """Prints a user error as `error:` lines on stderr; returns the exit code."""
+    lines = str(err).strip().splitlines() or [type(err).__name__]
+    print("error: " + "\n       ".join(lines), file=sys.stderr)
+    return EXIT_USER_ERROR
+
+
+def run(main: Callable[[list[str]], object], argv: Sequence[str] | None = None) -> None:
+    """Parses flags, runs `main(argv)` and exits: 0, 2 for a user error, a traceback for a bug."""
+    argv = normalize_flag_names(sys.argv if argv is None else argv)
+    if any(a in HELP_FLAGS for a in argv[1:]):
+        print(usage())
+        sys.exit(0)
+    debug = "--debug" in argv
+
+    def parse(args):
+        try:
+            return parse_flags(args)
+        except UserError as err:
+            if debug:
+                raise
+            sys.exit(report(err))
+
+    def guarded(args):
+        if not flags.FLAGS["verbosity"].present:
+            logging.set_verbosity(logging.WARNING)  # Orbax logs every save and restore at INFO
+        try:
+            return main(args)
+        except (UserError, app.UsageError) as err:
+            if _DEBUG.value:
+                raise
+            sys.exit(report(err))
+
+    app.run(guarded, argv=argv, flags_parser=parse)

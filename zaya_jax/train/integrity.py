@@ -1,0 +1,130 @@
+"""Checksums of a checkpoint step directory, written once Orbax has finished it, checked before restoring.
+
+  write_manifest(step_dir, kind)   step_dir/zaya_manifest.json: {kind, items, files: {relative path:
+                                   [size, crc32]}} of every file Orbax wrote; written (atomically,
+                                   by renaming a temporary file) only after the step directory is
+                                   final, so a step without a valid manifest is incomplete
+  problem(step_dir, items)         None if `items` of the step are whole, else why not (one line,
+                                   naming the file): no or unreadable manifest, an item missing, a
+                                   file missing, of another size, or with another crc32
+  newest_whole_step(directory, items, step=None)
+                                   the newest step (or exactly `step`) whose `items` are whole,
+                                   and [(step, problem)] of the newer steps passed over
+
+kind: "training" (items model, train, data, config: the trainer's checkpoints) or "model"
+(model, config: `convert to_orbax` and `save_model`). A training checkpoint missing its `train`
+item is damaged, never mistaken for a model-only one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+
+MANIFEST = "zaya_manifest.json"
+ITEMS = {"training": ("model", "train", "data", "config"), "model": ("model", "config")}
+_CHUNK = 1 << 22
+
+
+def crc32(path: str) -> int:
+    value = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            value = zlib.crc32(chunk, value)
+    return value
+
+
+def _files(step_dir: str) -> list[str]:
+    out = []
+    for root, _, names in os.walk(step_dir):
+        out.extend(os.path.relpath(os.path.join(root, n), step_dir) for n in names)
+    return sorted(p for p in out if p != MANIFEST)
+
+
+def write_manifest(step_dir: str, kind: str) -> None:
+    """Records size and crc32 of every file under `step_dir` (a finished Orbax step directory)."""
+    missing = [item for item in ITEMS[kind] if not os.path.isdir(os.path.join(step_dir, item))]
+    if missing:
+        raise RuntimeError(f"{step_dir}: Orbax finished the step without item(s) {', '.join(missing)}")
+    files = {p: [os.path.getsize(os.path.join(step_dir, p)), crc32(os.path.join(step_dir, p))]
+             for p in _files(step_dir)}
+    tmp = os.path.join(step_dir, MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"kind": kind, "items": list(ITEMS[kind]), "files": files}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(step_dir, MANIFEST))
+
+
+def read_manifest(step_dir: str) -> dict:
+    """The manifest of `step_dir`; ValueError (naming why) when it is absent or unreadable."""
+    path = os.path.join(step_dir, MANIFEST)
+    if not os.path.isfile(path):
+        raise ValueError(f"no {MANIFEST} (an interrupted save, or not written by zaya_jax)")
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+        if manifest["kind"] not in ITEMS or not isinstance(manifest["files"], dict):
+            raise ValueError(f"kind {manifest['kind']!r}")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{MANIFEST} is unreadable ({type(e).__name__}: {e})") from None
+    return manifest
+
+
+def kind_of(step_dir: str) -> str:
+    return read_manifest(step_dir)["kind"]
+
+
+def problem(step_dir: str, items: tuple[str, ...]) -> str | None:
+    """Why `items` of `step_dir` cannot be restored, or None when every file of them is intact.
+
+    Checks the files of the requested items and the step's own top-level files; `items` that the
+    checkpoint's kind lacks (e.g. `train` of a model-only export) are left out, since the caller
+    asks `kind_of` what it holds.
+    """
+    try:
+        manifest = read_manifest(step_dir)
+    except ValueError as e:
+        return str(e)
+    wanted = [item for item in items if item in ITEMS[manifest["kind"]]]
+    for item in wanted:
+        if not os.path.isdir(os.path.join(step_dir, item)):
+            return f"item {item!r} is missing"
+    for rel, (size, checksum) in manifest["files"].items():
+        top = rel.split(os.sep, 1)[0]
+        if os.sep in rel and top not in wanted:
+            continue
+        path = os.path.join(step_dir, rel)
+        if not os.path.isfile(path):
+            return f"{rel} is missing"
+        if os.path.getsize(path) != size:
+            return f"{rel} has {os.path.getsize(path)} bytes, {size} were written"
+        if crc32(path) != checksum:
+            return f"{rel} fails its checksum (crc32 {crc32(path):08x}, {checksum:08x} written)"
+    return None
+
+
+def steps_in(directory: str) -> list[int]:
+    """Finished step directories (integer names) in `directory`, newest first."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted((int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n))),
+                  reverse=True)
+
+
+def newest_whole_step(directory: str, items: tuple[str, ...],
+                      step: int | None = None) -> tuple[int | None, list[tuple[int, str]]]:
+    """(newest step whose `items` are intact or None, [(newer step, its problem)]).
+
+    With `step`, only that step is considered (a step directory that does not exist is a problem).
+    """
+    candidates = [step] if step is not None else steps_in(directory)
+    skipped = []
+    for s in candidates:
+        step_dir = os.path.join(directory, str(s))
+        why = problem(step_dir, items) if os.path.isdir(step_dir) else "no such step directory"
+        if why is None:
+            return s, skipped
+        skipped.append((s, why))
+    return None, skipped

@@ -1,0 +1,41 @@
+"""One trainer per workdir: an exclusive lock (fcntl.flock) on WORKDIR/.lock, held until close.
+
+The lock file records the holder as `host pid`. The operating system drops the lock when the
+holding process ends, however it ends (SIGKILL included), so a stale file never blocks a
+restart. A multi-process job takes it on process 0 only. flock is advisory and local to one
+machine on some network filesystems (NFS without lock support): there it guards only against a
+second trainer on the same host.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+
+from zaya_jax.errors import UserError
+
+LOCK_FILE = ".lock"
+
+
+class WorkdirLock:
+    def __init__(self, workdir: str):
+        self.path = os.path.join(workdir, LOCK_FILE)
+        self._file = open(self.path, "a+")  # pylint: disable=consider-using-with
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "unknown"
+            self._file.close()
+            raise UserError(f"workdir {workdir} is in use by another trainer (host pid: {holder}, lock {self.path}); "
+                            "stop it or choose another --workdir") from None
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"{socket.gethostname()} {os.getpid()}\n")
+        self._file.flush()
+
+    def release(self) -> None:
+        if not self._file.closed:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
