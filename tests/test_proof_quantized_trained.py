@@ -39,7 +39,7 @@ def _batch(index):
 def trained():
     """-> (float32 model, losses of the first and last step)."""
     model = create_model(CFG, seed=0)
-    parts, tx = ModelParts(model), optax.adamw(1e-2)
+    parts, tx = ModelParts(model), optax.adamw(optax.constant_schedule(1e-2))  # the step reads its count
     controller = balancing.make_controller(BalancingSettings(rate=1e-4))
     step = jax.jit(functools.partial(train_step, parts=parts, tx=tx, controller=controller,
                                      lr_schedule=lambda count: 1e-2, rope_theta=CFG.rope_theta, microbatches=1,
