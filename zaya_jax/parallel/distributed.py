@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from pallas_kernels._backend import target
+from zaya_jax.config import ConfigError
 from zaya_jax.parallel.rules import batch_spec
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ def _int_env(env: Mapping[str, str], name: str) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} must be an integer") from None
+        raise ConfigError(f"environment variable {name}={value!r} must be an integer") from None
 
 
 def _use_cpu_collectives() -> None:
@@ -58,17 +59,19 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     coordinator = coordinator or env.get("ZAYA_COORDINATOR")
     num_processes = num_processes if num_processes is not None else _int_env(env, "ZAYA_NUM_PROCESSES")
     process_id = process_id if process_id is not None else _int_env(env, "ZAYA_PROCESS_ID")
-    if _STARTED:
-        return "already initialized"
-    if coordinator or num_processes is not None or process_id is not None:
+    explicit = coordinator or num_processes is not None or process_id is not None
+    if explicit:  # checked before the no-op below, so a bad environment is named on every call
         missing = [n for n, v in (("coordinator (ZAYA_COORDINATOR)", coordinator),
                                   ("num_processes (ZAYA_NUM_PROCESSES)", num_processes),
                                   ("process_id (ZAYA_PROCESS_ID)", process_id)) if v is None]
         if missing:
-            raise ValueError(f"multi-process start needs all of coordinator, num_processes, process_id; "
-                             f"missing {', '.join(missing)}")
+            raise ConfigError(f"multi-process start needs all of coordinator, num_processes, process_id; "
+                              f"missing {', '.join(missing)}")
         if not 0 <= process_id < num_processes:
-            raise ValueError(f"process_id {process_id} must lie in [0, num_processes={num_processes})")
+            raise ConfigError(f"process_id {process_id} must lie in [0, num_processes={num_processes})")
+    if _STARTED:
+        return "already initialized"
+    if explicit:
         _use_cpu_collectives()
         _keep_python_signal_handlers()
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
