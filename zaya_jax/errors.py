@@ -24,3 +24,7 @@ EXIT_PREEMPTED = 75
 
 class UserError(Exception):
     """A bad input, reported as its message alone (one or two lines), exit code 2."""
+
+
+class MissingInputError(UserError, FileNotFoundError):
+    """A file or directory the user named (data source, tokenizer, shard) does not exist."""

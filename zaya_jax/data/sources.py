@@ -15,6 +15,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from zaya_jax.config import ConfigError
+from zaya_jax.errors import MissingInputError
+
 MANIFEST = "manifest.json"
 DEMO_PREFIX = "demo:"
 
@@ -66,26 +69,26 @@ def heldout_count(num_documents: int, fraction: float) -> int:
 def load_manifest(path: str, field: str) -> dict:
     """Reads and checks `path`/manifest.json; errors name the config `field` and the path."""
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"{field}: data directory {path!r} does not exist (prepare one with "
+        raise MissingInputError(f"{field}: data directory {path!r} does not exist (prepare one with "
                                 f"`python -m zaya_jax.data.prepare` and set {field} to it)")
     manifest_path = os.path.join(path, MANIFEST)
     if not os.path.isfile(manifest_path):
-        raise FileNotFoundError(f"{field}: {manifest_path!r} does not exist; {path!r} is not a finished "
+        raise MissingInputError(f"{field}: {manifest_path!r} does not exist; {path!r} is not a finished "
                                 "prepared dataset (re-run `python -m zaya_jax.data.prepare`)")
     try:
         with open(manifest_path) as f:
             manifest = json.load(f)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{field}: {manifest_path!r} is not valid JSON ({e})") from e
+        raise ConfigError(f"{field}: {manifest_path!r} is not valid JSON ({e})") from e
     missing = [k for k in ("num_documents", "shards", "tokenizer", "dtype") if k not in manifest]
     if missing:
-        raise ValueError(f"{field}: {manifest_path!r} is not a manifest (no {', '.join(missing)})")
+        raise ConfigError(f"{field}: {manifest_path!r} is not a manifest (no {', '.join(missing)})")
     if manifest["num_documents"] == 0:
-        raise ValueError(f"{field}: source {path!r} is empty (its manifest lists no documents)")
+        raise ConfigError(f"{field}: source {path!r} is empty (its manifest lists no documents)")
     for shard in manifest["shards"]:
         shard_path = os.path.join(path, shard["file"])
         if not os.path.isfile(shard_path):
-            raise FileNotFoundError(f"{field}: shard {shard_path!r} listed in the manifest does not exist")
+            raise MissingInputError(f"{field}: shard {shard_path!r} listed in the manifest does not exist")
         check_shard(shard_path, shard.get("documents"), field)
     return manifest
 
@@ -133,7 +136,7 @@ def open_sources(data_config, names: list[str] | None = None) -> dict[str, Prepa
         from zaya_jax.data import demo_corpus  # pylint: disable=g-import-not-at-top
         for n in demo_names:
             if paths[n][len(DEMO_PREFIX):] not in demo_corpus.SOURCES:
-                raise ValueError(f"data.sources.{n}: unknown demo source {paths[n]!r} "
+                raise ConfigError(f"data.sources.{n}: unknown demo source {paths[n]!r} "
                                  f"(known: {[DEMO_PREFIX + k for k in demo_corpus.SOURCES]})")
         corpus = demo_corpus.build_demo_corpus(**data_config.demo.to_dict())
         for n in demo_names:
@@ -142,7 +145,7 @@ def open_sources(data_config, names: list[str] | None = None) -> dict[str, Prepa
     first = next(iter(opened.values()))
     for source in opened.values():
         if source.manifest["tokenizer"]["sha256"] != first.manifest["tokenizer"]["sha256"]:
-            raise ValueError(f"data.sources.{source.name} ({source.path}) and data.sources.{first.name} "
+            raise ConfigError(f"data.sources.{source.name} ({source.path}) and data.sources.{first.name} "
                              f"({first.path}) were prepared with different tokenizers")
     return opened
 
@@ -160,5 +163,5 @@ def tokenizer_path(data_config) -> str:
         return str(demo_corpus.build_demo_corpus(**data_config.demo.to_dict()).tokenizer)
     path = os.path.expanduser(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"data.tokenizer: tokenizer file {path!r} does not exist")
+        raise MissingInputError(f"data.tokenizer: tokenizer file {path!r} does not exist")
     return path

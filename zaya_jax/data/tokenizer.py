@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from zaya_jax.errors import MissingInputError
+
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>")  # ids 0, 1, 2 of a tokenizer made by train_bpe
 
 
@@ -46,7 +48,7 @@ class Tokenizer:
     def __init__(self, path: str | os.PathLike, *, bos_id: int, eos_id: int, pad_id: int):
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
-            raise FileNotFoundError(f"tokenizer file {self.path!r} does not exist")
+            raise MissingInputError(f"tokenizer file {self.path!r} does not exist")
         self.kind = "hf" if self.path.endswith(".json") else "sentencepiece"
         if self.kind == "hf":
             import tokenizers  # pylint: disable=g-import-not-at-top

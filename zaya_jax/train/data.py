@@ -21,6 +21,7 @@ import grain
 import jax
 import numpy as np
 
+from zaya_jax.config import ConfigError
 from zaya_jax.data.curriculum import PhaseInfo
 from zaya_jax.parallel.distributed import local_batch_rows
 from zaya_jax.train.settings import Settings
@@ -124,7 +125,7 @@ def open_training_data(config, settings: Settings) -> grain.DatasetIterator:
     pipeline = build_pipeline(training_data_config(config, settings), process_index=jax.process_index(),
                               process_count=jax.process_count(), seed=settings.train.seed)
     if pipeline.vocab_size > settings.model.vocab_size:
-        raise ValueError(f"data.sources were tokenized with a vocabulary of {pipeline.vocab_size}, larger than "
+        raise ConfigError(f"data.sources were tokenized with a vocabulary of {pipeline.vocab_size}, larger than "
                          f"model.vocab_size={settings.model.vocab_size}")
     return pipeline
 
