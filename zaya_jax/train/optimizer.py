@@ -129,9 +129,10 @@ def make_optimizer(settings: OptimizerSettings, total_steps: int) -> optax.Gradi
     return optax.chain(optax.clip_by_global_norm(s.grad_clip_norm), parts) if s.grad_clip_norm else parts
 
 
-def applied_updates(opt_state) -> jax.Array:
+def applied_updates(opt_state, without_schedule: jax.Array) -> jax.Array:
     """[] int32: the updates applied so far, as the learning-rate schedule counts them (so the logged
-    rate is the applied one, after skipped steps and rollbacks too)."""
+    rate is the applied one, after skipped steps and rollbacks too); `without_schedule` for an
+    optimizer that keeps no schedule count (a constant-rate optax transform)."""
     counts = [v for p, v in optax.tree_utils.tree_get_all_with_path(opt_state, "count")
               if "ScaleByScheduleState" in jax.tree_util.keystr(p)]
-    return counts[0]
+    return counts[0] if counts else without_schedule

@@ -98,7 +98,7 @@ def train_step(state: TrainState, batch: dict, *, parts: ModelParts, tx: optax.G
     def skip(s: TrainState) -> TrainState:
         return s.replace(skipped_steps=s.skipped_steps + 1, nonfinite_streak=s.nonfinite_streak + 1)
 
-    applied_before = applied_updates(state.opt_state)
+    applied_before = applied_updates(state.opt_state, state.step - state.skipped_steps)
     new = jax.lax.cond(finite, apply, skip, state)
     new = new.replace(step=state.step + 1,
                       rng=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]))
