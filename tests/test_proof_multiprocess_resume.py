@@ -1,5 +1,6 @@
 """Two processes (4 CPU devices each) train, checkpoint, are SIGKILLed together and resume: every
-step's loss equals one process training the same config on 8 devices without interruption."""
+step's loss equals one process training the same config on 8 devices without interruption (evaluation
+every 4 steps runs the evaluation program each process compiles ahead, as the step's)."""
 
 import signal
 import time
@@ -10,7 +11,7 @@ from tests.train_helpers import Job, run_train, train_losses
 from zaya_jax.train import integrity
 
 STEPS, EVERY = 8, 2
-RUN = ("--config.optimizer.warmup_steps=1", "--config.train.log_every_steps=1", "--config.eval.every_steps=0",
+RUN = ("--config.optimizer.warmup_steps=1", "--config.train.log_every_steps=1", "--config.eval.every_steps=4",
        "--config.monitor.tensorboard=False", "--config.monitor.heatmap_every_steps=0",
        f"--config.train.steps={STEPS}", f"--config.checkpoint.every_steps={EVERY}")
 
