@@ -132,7 +132,7 @@ def max_over_processes(value: int) -> int:
     return int(np.max(multihost_utils.process_allgather(np.int32(value))))
 
 
-BARRIER_TIMEOUT_S = int(os.environ.get("ZAYA_BARRIER_TIMEOUT_S", 3600))
+BARRIER_TIMEOUT_S = 3600  # unless ZAYA_BARRIER_TIMEOUT_S says otherwise
 _barriers = 0
 
 
@@ -150,6 +150,6 @@ def barrier(name: str, timeout_s: int | None = None) -> None:
     if jax.process_count() == 1:
         return
     from jax._src import distributed as jax_distributed  # the client jax.distributed.initialize started
+    timeout_s = timeout_s or _int_env(os.environ, "ZAYA_BARRIER_TIMEOUT_S") or BARRIER_TIMEOUT_S
     _barriers += 1
-    jax_distributed.global_state.client.wait_at_barrier(
-        f"zaya {_barriers}: {name}", 1000 * (timeout_s or BARRIER_TIMEOUT_S))
+    jax_distributed.global_state.client.wait_at_barrier(f"zaya {_barriers}: {name}", 1000 * timeout_s)
