@@ -2,6 +2,7 @@
 stops of a 2-process job. Writes benchmarks/results/chaos_cpu.json.
 
   python benchmarks/chaos.py [--kills 30] [--steps 60]
+  python benchmarks/chaos.py --stops-only   # only the multi-host stops, into the existing results file
 
 1. Kills: one workdir, restarted after each SIGKILL until the run finishes (then a new one). Most
    kills land 1 to 8 steps into a run plus a random fraction of a step (some during an
@@ -29,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -162,6 +164,12 @@ def damage(root: str, reference_dir: str, steps: int, reference: dict[int, float
     return results
 
 
+def stop_step(output: str) -> int | None:
+    """The step a process says it stopped at ("saving step N" or "stopping at step N")."""
+    found = re.search(r"(?:saving step|stopping at step) (\d+)", output)
+    return int(found.group(1)) if found else None
+
+
 def stops(root: str) -> dict:
     """Each variant on a fresh 2-process job; seconds from the (last) signal until both processes exited."""
     variants = {
@@ -184,12 +192,12 @@ def stops(root: str) -> dict:
             job.signal(process, signum)
         codes, seconds = job.finish(timeout=120)
         saved = [integrity.steps_in(os.path.join(workdir, "checkpoints"))]
-        lines = [[ln for ln in job.output(i).splitlines() if "saving step" in ln] for i in range(2)]
-        steps_named = [int(ls[0].split("saving step ")[1].split()[0]) if ls else None for ls in lines]
+        steps_named = [stop_step(job.output(i)) for i in range(2)]
+        trained = "saving step" in job.output(0)  # else it stopped before its first step: nothing new to save
         results[name] = {"exits": codes, "seconds_to_exit": round(seconds, 2), "saved_steps": saved[0],
                          "step_named_by_each_process": steps_named,
                          "ok": codes == [EXIT_PREEMPTED] * 2 and seconds < 10 and steps_named[0] == steps_named[1]
-                         and saved[0][:1] == [steps_named[0]]}
+                         is not None and saved[0][:1] == ([steps_named[0]] if trained else [])}
     results["agreement_cost"] = agreement_cost(os.path.join(root, "stop_0"))  # a job that trained
     return results
 
@@ -216,9 +224,19 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stops-only", action="store_true", help="re-run only the multi-host stop variants")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="zaya_chaos_")
     started = time.time()
+    if args.stops_only:
+        with open(RESULT) as f:
+            out = json.load(f)
+        out["multihost_stops"] = stops(root)
+        out["summary"].update(stop_summary(out["multihost_stops"]))
+        _write(out)
+        print(json.dumps(out["summary"]))
+        shutil.rmtree(root, ignore_errors=True)
+        return
     reference_dir = os.path.join(root, "reference")
     result = run_train(reference_dir, *FAST, f"--config.train.steps={args.steps}",
                        f"--config.checkpoint.every_steps={EVERY}")
@@ -236,14 +254,16 @@ def main() -> None:
     out["summary"] = {"kills": k["kills"], "kills_during_async_write": k["kills_during_async_write"],
                       "lost_states": k["lost_states"], "silently_wrong_steps": len(k["silently_wrong_steps"]),
                       "damage_variants_ok": f"{sum(v['ok'] for v in out['damage'].values())}/{len(out['damage'])}",
-                      "stop_variants_ok": f"{sum(v['ok'] for n, v in out['multihost_stops'].items() if n != 'agreement_cost')}"
-                                          f"/{len(out['multihost_stops']) - 1}",
-                      "max_seconds_to_exit": max(v["seconds_to_exit"] for n, v in out["multihost_stops"].items()
-                                                 if n != "agreement_cost"),
-                      "wall_seconds": round(time.time() - started)}
+                      **stop_summary(out["multihost_stops"]), "wall_seconds": round(time.time() - started)}
     _write(out)
     print(json.dumps(out["summary"]))
     shutil.rmtree(root, ignore_errors=True)
+
+
+def stop_summary(stops_out: dict) -> dict:
+    variants = [v for name, v in stops_out.items() if name != "agreement_cost"]
+    return {"stop_variants_ok": f"{sum(v['ok'] for v in variants)}/{len(variants)}",
+            "max_seconds_to_exit": max(v["seconds_to_exit"] for v in variants)}
 
 
 def _write(out: dict) -> None:

@@ -151,13 +151,13 @@ def free_port() -> int:
 class Job:
     """`python -m zaya_jax.train` as 2 processes of one jax.distributed job (launch/local.sh's environment)."""
 
-    def __init__(self, workdir, *overrides):
+    def __init__(self, workdir, *overrides, devices_per_process: int = 1):
         self.workdir, port = workdir, free_port()
         self.logs = [open(workdir.parent / f"{workdir.name}.{i}.log", "w+") for i in range(2)]
         self.processes = []
         for i in range(2):
             env = {**cli_env(), "ZAYA_COORDINATOR": f"127.0.0.1:{port}", "ZAYA_NUM_PROCESSES": "2",
-                   "ZAYA_PROCESS_ID": str(i), "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+                   "ZAYA_PROCESS_ID": str(i), "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"}
             command = [sys.executable, "-m", "zaya_jax.train", "--config", "configs/tiny.py", "--workdir", str(workdir),
                        "--config.monitor.progress_bar=False", *overrides]
             self.processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=self.logs[i],

@@ -7,6 +7,8 @@
 `global_batch(local, mesh)` assembles the global batch from each process's rows.
 `broadcast_int` / `max_over_processes`: process 0's value / the largest value, on every process
 (the trainer's choice of checkpoint and its stop decision).
+`barrier(name)`: waits for every process through the coordination service, not a device collective
+(see its docstring: why the trainer calls it after each compilation).
 """
 
 from __future__ import annotations
@@ -128,3 +130,26 @@ def max_over_processes(value: int) -> int:
         return value
     from jax.experimental import multihost_utils
     return int(np.max(multihost_utils.process_allgather(np.int32(value))))
+
+
+BARRIER_TIMEOUT_S = 3600  # unless ZAYA_BARRIER_TIMEOUT_S says otherwise
+_barriers = 0
+
+
+def barrier(name: str, timeout_s: int | None = None) -> None:
+    """Returns once every process has called barrier() as often as this one (`name` says where, in errors).
+
+    The wait goes through jax.distributed's coordination service, whose timeout is ours to choose
+    (ZAYA_BARRIER_TIMEOUT_S, default an hour), not through a device collective: on CPU those are gloo's,
+    which give up after about 30 s. Processes reach a program's first collective far apart when their
+    compile times differ, and they do: jax writes the persistent compilation cache from process 0 only,
+    so every other process compiles from scratch on every start while process 0 loads its programs from
+    the cache (a host with a cold cache on a cluster does the same).
+    """
+    global _barriers
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed as jax_distributed  # the client jax.distributed.initialize started
+    timeout_s = timeout_s or _int_env(os.environ, "ZAYA_BARRIER_TIMEOUT_S") or BARRIER_TIMEOUT_S
+    _barriers += 1
+    jax_distributed.global_state.client.wait_at_barrier(f"zaya {_barriers}: {name}", 1000 * timeout_s)

@@ -70,6 +70,7 @@ class Trainer:
         self._init_model, self.on_log = init_model, on_log
         self._last_loss: float | None = None
         self._compiled: set[tuple[int, int, float]] = set()  # (batch, seq_len, rope_theta): one step program each
+        self._eval_compiled: set[float] = set()  # rope_theta of each evaluation program compiled (several processes)
         distributed.initialize()
         check_declared_platform(s.mesh.platform)
         self.phases = phases_of(config, s)
@@ -158,6 +159,7 @@ class Trainer:
         window_start, window_tokens = time.perf_counter(), 0
         phase = None
         with faults.catching_stops() as stop, jax.set_mesh(self.mesh):
+            distributed.barrier("start-up")  # a stop from start-up is agreed next, before the step compiles
             while step < s.train.steps and not self._should_stop(stop):
                 try:
                     local = next(self.data)
@@ -190,13 +192,10 @@ class Trainer:
                 window_start += time.perf_counter() - paused
             self._log_profile(self.profiler.stop(self.state))  # a run that ended inside the traced steps
             if self.stopped_by:
-                message = f"signal {self.stopped_by}: saving step {step} and stopping"
-                self.monitor.log(message)
-                if not self.is_main:
-                    print(f"process {jax.process_index()}: {message}", flush=True)
+                self._announce_stop(step, trained=step > start)
             elif s.eval.every_steps and step % s.eval.every_steps and step > start:
                 self.evaluate(step, self.data.phase.rope_theta)  # the final model is always evaluated
-            if last_saved != step:
+            if last_saved != step and not (self.stopped_by and step == start):
                 self._save_unless_nonfinite(int(jax.device_get(self.state.nonfinite_streak)), last_saved)
             self.checkpointer.wait()
         self.monitor.draw_heatmap()
@@ -226,7 +225,17 @@ class Trainer:
             self.monitor.log(f"step {step}: phase {phase.index + 1}/{len(self.phases)} {phase.name!r} "
                              f"(batch {key[0]} x seq_len {key[1]}, rope_theta {key[2]:g})"
                              + ("; compiling the step for it" if fresh else ""))
+            if fresh and jax.process_count() > 1:
+                self._compile_step_on_every_process(phase)
         return phase
+
+    def _compile_step_on_every_process(self, phase) -> None:
+        """Compiles the step for `phase` ahead of its first run (the run reuses it), then waits for
+        every process: their compile times differ by minutes (distributed.barrier says why), more
+        than the step's first cross-process collective would wait."""
+        batch = abstract_batch(phase.global_batch_size, phase.seq_len)
+        self._train_step.lower(self.state, batch, phase.rope_theta).compile()
+        distributed.barrier(f"train step compiled for phase {phase.name!r}")
 
     def _summarize(self, step: int) -> None:
         """The end-of-run lines: where every output is, and the last loss."""
@@ -261,6 +270,15 @@ class Trainer:
             raise error or checkpoint.CheckpointWriteError("another process failed to write its checkpoint")
         self.stopped_by = decision or None
         return bool(decision)
+
+    def _announce_stop(self, step: int, trained: bool) -> None:
+        """A stop before any step of this session saves nothing: the state is the checkpoint it was
+        restored from, or an initialisation that the next start makes again."""
+        message = (f"signal {self.stopped_by}: saving step {step} and stopping" if trained else
+                   f"signal {self.stopped_by}: stopping at step {step} before training; nothing new to save")
+        self.monitor.log(message)
+        if not self.is_main:
+            print(f"process {jax.process_index()}: {message}", flush=True)
 
     def _save_unless_nonfinite(self, streak: int, last_saved: int | None) -> int | None:
         """Saves the state unless its last step was non-finite (a rollback must never find such a state)."""
@@ -317,6 +335,8 @@ class Trainer:
 
     def evaluate(self, step: int, rope_theta: float) -> dict:
         """Held-out loss and perplexity per source, logged at `step`."""
+        if rope_theta not in self._eval_compiled and jax.process_count() > 1:
+            self._compile_eval_on_every_process(rope_theta)
         results = evaluate_params(self._eval_step, self.state.params, self.state.biases, self.eval_data, self.mesh,
                                   rope_theta)
         record: dict = {"kind": "eval", "step": step}
@@ -325,6 +345,16 @@ class Trainer:
         self._write(record)
         self.monitor.log(" ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("eval/")))
         return record
+
+    def _compile_eval_on_every_process(self, rope_theta: float) -> None:
+        """As _compile_step_on_every_process, for the evaluation step of each RoPE base."""
+        self._eval_compiled.add(rope_theta)
+        shapes = {tuple((k, v.shape) for k, v in sorted(local.items())): local
+                  for source_batches in self.eval_data.values() for local in source_batches}
+        for local in shapes.values():  # one program per batch shape
+            self._eval_step.lower(self.state.params, self.state.biases, distributed.global_batch(local, self.mesh),
+                                  rope_theta).compile()
+        distributed.barrier(f"evaluation compiled for rope_theta {rope_theta:g}")
 
 
 def evaluate_params(eval_step, params: dict, biases: jax.Array, batches: dict, mesh,
