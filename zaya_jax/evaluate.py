@@ -24,7 +24,6 @@ from ml_collections import config_flags
 
 from zaya_jax import cli
 from zaya_jax.errors import UserError
-from zaya_jax.infer.loading import existing_checkpoint
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (default: the checkpoint's own).")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Orbax checkpoint (WORKDIR, WORKDIR/checkpoints, to_orbax).")
@@ -66,8 +65,6 @@ def main(argv):
 
     if _CONFIG.value is None and _HF.value:
         raise app.UsageError("--hf needs --config (it names the evaluation data and the mesh)")
-    if _CHECKPOINT.value:
-        existing_checkpoint(_CHECKPOINT.value)
     config = _CONFIG.value if _CONFIG.value is not None else read_config(checkpoint_dir(_CHECKPOINT.value), _STEP.value)
     if "train" not in config:
         raise UserError(f"--checkpoint {_CHECKPOINT.value}: a model-only checkpoint (convert to_orbax) names no "

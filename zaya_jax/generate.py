@@ -30,7 +30,7 @@ from absl import app, flags
 from zaya_jax import cli
 from zaya_jax.errors import UserError
 from zaya_jax.infer.generate import generate
-from zaya_jax.infer.loading import existing_checkpoint, load_checkpoint, load_hf
+from zaya_jax.infer.loading import load_checkpoint, load_hf
 from zaya_jax.infer.quantize import MODES
 
 _HF = flags.DEFINE_string("hf", None, "HF ZAYA checkpoint directory (config.json + safetensors).")
@@ -82,7 +82,7 @@ def tokenizer_file() -> str:
         raise UserError("--prompt needs --tokenizer with --hf (or pass --prompt_ids)")
     from zaya_jax.data.sources import tokenizer_path
     from zaya_jax.train.checkpoint import checkpoint_dir, read_config
-    config = read_config(checkpoint_dir(existing_checkpoint(_CHECKPOINT.value)))
+    config = read_config(checkpoint_dir(_CHECKPOINT.value))
     if "data" not in config or not config.data.get("tokenizer"):
         raise UserError(f"--checkpoint {_CHECKPOINT.value}: its config names no tokenizer (synthetic data); "
                         "pass --tokenizer FILE or --prompt_ids")

@@ -30,7 +30,6 @@ from zaya_jax import cli
 from zaya_jax.convert.export_check import schema_problem
 from zaya_jax.convert.hf_save import OutputExistsError
 from zaya_jax.errors import UserError
-from zaya_jax.infer.loading import existing_checkpoint
 from zaya_jax.train.checkpoint import load_checkpoint_model, save_model
 from zaya_jax.train.state import ModelParts
 
@@ -58,7 +57,7 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
     """Writes the checkpoint's model (fp32) as an HF directory; `schema` None: native, which
     transformers loads, refused (UserError) when it would change what the model computes."""
     import zaya_jax
-    model, _ = load_checkpoint_model(existing_checkpoint(checkpoint), step, dtype="float32")
+    model, _ = load_checkpoint_model(checkpoint, step, dtype="float32")
     if schema is None:
         problem = schema_problem(model, "native")
         if problem:

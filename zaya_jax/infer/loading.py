@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 
 from zaya_jax.convert.hf_load import load_hf as _load_hf
-from zaya_jax.errors import UserError
 from zaya_jax.infer.quantize import quantize_model
 from zaya_jax.model.zaya import ZayaLM
 
@@ -31,20 +30,6 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", quantize: str | 
     return _maybe_quantize(_load_hf(path, dtype=dtype, **overrides), quantize, group_size)
 
 
-def existing_checkpoint(path: str | os.PathLike, flag: str = "--checkpoint") -> str:
-    """`path` if it holds at least one finished step directory, else a UserError; creates nothing."""
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise UserError(f"no checkpoint at {path}: {flag} takes a training run's WORKDIR, its checkpoints/ "
-                        "directory, or a `python -m zaya_jax.convert to_orbax` output")
-    from zaya_jax.train.checkpoint import checkpoint_dir
-    directory = checkpoint_dir(path)
-    if not any(name.isdigit() and os.path.isdir(os.path.join(directory, name)) for name in os.listdir(directory)):
-        raise UserError(f"no checkpoint at {path}: {directory} holds no finished step directory "
-                        "(a run that saved nothing yet, or the wrong directory)")
-    return path
-
-
 def load_checkpoint(directory: str | os.PathLike, *, step: int | None = None, quantize: str | None = None,
                     group_size: int = 64, **overrides) -> ZayaLM:
     """A training checkpoint (a run's WORKDIR or its checkpoint directory; default: the latest step) ->
@@ -62,5 +47,5 @@ def load_checkpoint(directory: str | os.PathLike, *, step: int | None = None, qu
             f"loading a training checkpoint needs zaya_jax.train.checkpoint (the trainer's Orbax checkpoint "
             f"reader), which this installation does not have ({err}); load HF weights with load_hf / --hf",
             name=err.name) from err
-    model, _ = train_checkpoint.load_checkpoint_model(existing_checkpoint(directory), step, **overrides)
+    model, _ = train_checkpoint.load_checkpoint_model(os.fspath(directory), step, **overrides)
     return _maybe_quantize(model, quantize, group_size)
