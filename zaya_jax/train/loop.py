@@ -202,10 +202,11 @@ class Trainer:
         self._summarize(step)
         return self.state
 
-    def compiled_step(self) -> jax.stages.Compiled:
-        """The train step compiled for the first phase's batch shape (its cost_analysis() is what
-        tests/test_plan_flops.py checks the planner's FLOP count against)."""
-        phase = self.phases[0]
+    def compiled_step(self, phase=None) -> jax.stages.Compiled:
+        """The train step compiled for `phase`'s batch shape and RoPE base (default: the first
+        phase; its cost_analysis() is what tests/test_plan_flops.py checks the planner's FLOP count
+        against). A later run of that phase reuses the compilation."""
+        phase = phase or self.phases[0]
         batch = abstract_batch(phase.global_batch_size, phase.seq_len)
         return self._train_step.lower(self.state, batch, phase.rope_theta).compile()
 
@@ -233,8 +234,7 @@ class Trainer:
         """Compiles the step for `phase` ahead of its first run (the run reuses it), then waits for
         every process: their compile times differ by minutes (distributed.barrier says why), more
         than the step's first cross-process collective would wait."""
-        batch = abstract_batch(phase.global_batch_size, phase.seq_len)
-        self._train_step.lower(self.state, batch, phase.rope_theta).compile()
+        self.compiled_step(phase)
         distributed.barrier(f"train step compiled for phase {phase.name!r}")
 
     def _summarize(self, step: int) -> None:
