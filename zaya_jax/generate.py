@@ -80,16 +80,21 @@ def tokenizer_file() -> str:
         return _TOKENIZER.value
     if _CHECKPOINT.value is None:
         raise UserError("--prompt needs --tokenizer with --hf (or pass --prompt_ids)")
+    return run_tokenizer_path(_CHECKPOINT.value)
+
+
+def run_tokenizer_path(checkpoint: str) -> str:
+    """The tokenizer file a training run's checkpoint was trained with (its saved data.tokenizer)."""
     from zaya_jax.data.sources import tokenizer_path
     from zaya_jax.train.checkpoint import checkpoint_dir, read_config
-    config = read_config(checkpoint_dir(_CHECKPOINT.value))
+    config = read_config(checkpoint_dir(checkpoint))
     if "data" not in config or not config.data.get("tokenizer"):
-        raise UserError(f"--checkpoint {_CHECKPOINT.value}: its config names no tokenizer (synthetic data); "
-                        "pass --tokenizer FILE or --prompt_ids")
+        raise UserError(f"--checkpoint {checkpoint}: its config names no tokenizer (synthetic data); "
+                        "pass --tokenizer FILE")
     try:
         path = tokenizer_path(config.data)
     except FileNotFoundError as err:
-        raise UserError(f"--checkpoint {_CHECKPOINT.value}: {err}; pass --tokenizer FILE") from err
+        raise UserError(f"--checkpoint {checkpoint}: {err}; pass --tokenizer FILE") from err
     print(f"[tokenizer: {path}, the run's data.tokenizer {config.data.tokenizer!r}]", file=sys.stderr)
     return path
 
