@@ -31,6 +31,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from absl import logging
 import grain
 import numpy as np
 
@@ -152,8 +153,8 @@ class DataPipeline(grain.DatasetIterator):
         (DPO rows of whole pairs).
       statistics: preference: {phase name: {source: {"pairs", "truncated", "dropped"}}}, how many
         pairs of each source's training split the phase's seq_len truncates or drops (see
-        preference_rows.py; independent of processes, counted once per pair, not per epoch);
-        text and chat: {}.
+        preference_rows.py; independent of processes, counted once per pair, not per epoch; also
+        logged as a warning when the pipeline is built); text and chat: {}.
     Raises StopIteration once the last phase's budget is spent. Call close() when done (it stops
     worker processes).
     """
@@ -219,7 +220,8 @@ class DataPipeline(grain.DatasetIterator):
 def pair_statistics(phases: Sequence[PhaseInfo],
                     sources: Mapping[str, sources_lib.PreparedSource]) -> dict[str, dict[str, dict[str, int]]]:
     """{phase name: {source: {"pairs", "truncated", "dropped"}}} of preference sources' training
-    splits (reads every pair once). ConfigError if a phase's seq_len drops every pair of a source."""
+    splits (reads every pair once); logs a warning for each source a phase truncates or drops
+    pairs of. ConfigError if a phase's seq_len drops every pair of a source."""
     lengths = {name: preference_rows.source_part_lengths(source.train) for name, source in sources.items()}
     result = {}
     for phase in phases:
@@ -230,6 +232,9 @@ def pair_statistics(phases: Sequence[PhaseInfo],
                 raise ConfigError(f"data.phases[{phase.index}].seq_len={phase.seq_len} fits no pair of "
                                   f"data.sources.{name} (a pair needs twice its prompt's tokens plus one token "
                                   f"of each completion): raise seq_len or shorten the prompts")
+            if counts["truncated"] or counts["dropped"]:
+                logging.warning("phase %s (seq_len=%d), pairs of data.sources.%s: %s", phase.name, phase.seq_len,
+                                name, counts)
     return result
 
 
