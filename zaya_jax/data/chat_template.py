@@ -86,8 +86,11 @@ def _compile(source: str, path: str):
 
     env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=[_generation_extension(), ext.loopcontrols])
-    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    def tojson(value, indent=None, ensure_ascii=False, separators=None, sort_keys=False):
+        # as transformers: plain JSON (Jinja's own filter escapes HTML characters)
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env.filters["tojson"] = tojson
     env.globals.update(raise_exception=raise_exception,
                        strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
     try:

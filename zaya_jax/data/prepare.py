@@ -122,8 +122,7 @@ def _record_encoder(task: ShardTask, tok: Tokenizer) -> tuple[readers.Fields, Ca
         return ({task.text_field: (list,)},
                 lambda values: templates.encode_conversation(template, tok, values[task.text_field]))
     return ({name: (str, list) for name in ("prompt", "chosen", "rejected")},
-            lambda values: templates.encode_preference(template, tok, values["prompt"], values["chosen"],
-                                                           values["rejected"]))
+            lambda values: templates.encode_preference(template, tok, **values))
 
 
 def run_shard(task: ShardTask, report: Callable[[int], None]) -> dict:
