@@ -204,6 +204,17 @@ def test_prepare_chat_roundtrip_with_workers(plain, tmp_path, tok_path, tok):
         np.testing.assert_array_equal(document[1], mask)
     assert manifest["num_supervised_tokens"] == sum(int(m.sum()) for _, m in expected)
     assert manifest["num_tokens"] == sum(len(ids) for ids, _ in expected)
+    # parquet: a list<struct> column (messages without a "name" read it as None)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    chats = [conversation(i) for i in range(3)]
+    chats[0][0]["name"] = "ann"
+    pq.write_table(pa.table({"conv": chats}), tmp_path / "chat.parquet")
+    par = prepare.prepare_dataset(str(tmp_path / "chat.parquet"), "parquet", tok_path, str(tmp_path / "par"),
+                                  kind="chat", chat_template=ct.PLAIN, messages_field="conv", progress=False)
+    assert par["num_documents"] == 3 and par["text_field"] == "conv"
+    np.testing.assert_array_equal(sources.open_source("p", str(tmp_path / "par"), 0.0, "p").train[2][0],
+                                  ct.encode_conversation(plain, tok, chats[2])[0])
 
 
 def test_prepare_preference_roundtrip(plain, tmp_path, tok_path, tok):

@@ -165,7 +165,8 @@ class ChatTemplate:
                 raise ConversationError(f"message {i} holds a reserved character (U+FDD0..U+FDD3)")
         try:
             return _compile(self.source, self.path).render(
-                messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+                messages=[{k: v for k, v in m.items() if v is not None} for m in messages],  # None: absent, as HF
+                add_generation_prompt=add_generation_prompt,
                 bos_token=BOS, eos_token=EOS)
         except jinja2.TemplateError as e:
             raise ConversationError(f"chat template {os.path.basename(self.path)} refused the conversation: "
