@@ -4,11 +4,13 @@ independent decoding of rows back into pairs with a step-by-step truncation loop
 
 import json
 
+import ml_collections
 import numpy as np
 import pytest
 
 from zaya_jax.config import ConfigError
-from zaya_jax.data import curriculum, kinds, lanes, packing, pipeline, preference_rows, sources
+from zaya_jax.data import (build_eval_batches, build_pipeline, curriculum, kinds, lanes, packing, pipeline, prepare,
+                           preference_rows, sources)
 from zaya_jax.data.preference_rows import PAIRS
 from tests.test_data_packing import ListSource  # a DocumentSource stand-in; documents [n] or [2, n]
 
@@ -250,3 +252,108 @@ def test_pair_statistics_per_phase_and_a_phase_that_fits_no_pair(caplog):
     with pytest.raises(ConfigError, match=r"data.phases\[1\].seq_len=5 fits no pair of data.sources.pref"):
         pipeline.pair_statistics([phase(0, 10), phase(1, 5)], opened)
 
+
+# End to end: prepared chat / preference datasets (prepare.write_tokenized) through build_pipeline
+# and build_eval_batches.
+
+TOKENIZER = {"sha256": "synthetic", "vocab_size": 65536, "bos_id": 2, "eos_id": 1, "pad_id": 0}
+DOCS = 60
+HELDOUT = 0.1  # the last 6 documents of each source
+
+
+def posttrain_config(paths, seq_len, batch=4, batches=6, eval_seq_len=None):
+    phase = ml_collections.ConfigDict(dict(name="post", token_budget=batches * batch * seq_len, seq_len=seq_len,
+                                           rope_theta=1e4, global_batch_size=batch,
+                                           weights={n: 1.0 for n in paths}))
+    return ml_collections.ConfigDict(dict(
+        sources=dict(paths), tokenizer="unused", phases=(phase,), pad_id=0, heldout_fraction=HELDOUT,
+        packing_bins=3, worker_count=0, worker_buffer_size=1, prefetch_buffer_size=0,
+        eval=dict(seq_len=eval_seq_len or seq_len, batch_size=2, max_batches=0)))
+
+
+@pytest.fixture(scope="module")
+def prepared_dirs(tmp_path_factory):
+    """{name: (dir, documents as written)}: chat sources c1, c2 and preference sources p1, p2."""
+    root, result = tmp_path_factory.mktemp("posttrain"), {}
+    for name, start in (("c1", 1), ("c2", 30_000)):
+        docs, _ = chat_docs(DOCS, 40, seed=start, start=start)
+        written = [(d[0], d[1].astype(np.uint8)) for d in docs]
+        prepare.write_tokenized(str(root / name), written, tokenizer_info=TOKENIZER, num_shards=2, kind="chat")
+        result[name] = (str(root / name), docs)
+    for name, start in (("p1", 1), ("p2", 30_000)):
+        docs, pairs = preference_docs(DOCS, seed=start, start=start, prompt_len=(1, 9))
+        written = [tuple(pairs[int(d[0][0])]) for d in docs]
+        prepare.write_tokenized(str(root / name), written, tokenizer_info=TOKENIZER, num_shards=2, kind="preference")
+        result[name] = (str(root / name), docs)
+    return result
+
+
+def draw(it, n):
+    return [next(it) for _ in range(n)]
+
+
+def rows_of(batches):
+    return [{k: b[k][r] for k in packing.ROW_KEYS} for b in batches for r in range(b["inputs"].shape[0])]
+
+
+@pytest.mark.parametrize("kind", ["chat", "preference"])
+def test_prepared_sources_pipeline_resume_processes_and_eval(prepared_dirs, kind):
+    names = ("c1", "c2") if kind == "chat" else ("p1", "p2")
+    config = posttrain_config({n: prepared_dirs[n][0] for n in names}, seq_len=16)
+    split = DOCS - round(DOCS * HELDOUT)
+    train_docs = [d for n in names for d in prepared_dirs[n][1][:split]]
+    heldout_docs = {n: prepared_dirs[n][1][split:] for n in names}
+    pipe = build_pipeline(config, seed=2)
+    assert pipe.kind == kind
+    batches = draw(pipe, 6)
+    if kind == "chat":
+        assert pipe.statistics == {}
+        mask_of = {int(t): int(m) for d in train_docs for t, m in zip(*d)}
+        for row in rows_of(batches):
+            real = row["segment_ids"] > 0
+            expected = [mask_of[int(t)] if r else 0 for t, r in zip(row["targets"], real)]
+            np.testing.assert_array_equal(row["loss_mask"], expected)
+    else:
+        pairs = {int(d[0][0]): tuple(d[0][d[1] == part] for part in range(3)) for d in train_docs}
+        stats = pipe.statistics["post"]
+        for n in names:
+            lengths = np.array([[int((d[1] == part).sum()) for part in range(3)]
+                                for d in prepared_dirs[n][1][:split]])
+            reference = np.array([reference_fit(*x, 16) for x in lengths])
+            assert stats[n] == {"pairs": split, "dropped": int((reference[:, 0] == 0).sum()),
+                                "truncated": int(((reference[:, 0] > 0) & (reference != lengths[:, 1:]).any(1)).sum())}
+            assert stats[n]["truncated"] > 0 and stats[n]["dropped"] > 0
+        assert len(check_pair_rows(rows_of(batches), pairs, 16)) > 20
+    # resume from a JSON round trip of the state, mid-phase
+    resumed = build_pipeline(config, seed=2)
+    draw(resumed, 2)
+    state = json.loads(json.dumps(resumed.get_state()))
+    restored = build_pipeline(config, seed=2)
+    restored.set_state(state)
+    assert_same(rows_of(batches[2:]), rows_of(draw(restored, 4)))
+    # process p of 2 gets rows [2p, 2p+2) of the one-process batch
+    for p in range(2):
+        part = draw(build_pipeline(config, seed=2, process_index=p, process_count=2), 6)
+        assert_same(rows_of([{k: b[k][2 * p:2 * p + 2] for k in b} for b in batches]), rows_of(part))
+    # held-out batches: every supervised target / every kept pair, once
+    evals = build_eval_batches(config)
+    halves = [build_eval_batches(config, process_index=p, process_count=2) for p in range(2)]
+    for n in names:
+        assert all(b["inputs"].shape == (2, 16) for b in evals[n])
+        assert_same(rows_of(evals[n]), [r for i in range(len(evals[n])) for p in range(2)
+                                         for r in rows_of([halves[p][n][i]])])
+        if kind == "chat":
+            got = sorted(int(t) for b in evals[n] for t in b["targets"][b["loss_mask"] > 0])
+            assert got == sorted(int(t) for d in heldout_docs[n] for t, m in zip(*d[:, 1:]) if m)
+        else:
+            pairs = {int(d[0][0]): tuple(d[0][d[1] == part] for part in range(3)) for d in heldout_docs[n]}
+            kept = [k for k, (a, b, c) in pairs.items() if reference_fit(len(a), len(b), len(c), 16)[0]]
+            assert sorted(check_pair_rows(rows_of(evals[n]), pairs, 16)) == sorted(kept)
+
+
+def test_pipeline_refuses_sources_of_two_kinds(prepared_dirs):
+    config = posttrain_config({n: prepared_dirs[n][0] for n in ("c1", "p1")}, seq_len=16)
+    with pytest.raises(ConfigError, match=r"data.sources.c1 holds chat data but data.sources.p1 holds preference"):
+        build_pipeline(config)
+    with pytest.raises(ConfigError, match=r"data.sources.c1 holds chat data but data.sources.p1 holds preference"):
+        build_eval_batches(config)

@@ -13,18 +13,15 @@ from zaya_jax.config import ConfigError
 from zaya_jax.data import packing, preference_rows
 from zaya_jax.data.sources import PreparedSource
 
-ROW_FORMATS: dict[str, packing.RowFormat] = {
+ROW_FORMATS: dict[str, packing.RowFormat] = {  # one per records.KINDS
     "text": packing.CHUNKS, "chat": packing.CHUNKS, "preference": preference_rows.PAIRS}
 
 
 def sources_kind(sources: Mapping[str, PreparedSource]) -> str:
     """The one kind of `sources`; ConfigError naming two sources whose kinds differ."""
-    kinds = {name: source.manifest.get("kind", "text") for name, source in sources.items()}
+    kinds = {name: source.kind for name, source in sources.items()}
     first = next(iter(kinds))
     for name, kind in kinds.items():
-        if kind not in ROW_FORMATS:
-            raise ConfigError(f"data.sources.{name}: unknown dataset kind {kind!r} in its manifest "
-                              f"(known: {sorted(ROW_FORMATS)})")
         if kind != kinds[first]:
             raise ConfigError(f"data.sources.{first} holds {kinds[first]} data but data.sources.{name} holds "
                               f"{kind} data: the sources of a run must be of one kind (prepare them with the "
