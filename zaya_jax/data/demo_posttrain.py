@@ -1,0 +1,92 @@
+"""The demo's post-training sources, `demo:chat` and `demo:preference`: built offline on first use.
+
+  chat        SFT conversations (a user question, the assistant's correct answer) of the
+              generated instruction tasks (instruction_tasks.py), prepared with kind "chat"
+  preference  DPO pairs of the same questions: chosen = the correct answer, rejected = a
+              plausible wrong one, prepared with kind "preference"
+
+Both are rendered with the plain chat template (chat_templates/plain.jinja) and tokenized with
+the demo corpus's tokenizer (built first if needed). Each source holds TRAIN_PER_KIND training
+tasks of every kind followed by HELDOUT_PER_KIND held-out tasks of every kind, so a data config
+with `heldout_fraction = HELDOUT_FRACTION` evaluates on exactly the held-out questions, none of
+which the training part contains (`python -m zaya_jax.evaluate_tasks` scores the same ones by
+generation).
+
+Cache: next to the demo corpus it tokenizes with, <cache_dir>/<corpus key>-posttrain-v<N>-...,
+built under the same lock-and-rename scheme (demo_corpus.build_once); the corpus's own cache
+entry is untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import ml_collections
+
+from zaya_jax.data import chat_template, curriculum, demo_corpus, instruction_tasks, prepare, tokenizer
+
+BUILD_VERSION = 1
+SOURCES = {"chat": "chat", "preference": "preference"}  # source name -> prepared dataset kind
+ALL_SOURCES = (*demo_corpus.SOURCES, *SOURCES)  # every name `demo:<name>` may take
+TRAIN_PER_KIND, HELDOUT_PER_KIND = 1900, 100
+HELDOUT_FRACTION = HELDOUT_PER_KIND / (TRAIN_PER_KIND + HELDOUT_PER_KIND)  # 0.05: the trailing 500 of 10000
+
+
+def records(seed: int = 0) -> dict[str, list[dict]]:
+    """Each source's JSONL records: the training tasks, then the held-out ones."""
+    tasks = (instruction_tasks.tasks("train", TRAIN_PER_KIND, seed)
+             + instruction_tasks.tasks("heldout", HELDOUT_PER_KIND, seed))
+    return {"chat": [t.chat_record() for t in tasks], "preference": [t.preference_record() for t in tasks]}
+
+
+def build_posttrain_sources(cache_dir: str | os.PathLike | None = None, *, max_docs: int = 0,
+                            vocab_size: int = 4096, seed: int = 0, progress: bool = True) -> dict[str, pathlib.Path]:
+    """Builds `demo:chat` and `demo:preference` unless cached -> {name: prepared dir}.
+
+    The settings are the demo corpus's (data.demo); its tokenizer prepares both sources."""
+    corpus = demo_corpus.build_demo_corpus(cache_dir, max_docs=max_docs, vocab_size=vocab_size, seed=seed,
+                                           progress=progress)
+    template_digest = tokenizer.file_sha256(chat_template.PLAIN)[:12]
+    key = (f"{corpus.root.name}-posttrain-v{BUILD_VERSION}-tasks{TRAIN_PER_KIND}+{HELDOUT_PER_KIND}"
+           f"-template{template_digest}")
+
+    def build(work: pathlib.Path) -> dict:
+        (work / "raw").mkdir()
+        stats = {}
+        for name, source_records in records(seed).items():
+            raw = work / "raw" / f"{name}.jsonl"
+            raw.write_text("".join(json.dumps(r) + "\n" for r in source_records), encoding="utf-8")
+            manifest = prepare.prepare_dataset(str(raw), "jsonl", str(corpus.tokenizer), str(work / name),
+                                               progress=False, kind=SOURCES[name], chat_template=chat_template.PLAIN)
+            stats[name] = {"documents": manifest["num_documents"], "tokens": manifest["num_tokens"]}
+        return stats
+
+    final = demo_corpus.build_once(corpus.root.parent, key, build)
+    return {name: final / name for name in SOURCES}
+
+
+def source_paths(names: set[str], demo_settings: dict) -> dict[str, pathlib.Path]:
+    """Prepared dirs of demo sources `names` (each in ALL_SOURCES), building what is not cached.
+
+    demo_settings: a data config's `demo` section (cache_dir, max_docs, vocab_size, seed)."""
+    paths: dict[str, pathlib.Path] = {}
+    if names & set(demo_corpus.SOURCES):
+        paths.update(demo_corpus.build_demo_corpus(**demo_settings).sources)
+    if names & set(SOURCES):
+        paths.update(build_posttrain_sources(**demo_settings))
+    return {name: paths[name] for name in names}
+
+
+def data_config(source: str, steps: int, *, batch: int = 16, seq_len: int = 128, rope_theta: float = 1e5):
+    """The demo data config (curriculum.demo_data_config: tokenizer, demo settings) reduced to one
+    phase of `steps` batches [batch, seq_len] on `demo:<source>`, evaluated on all its held-out
+    examples (the held-out questions)."""
+    config = curriculum.demo_data_config()
+    config.sources = ml_collections.ConfigDict({source: f"demo:{source}"})
+    config.heldout_fraction = HELDOUT_FRACTION
+    config.phases = [dict(name=source, token_budget=steps * batch * seq_len, seq_len=seq_len, rope_theta=rope_theta,
+                          global_batch_size=batch, weights={source: 1.0})]
+    config.eval.update(seq_len=seq_len, batch_size=batch, max_batches=0)
+    return config
