@@ -23,12 +23,13 @@ def _run_question(task):
 
 
 @pytest.mark.parametrize("split", instruction_tasks.SPLITS)
-def test_answers_are_what_python_computes_and_wrong_answers_are_wrong(split):
+def test_answers_are_what_python_computes_and_wrong_answers_are_near_misses(split):
     tasks = instruction_tasks.tasks(split, 100)
     assert [t.kind for t in tasks[:5]] == list(instruction_tasks.KINDS)
     for task in tasks:
         assert task.answer == _run_question(task), task
         assert task.wrong != task.answer and re.fullmatch(r"\d+", task.wrong), task
+        assert abs(int(task.wrong) - int(task.answer)) <= 2, task  # a near miss
         assert len(task.answer) <= 2
 
 

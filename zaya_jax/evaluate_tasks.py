@@ -77,13 +77,13 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from zaya_jax.data.tokenizer import Tokenizer
-    from zaya_jax.generate import run_tokenizer_path
+    from zaya_jax.infer.loading import checkpoint_tokenizer_path
     from zaya_jax.train.checkpoint import load_checkpoint_model
 
     start = time.perf_counter()
     model, step = load_checkpoint_model(_CHECKPOINT.value, _STEP.value)
     cfg = model.config
-    tokenizer = Tokenizer(_TOKENIZER.value or run_tokenizer_path(_CHECKPOINT.value),
+    tokenizer = Tokenizer(_TOKENIZER.value or checkpoint_tokenizer_path(_CHECKPOINT.value)[0],
                           bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
     template = chat_template.ChatTemplate.load(_CHAT_TEMPLATE.value)
     tasks = instruction_tasks.tasks("heldout", _PER_KIND.value, _SEED.value)

@@ -27,7 +27,7 @@ import ml_collections
 
 from zaya_jax.data import chat_template, curriculum, demo_corpus, instruction_tasks, prepare, tokenizer
 
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 SOURCES = {"chat": "chat", "preference": "preference"}  # source name -> prepared dataset kind
 ALL_SOURCES = (*demo_corpus.SOURCES, *SOURCES)  # every name `demo:<name>` may take
 TRAIN_PER_KIND, HELDOUT_PER_KIND = 1900, 100

@@ -3,13 +3,16 @@
 Short questions in the demo corpus's two technical domains (small-number arithmetic, as in its
 math worksheets, and one-line Python, as in its standard-library code), each with one exact
 answer a small model can learn to produce (one number), and a plausible wrong answer of the same
-form (DPO's rejected completion):
+form (DPO's rejected completion): a near miss, the answer off by one or two (by one for a length).
 
-  add       What is 17 + 25?                                        42   (wrong: off by one)
-  max       What does `print(max(17, 42))` print?                   42   (wrong: the minimum)
-  index     What does `print([8, 31, 5][1])` print?                 31   (wrong: a neighbour)
-  variable  What does `a = 7; b = 3; print(b)` print?               3    (wrong: another variable)
-  length    What does `print(len([4, 9, 2]))` print?                3    (wrong: off by one)
+  add       What is 17 + 25?                                        42
+  max       What does `print(max(17, 42))` print?                   42
+  index     What does `print([8, 31, 5][1])` print?                 31
+  variable  What does `a = 7; b = 3; print(b)` print?               3
+  length    What does `print(len([4, 9, 2]))` print?                3
+
+(Wrong answers that are the question's other numbers, e.g. the minimum for a max, make DPO push
+down copying from the prompt as a whole: the demo model's exact-match accuracy fell with them.)
 
 Task i of a kind is drawn from a `random.Random` seeded by (seed, kind, i), so every list here is
 deterministic. A question is held out iff the sha256 of its text falls in the held-out bucket
@@ -59,37 +62,40 @@ def _code_question(code: str) -> str:
     return f"What does `{code}` print?"
 
 
+def _near_miss(rng: random.Random, answer: int, offsets: tuple[int, ...] = (-2, -1, 1, 2)) -> str:
+    """A wrong answer close to `answer`: answer + one of `offsets`, never negative."""
+    wrong = answer + rng.choice(offsets)
+    return str(wrong if wrong >= 0 else answer + max(offsets))
+
+
 def _add(rng: random.Random) -> Task:
     a, b = rng.randint(0, 30), rng.randint(0, 30)
-    wrong = a + b + rng.choice((-1, 1)) if a + b else 1
-    return Task("add", f"What is {a} + {b}?", str(a + b), str(wrong))
+    return Task("add", f"What is {a} + {b}?", str(a + b), _near_miss(rng, a + b))
 
 
 def _max(rng: random.Random) -> Task:
     a, b = rng.sample(range(100), 2)
-    return Task("max", _code_question(f"print(max({a}, {b}))"), str(max(a, b)), str(min(a, b)))
+    return Task("max", _code_question(f"print(max({a}, {b}))"), str(max(a, b)), _near_miss(rng, max(a, b)))
 
 
 def _index(rng: random.Random) -> Task:
     values = rng.sample(range(100), rng.randint(3, 5))
     i = rng.randrange(len(values))
-    neighbour = i + 1 if i + 1 < len(values) else i - 1
-    return Task("index", _code_question(f"print({values}[{i}])"), str(values[i]), str(values[neighbour]))
+    return Task("index", _code_question(f"print({values}[{i}])"), str(values[i]), _near_miss(rng, values[i]))
 
 
 def _variable(rng: random.Random) -> Task:
     names = rng.sample(string.ascii_lowercase, rng.randint(2, 3))
     values = rng.sample(range(100), len(names))
     i = rng.randrange(len(names))
-    other = rng.choice([j for j in range(len(names)) if j != i])
     code = "; ".join(f"{n} = {v}" for n, v in zip(names, values)) + f"; print({names[i]})"
-    return Task("variable", _code_question(code), str(values[i]), str(values[other]))
+    return Task("variable", _code_question(code), str(values[i]), _near_miss(rng, values[i]))
 
 
 def _length(rng: random.Random) -> Task:
     values = [rng.randint(0, 99) for _ in range(rng.randint(1, 8))]
-    wrong = len(values) + (rng.choice((-1, 1)) if len(values) > 1 else 1)
-    return Task("length", _code_question(f"print(len({values}))"), str(len(values)), str(wrong))
+    return Task("length", _code_question(f"print(len({values}))"), str(len(values)),
+                _near_miss(rng, len(values), (-1, 1)))
 
 
 GENERATORS = {"add": _add, "max": _max, "index": _index, "variable": _variable, "length": _length}
