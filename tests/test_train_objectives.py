@@ -137,7 +137,7 @@ def test_dpo_loss_and_gradients_equal_numpy():
 # -- the Trainer ------------------------------------------------------------------------------------
 
 def _objective_config(objective, mesh, steps=3, **train):
-    config = _config("adamw", mesh, steps)
+    config = _config("muon", mesh, steps)
     config.train.update(objective=objective, **train)
     return config
 
@@ -274,3 +274,45 @@ def test_planner_counts_the_reference_model_of_dpo():
     assert "reference_model" not in lm["bytes_per_device"]
     assert dpo["reference_model"] == dpo["params"] > 0
     assert dpo["total"] == pytest.approx(lm["bytes_per_device"]["total"] + dpo["params"])
+
+
+RESUME_RUN = ("--config.optimizer.warmup_steps=1", "--config.train.steps=6", "--config.train.log_every_steps=1",
+              "--config.checkpoint.every_steps=3", "--config.eval.every_steps=0",
+              "--config.monitor.heatmap_every_steps=0", "--config.monitor.tensorboard=False")
+LOGGED = ("loss", "grad_norm", "lr", "reward_margin", "reward_accuracy", "chosen_reward", "rejected_reward", "pairs")
+
+
+def _train_records(workdir) -> dict[int, dict]:
+    """{step: the objective's logged metrics}; a step logged again after a restart keeps its last record."""
+    from zaya_jax.train.monitor import read_metrics
+    return {r["step"]: {k: r[k] for k in LOGGED if k in r} for r in read_metrics(str(workdir / "metrics.jsonl"))}
+
+
+@pytest.mark.parametrize("objective", ["sft", "dpo"])
+def test_resume_after_sigkill_is_bit_exact(tmp_path, objective):
+    """Killed (SIGKILL) after step 4 with checkpoint 3 on disk, restarted: every logged metric equals
+    an uninterrupted run's. The DPO run starts from another run's checkpoint, which trains on
+    between the kill and the restart: the restart takes its reference model from its own checkpoint."""
+    from tests.train_helpers import run_train
+    overrides = (*RESUME_RUN, f"--config.train.objective={objective}")
+    source = tmp_path / "source"
+    if objective == "dpo":
+        made = run_train(source, *RESUME_RUN, "--config.train.steps=2")
+        assert made.returncode == 0, made.stderr[-3000:]
+        overrides += (f"--config.train.init_from_checkpoint={source}",)
+    reference = run_train(tmp_path / "ref", *overrides)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected = _train_records(tmp_path / "ref")
+    assert sorted(expected) == list(range(1, 7))
+    if objective == "dpo":
+        assert "train.init_from_checkpoint" in reference.stdout + reference.stderr
+        assert all(r["pairs"] > 0 for r in expected.values()) and len({r["reward_margin"] for r in expected.values()}) > 1
+
+    killed = run_train(tmp_path / "run", *overrides, faults={"KILL_AT_STEP": 4, "KILL_SIGNAL": "SIGKILL"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    if objective == "dpo":
+        moved = run_train(source, *RESUME_RUN, "--config.train.steps=3")  # the source's newest step is now 3
+        assert moved.returncode == 0 and "restored checkpoint 2" in moved.stdout + moved.stderr
+    finished = run_train(tmp_path / "run", *overrides)
+    assert finished.returncode == 0 and "start at step 3: restored checkpoint 3" in finished.stdout + finished.stderr
+    assert _train_records(tmp_path / "run") == expected
