@@ -316,3 +316,33 @@ def test_resume_after_sigkill_is_bit_exact(tmp_path, objective):
     finished = run_train(tmp_path / "run", *overrides)
     assert finished.returncode == 0 and "start at step 3: restored checkpoint 3" in finished.stdout + finished.stderr
     assert _train_records(tmp_path / "run") == expected
+
+
+def test_the_reference_item_is_checksummed_and_required_by_a_dpo_resume(tmp_path):
+    """A damaged `reference` item makes a DPO resume fall back to the step before; a DPO restore of a
+    step saved without one (an lm / sft run) is refused by name."""
+    from tests.train_helpers import flip_bytes_of_item
+    from zaya_jax.train.checkpoint import Checkpointer
+    from zaya_jax.train.data import SyntheticIterator, synthetic_phase
+    from zaya_jax.train.settings import CheckpointSettings
+    s = settings_from_config(_objective_config("dpo", "data=8"))
+    data = SyntheticIterator(synthetic_phase(s), s.model.vocab_size, 0, "dpo")
+    tx = make_optimizer(s.optimizer, s.train.steps)
+    dpo = initial_state(*ModelParts.arrays(_initial_model()), tx, CONTROLLER, 0, with_reference=True)
+    settings = CheckpointSettings(async_save=False)
+    checkpointer = Checkpointer(str(tmp_path / "dpo"), settings, reference=True)
+    for step in (1, 2):
+        checkpointer.save(dpo.replace(step=jnp.asarray(step, jnp.int32)), data, {})
+    checkpointer.close()
+    flip_bytes_of_item(str(tmp_path / "dpo" / "2"), "reference")
+    logged = []
+    assert Checkpointer(str(tmp_path / "dpo"), settings, reference=True).resume_point(logged.append) == (1, "training")
+    assert "checkpoint 2 skipped (reference/" in logged[0] and "fails its checksum" in logged[0]
+
+    lm = Checkpointer(str(tmp_path / "lm"), settings)
+    lm.save(dpo.replace(reference=None), data, {})
+    lm.close()
+    target = jax.eval_shape(lambda: dpo)
+    with pytest.raises(UserError, match="checkpoint 0 in .* has no reference model: it was not saved by a "
+                                        "train.objective=dpo run"):
+        Checkpointer(str(tmp_path / "lm"), settings, reference=True).restore(0, target, data)

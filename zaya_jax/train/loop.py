@@ -32,7 +32,7 @@ from zaya_jax.model.kernels import resolve_attention_kernel
 from zaya_jax.parallel import distributed
 from zaya_jax.parallel.attention_sharding import check_attention_layout
 from zaya_jax.parallel.mesh import check_declared_platform, check_platform_support, make_mesh
-from zaya_jax.train import checkpoint, faults
+from zaya_jax.train import checkpoint, faults, integrity
 from zaya_jax.train.checkpoint import Checkpointer, checkpoint_dir, config_json, read_config, restore_model, whole_step
 from zaya_jax.train.data import curriculum_extension, eval_batches, open_training_data, phases_of
 from zaya_jax.train.objectives import TokenObjective, zero_sums
@@ -105,9 +105,10 @@ class Trainer:
         if s.train.init_from_hf and not os.path.isdir(s.train.init_from_hf):
             raise ConfigError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory (an HF checkpoint "
                               "directory: config.json + safetensors)")
+        resuming = bool(integrity.steps_in(os.path.join(self.workdir, "checkpoints")))  # the source is not read
         self._init_checkpoint = (checkpoint_to_start_from(s.train.init_from_checkpoint, s.model,
                                                           self.phases[0].rope_theta)
-                                 if s.train.init_from_checkpoint else None)
+                                 if s.train.init_from_checkpoint and not resuming else None)
         os.makedirs(self.workdir, exist_ok=True)
         self.is_main = jax.process_index() == 0
         self._lock = WorkdirLock(self.workdir) if self.is_main else None
