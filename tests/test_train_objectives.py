@@ -245,25 +245,52 @@ def test_init_from_checkpoint_of_another_model_is_named(tmp_path, monkeypatch, m
         Trainer(config, str(tmp_path / "run"))
 
 
-def test_objective_and_source_kind_must_match(tmp_path, monkeypatch):
-    """sft on a text source (the kind a manifest without "kind" has) is refused, naming the sources."""
-    _refuse_to_initialise(monkeypatch)
-    docs = [np.arange(3, 3 + n) for n in range(20, 60)]
-    prepare.write_tokenized(str(tmp_path / "web"), docs, tokenizer_info={
-        "sha256": "synthetic", "vocab_size": 512, "bos_id": 2, "eos_id": 1, "pad_id": 0})
-    config = _objective_config("sft", "data=8", data="pipeline", steps=2)
+TOKENIZER = {"sha256": "synthetic", "vocab_size": 512, "bos_id": 2, "eos_id": 1, "pad_id": 0}
+
+
+def _pipeline_config(tmp_path, objective, kind, documents, steps=2):
+    """_objective_config on one prepared source of `kind` (prepare.write_tokenized), seq_len 64, batch 8."""
+    prepare.write_tokenized(str(tmp_path / "web"), documents, tokenizer_info=TOKENIZER, kind=kind)
+    config = _objective_config(objective, "data=8", data="pipeline", steps=steps)
     config.data = ml_collections.ConfigDict(dict(
         sources={"web": str(tmp_path / "web")}, tokenizer="unused", pad_id=0, heldout_fraction=0.05,
         packing_bins=4, worker_count=0, worker_buffer_size=1, prefetch_buffer_size=2,
-        phases=(dict(name="one", token_budget=8 * 64 * 2, seq_len=64, rope_theta=1e4, global_batch_size=8,
+        phases=(dict(name="one", token_budget=8 * 64 * steps, seq_len=64, rope_theta=1e4, global_batch_size=8,
                      weights={"web": 1.0}),),
         eval=dict(seq_len=64, batch_size=8, max_batches=1)))
-    with open(tmp_path / "web" / "manifest.json") as f:
-        assert json.load(f).get("kind", "text") == "text"
+    return config
+
+
+def test_objective_and_source_kind_must_match(tmp_path, monkeypatch):
+    """sft on a text source (the kind a manifest without "kind" has) is refused, naming the sources."""
+    _refuse_to_initialise(monkeypatch)
+    config = _pipeline_config(tmp_path, "sft", "text", [np.arange(3, 3 + n) for n in range(20, 60)])
     with pytest.raises(ConfigError, match=r"train.objective='sft' reads chat data, but data.sources \(web\) hold text "
                                           r"documents: prepare them with python -m zaya_jax.data.prepare --kind chat, "
                                           r"or set --config.train.objective=lm"):
         Trainer(config, str(tmp_path / "run"))
+
+
+def test_dpo_trains_on_prepared_preference_rows(tmp_path):
+    """The pipeline's DPO rows (i18-pipe) feed the step: every packed pair counts once."""
+    rng = np.random.default_rng(0)
+    documents = [(np.r_[2, rng.integers(3, 512, n)], rng.integers(3, 512, 4), rng.integers(3, 512, 6))
+                 for n in rng.integers(3, 12, 80)]
+    config = _pipeline_config(tmp_path, "dpo", "preference", documents)
+    records = []
+    trainer = Trainer(config, str(tmp_path / "run"), init_model=_initial_model(), on_log=records.append)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    from zaya_jax.data import build_pipeline
+    pipeline = build_pipeline(config.data, seed=config.train.seed)
+    for record in records:
+        batch = next(pipeline)
+        packed = sum(len(set(row[row > 0])) for row in batch["segment_ids"]) // 2  # two segments per pair
+        assert packed > 0 and record["pairs"] == packed
+    assert [r["step"] for r in records] == [1, 2]
+    pipeline.close()
 
 
 def test_planner_counts_the_reference_model_of_dpo():

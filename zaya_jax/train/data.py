@@ -163,7 +163,7 @@ def open_training_data(config, settings: Settings) -> grain.DatasetIterator:
     if pipeline.vocab_size > settings.model.vocab_size:
         raise ConfigError(f"data.sources were tokenized with a vocabulary of {pipeline.vocab_size}, larger than "
                          f"model.vocab_size={settings.model.vocab_size}")
-    check_data_kind(settings.train.objective, getattr(pipeline, "kind", "text"), sorted(config.data.sources),
+    check_data_kind(settings.train.objective, pipeline.kind, sorted(config.data.sources),
                     pipeline.close)
     return pipeline
 
