@@ -277,6 +277,7 @@ def test_dpo_trains_on_prepared_preference_rows(tmp_path):
     documents = [(np.r_[2, rng.integers(3, 512, n)], rng.integers(3, 512, 4), rng.integers(3, 512, 6))
                  for n in rng.integers(3, 12, 80)]
     config = _pipeline_config(tmp_path, "dpo", "preference", documents)
+    config.eval.every_steps = 2  # held-out pairs: the DPO loss and rewards
     records = []
     trainer = Trainer(config, str(tmp_path / "run"), init_model=_initial_model(), on_log=records.append)
     try:
@@ -285,12 +286,17 @@ def test_dpo_trains_on_prepared_preference_rows(tmp_path):
         trainer.close()
     from zaya_jax.data import build_pipeline
     pipeline = build_pipeline(config.data, seed=config.train.seed)
-    for record in records:
+    train = [r for r in records if r["kind"] == "train"]
+    for record in train:
         batch = next(pipeline)
         packed = sum(len(set(row[row > 0])) for row in batch["segment_ids"]) // 2  # two segments per pair
         assert packed > 0 and record["pairs"] == packed
-    assert [r["step"] for r in records] == [1, 2]
+    assert [r["step"] for r in train] == [1, 2]
     pipeline.close()
+    (evaluation,) = [r for r in records if r["kind"] == "eval"]
+    assert evaluation["eval/web/loss"] > 0 and 0 <= evaluation["eval/web/reward_accuracy"] <= 1
+    assert evaluation["eval/web/reward_margin"] == pytest.approx(
+        evaluation["eval/web/chosen_reward"] - evaluation["eval/web/rejected_reward"], abs=1e-6)
 
 
 def test_planner_counts_the_reference_model_of_dpo():
