@@ -2,7 +2,6 @@
 produce: numpy over the model's logits, one device, an uninterrupted run, the source checkpoint."""
 
 import functools
-import json
 
 import jax
 import jax.numpy as jnp
@@ -339,7 +338,8 @@ def test_resume_after_sigkill_is_bit_exact(tmp_path, objective):
     assert sorted(expected) == list(range(1, 7))
     if objective == "dpo":
         assert "train.init_from_checkpoint" in reference.stdout + reference.stderr
-        assert all(r["pairs"] > 0 for r in expected.values()) and len({r["reward_margin"] for r in expected.values()}) > 1
+        assert all(r["pairs"] > 0 for r in expected.values())
+        assert len({r["reward_margin"] for r in expected.values()}) > 1
 
     killed = run_train(tmp_path / "run", *overrides, faults={"KILL_AT_STEP": 4, "KILL_SIGNAL": "SIGKILL"})
     assert killed.returncode == -9, killed.stderr[-3000:]

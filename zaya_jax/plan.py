@@ -80,8 +80,8 @@ def render(summary: dict) -> str:
         for key, value in p["bytes_per_device"].items():
             lines.append(f"  {key:<28}{value / GIB:>10.2f} GiB")
         if "reference_model" in p["bytes_per_device"]:
-            lines.append("  (train.objective=dpo: reference_model is the frozen reference, an fp32 copy of the parameters "
-                         "sharded like them)")
+            lines.append("  (train.objective=dpo: reference_model is the frozen reference, an fp32 copy of the "
+                         "parameters sharded like them)")
         lines.append(f"  fits in {p['device_memory_bytes'] / 1e9:.0f} GB: {'yes' if p['fits'] else 'NO'}")
         lines.append("collective bytes per step per device:")
         for key, value in p["collective_bytes_per_step_per_device"].items():

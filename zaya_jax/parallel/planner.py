@@ -7,9 +7,9 @@ remat policy keeps for the backward pass, per micro-batch) and what FSDP holds u
 once (one layer's gathered parameters and unsharded gradient: fsdp_gathered_memory), plus the
 collective bytes each device sends per step by kind. A DPO run (objective 'dpo') also holds its
 frozen reference model: an fp32 copy of the parameters, sharded like them (`reference_model`; its
-forward pass keeps no activations for a backward pass, so the per-layer live estimate covers it). Activation counts are estimates (numbers
-saved per token per layer, listed below); benchmarks/planner_vs_xla.py compares them with XLA's
-compiled memory analysis.
+forward pass keeps no activations for a backward pass, so the per-layer live estimate covers it).
+Activation counts are estimates (numbers saved per token per layer, listed below);
+benchmarks/planner_vs_xla.py compares them with XLA's compiled memory analysis.
 """
 
 from __future__ import annotations
