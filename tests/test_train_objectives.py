@@ -2,6 +2,9 @@
 produce: numpy over the model's logits, one device, an uninterrupted run, the source checkpoint."""
 
 import functools
+import json
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -331,7 +334,7 @@ def test_resume_after_sigkill_is_bit_exact(tmp_path, objective):
     if objective == "dpo":
         made = run_train(source, *RESUME_RUN, "--config.train.steps=2")
         assert made.returncode == 0, made.stderr[-3000:]
-        overrides += (f"--config.train.init_from_checkpoint={source}",)
+        overrides += (f"--config.train.init_from_checkpoint={source}", "--config.eval.every_steps=6")
     reference = run_train(tmp_path / "ref", *overrides)
     assert reference.returncode == 0, reference.stderr[-3000:]
     expected = _train_records(tmp_path / "ref")
@@ -349,6 +352,17 @@ def test_resume_after_sigkill_is_bit_exact(tmp_path, objective):
     finished = run_train(tmp_path / "run", *overrides)
     assert finished.returncode == 0 and "start at step 3: restored checkpoint 3" in finished.stdout + finished.stderr
     assert _train_records(tmp_path / "run") == expected
+    if objective == "dpo":  # the evaluate CLI scores the checkpoint against its saved reference model
+        from tests.train_helpers import REPO, cli_env
+        from zaya_jax.train.monitor import read_metrics
+        done = subprocess.run([sys.executable, "-m", "zaya_jax.evaluate", "--checkpoint", str(tmp_path / "run")],
+                              cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        scored = json.loads(done.stdout)["results"]["synthetic"]
+        (trained,) = read_metrics(str(tmp_path / "run" / "metrics.jsonl"), kind="eval")
+        assert trained["step"] == 6 and scored["pairs"] > 0
+        for key in ("loss", "reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward"):
+            assert scored[key] == pytest.approx(trained[f"eval/synthetic/{key}"], rel=1e-5, abs=1e-7), key
 
 
 def test_the_reference_item_is_checksummed_and_required_by_a_dpo_resume(tmp_path):

@@ -320,20 +320,24 @@ def whole_step(directory: str, items: tuple[str, ...], step: int | None = None) 
     return found
 
 
-def restore_model(directory: str, target: dict, step: int | None = None) -> tuple[dict, int]:
-    """The `model` item ({params, biases}) of `step` (default: the newest whole one) onto `target`'s shardings.
+def restore_model(directory: str, target: dict, step: int | None = None, item: str = "model") -> tuple[dict, int]:
+    """The `model` item ({params, biases}) of `step` (default: the newest whole one) onto `target`'s shardings;
+    item='reference': a DPO run's frozen reference model instead (UserError when the step has none).
 
     A target leaf without a sharding goes onto this process's first device (Orbax would otherwise
     use the sharding saved in the checkpoint, which fails whenever the saving process had other devices).
     """
-    step = whole_step(directory, ("model",), step)
+    step = whole_step(directory, (item,), step)
+    if item not in integrity.items_of(os.path.join(directory, str(step))):
+        raise UserError(f"checkpoint {step} in {directory} has no {item} item (only a train.objective=dpo run "
+                        "saves its reference model)")
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda a: a if getattr(a, "sharding", None) is not None
                           else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target)
     manager = _reader(directory)
-    restored = manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(target)))
+    restored = manager.restore(step, args=ocp.args.Composite(**{item: ocp.args.StandardRestore(target)}))
     manager.close()
-    return restored.model, step
+    return restored[item], step
 
 
 def read_config(directory: str, step: int | None = None) -> ml_collections.ConfigDict:
