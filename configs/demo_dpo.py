@@ -22,7 +22,8 @@ STEPS = 60
 def get_config():
     config = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_sft.py"))
     config.data = demo_posttrain.data_config("preference", STEPS)
-    config.train.update(steps=STEPS, objective="dpo", init_from_checkpoint="runs/demo_sft")
+    config.train.update(steps=STEPS, objective="dpo", init_from_checkpoint="runs/demo_sft",
+                        init_from_checkpoint_made_by="python -m zaya_jax.train --config configs/demo_sft.py --workdir {}")
     config.optimizer.update(learning_rate=3e-4)
     config.dpo.update(beta=0.1, label_smoothing=0.0)
     config.checkpoint.update(every_steps=STEPS)

@@ -6,9 +6,9 @@
               plausible wrong one, prepared with kind "preference"
 
 Both are rendered with the plain chat template (chat_templates/plain.jinja) and tokenized with
-the demo corpus's tokenizer (built first if needed). Each source holds TRAIN_PER_KIND training
-tasks of every kind followed by HELDOUT_PER_KIND held-out tasks of every kind, so a data config
-with `heldout_fraction = HELDOUT_FRACTION` evaluates on exactly the held-out questions, none of
+the demo corpus's tokenizer (built first if needed). Each source holds 1900 training tasks of
+every kind followed by 100 held-out tasks of every kind (task_counts), so a data config with
+`heldout_fraction = HELDOUT_FRACTION` evaluates on exactly the held-out questions, none of
 which the training part contains (`python -m zaya_jax.evaluate_tasks` scores the same ones by
 generation).
 
@@ -30,14 +30,22 @@ from zaya_jax.data import chat_template, curriculum, demo_corpus, instruction_ta
 BUILD_VERSION = 2
 SOURCES = {"chat": "chat", "preference": "preference"}  # source name -> prepared dataset kind
 ALL_SOURCES = (*demo_corpus.SOURCES, *SOURCES)  # every name `demo:<name>` may take
-TRAIN_PER_KIND, HELDOUT_PER_KIND = 1900, 100
-HELDOUT_FRACTION = HELDOUT_PER_KIND / (TRAIN_PER_KIND + HELDOUT_PER_KIND)  # 0.05: the trailing 500 of 10000
+HELDOUT_PER_KIND = 100
+TRAIN_PER_HELDOUT = 19  # training tasks per held-out one
+HELDOUT_FRACTION = 1 / (TRAIN_PER_HELDOUT + 1)  # 0.05: the trailing 500 of 10000 documents
 
 
-def records(seed: int = 0) -> dict[str, list[dict]]:
-    """Each source's JSONL records: the training tasks, then the held-out ones."""
-    tasks = (instruction_tasks.tasks("train", TRAIN_PER_KIND, seed)
-             + instruction_tasks.tasks("heldout", HELDOUT_PER_KIND, seed))
+def task_counts(max_docs: int = 0) -> tuple[int, int]:
+    """(training, held-out) tasks per kind: (1900, 100), or (19, 1) for a capped demo corpus
+    (data.demo.max_docs > 0, as tests build it)."""
+    heldout = 1 if max_docs else HELDOUT_PER_KIND
+    return TRAIN_PER_HELDOUT * heldout, heldout
+
+
+def records(seed: int = 0, max_docs: int = 0) -> dict[str, list[dict]]:
+    """Each source's JSONL records: the training tasks, then the held-out ones (task_counts)."""
+    train, heldout = task_counts(max_docs)
+    tasks = instruction_tasks.tasks("train", train, seed) + instruction_tasks.tasks("heldout", heldout, seed)
     return {"chat": [t.chat_record() for t in tasks], "preference": [t.preference_record() for t in tasks]}
 
 
@@ -49,13 +57,13 @@ def build_posttrain_sources(cache_dir: str | os.PathLike | None = None, *, max_d
     corpus = demo_corpus.build_demo_corpus(cache_dir, max_docs=max_docs, vocab_size=vocab_size, seed=seed,
                                            progress=progress)
     template_digest = tokenizer.file_sha256(chat_template.PLAIN)[:12]
-    key = (f"{corpus.root.name}-posttrain-v{BUILD_VERSION}-tasks{TRAIN_PER_KIND}+{HELDOUT_PER_KIND}"
+    key = (f"{corpus.root.name}-posttrain-v{BUILD_VERSION}-tasks{'+'.join(map(str, task_counts(max_docs)))}"
            f"-template{template_digest}")
 
     def build(work: pathlib.Path) -> dict:
         (work / "raw").mkdir()
         stats = {}
-        for name, source_records in records(seed).items():
+        for name, source_records in records(seed, max_docs).items():
             raw = work / "raw" / f"{name}.jsonl"
             raw.write_text("".join(json.dumps(r) + "\n" for r in source_records), encoding="utf-8")
             manifest = prepare.prepare_dataset(str(raw), "jsonl", str(corpus.tokenizer), str(work / name),
@@ -86,7 +94,8 @@ def data_config(source: str, steps: int, *, batch: int = 16, seq_len: int = 128,
     config = curriculum.demo_data_config()
     config.sources = ml_collections.ConfigDict({source: f"demo:{source}"})
     config.heldout_fraction = HELDOUT_FRACTION
-    config.phases = [dict(name=source, token_budget=steps * batch * seq_len, seq_len=seq_len, rope_theta=rope_theta,
-                          global_batch_size=batch, weights={source: 1.0})]
+    config.phases = (ml_collections.ConfigDict(dict(
+        name=source, token_budget=steps * batch * seq_len, seq_len=seq_len, rope_theta=rope_theta,
+        global_batch_size=batch, weights={source: 1.0})),)
     config.eval.update(seq_len=seq_len, batch_size=batch, max_batches=0)
     return config
