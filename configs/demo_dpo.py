@@ -4,9 +4,9 @@
   python -m zaya_jax.train --config configs/demo_dpo.py --workdir runs/demo_dpo
   python -m zaya_jax.evaluate_tasks --checkpoint runs/demo_dpo                     # held-out accuracy
 
-configs/demo_sft.py's model and trainer, starting from the newest checkpoint of runs/demo_sft
-(which is also the frozen reference model) and training on `demo:preference`: the same generated
-questions, chosen = the correct answer, rejected = a near miss (the answer off by one or two).
+configs/demo.py's model and trainer as in configs/demo_sft.py, starting from the newest
+checkpoint of runs/demo_sft (which is also the frozen reference model) and training on
+`demo:preference`: the same generated questions, chosen = the correct answer, rejected = a near miss (the answer off by one or two).
 train.objective=dpo with beta 0.1 and a tenth of SFT's learning rate; the loss, reward margin and
 preference accuracy are also evaluated on the held-out pairs.
 """
@@ -20,12 +20,9 @@ STEPS = 60
 
 
 def get_config():
-    config = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_sft.py"))
-    config.data = demo_posttrain.data_config("preference", STEPS)
-    config.train.update(steps=STEPS, objective="dpo", init_from_checkpoint="runs/demo_sft",
-                        init_from_checkpoint_made_by="python -m zaya_jax.train --config configs/demo_sft.py --workdir {}")
-    config.optimizer.update(learning_rate=3e-4)
+    config = demo_posttrain.stage_config(
+        load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.py")), "preference", STEPS,
+        objective="dpo", init_from="runs/demo_sft", learning_rate=3e-4,
+        made_by="python -m zaya_jax.train --config configs/demo_sft.py --workdir {}")
     config.dpo.update(beta=0.1, label_smoothing=0.0)
-    config.checkpoint.update(every_steps=STEPS)
-    config.eval.update(every_steps=STEPS // 2)
     return config

@@ -23,11 +23,7 @@ STEPS = 200
 
 
 def get_config():
-    config = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.py"))
-    config.data = demo_posttrain.data_config("chat", STEPS)
-    config.train.update(steps=STEPS, objective="sft", init_from_checkpoint="runs/demo",
-                        init_from_checkpoint_made_by="python -m zaya_jax.train --config configs/demo.py --workdir {}")
-    config.optimizer.update(learning_rate=3e-3, schedule="cosine", warmup_steps=10, min_lr_ratio=0.1)
-    config.checkpoint.update(every_steps=STEPS, max_to_keep=1)
-    config.eval.update(every_steps=STEPS // 2, max_batches=0)
-    return config
+    return demo_posttrain.stage_config(
+        load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.py")), "chat", STEPS,
+        objective="sft", init_from="runs/demo", learning_rate=3e-3,
+        made_by="python -m zaya_jax.train --config configs/demo.py --workdir {}")

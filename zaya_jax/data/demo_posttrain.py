@@ -99,3 +99,18 @@ def data_config(source: str, steps: int, *, batch: int = 16, seq_len: int = 128,
         global_batch_size=batch, weights={source: 1.0})),)
     config.eval.update(seq_len=seq_len, batch_size=batch, max_batches=0)
     return config
+
+
+def stage_config(config, source: str, steps: int, *, objective: str, init_from: str, made_by: str,
+                 learning_rate: float):
+    """A full config (configs/demo.py's model and trainer) turned into one post-training stage:
+    `steps` batches of `demo:<source>` (data_config) with `objective`, starting from the run
+    `init_from` (trained by the command `made_by`, '{}' its path) with a fresh cosine schedule
+    peaking at `learning_rate`; one checkpoint at the end, two evaluations on all held-out data."""
+    config.data = data_config(source, steps)
+    config.train.update(steps=steps, objective=objective, init_from_checkpoint=init_from,
+                        init_from_checkpoint_made_by=made_by)
+    config.optimizer.update(learning_rate=learning_rate, schedule="cosine", warmup_steps=10, min_lr_ratio=0.1)
+    config.checkpoint.update(every_steps=steps, max_to_keep=1)
+    config.eval.update(every_steps=steps // 2, max_batches=0)
+    return config
