@@ -175,15 +175,18 @@ def test_stops_are_agreed_by_two_processes_and_a_second_trainer_is_refused(tmp_p
     # 2. SIGTERM to both, 0.3 s apart (process 0 first); 3. two SIGTERMs 5 ms apart to process 1
     both = _resume_and_stop(workdir, first, [(0, 0.0), (1, 0.3)])
     twice = _resume_and_stop(workdir, both, [(1, 0.0), (1, 0.005)])
-    # 4. SIGTERM to process 0 during start-up (before its first step): no step runs, nothing is saved
-    #    (checkpoint `twice` already holds the state), exit 75
+    # 4. SIGTERM to process 0 while the processes restore checkpoint `twice` (after the topology line,
+    #    before any step): both stop without waiting for the restore, save nothing, exit 75
     job = Job(workdir, *SHORT, f"--config.train.steps={twice + 3}", "--config.checkpoint.every_steps=0")
     job.wait_for("topology:")
     job.signal(0)
     codes, seconds = job.finish()
     assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(0)[-3000:]
-    assert max(train_losses(workdir)) == twice and f"stopping at step {twice} before training" in job.output(0)
-    assert integrity.steps_in(str(workdir / "checkpoints"))[0] == twice
+    for i in range(2):
+        assert "signal 15: stopping during start-up, before training; nothing new to save" in job.output(i)
+    assert "start at step" not in job.output(0)  # the stop did not wait for the state
+    assert max(train_losses(workdir)) == twice
+    assert integrity.steps_in(str(workdir / "checkpoints")) == [twice, both, first]
 
 
 def test_damaged_data_shards_are_named_when_the_sources_open(tmp_path):

@@ -9,6 +9,8 @@
 (the trainer's choice of checkpoint and its stop decision).
 `barrier(name)`: waits for every process through the coordination service, not a device collective
 (see its docstring: why the trainer calls it after each compilation).
+`post(key, value)` / `posted(directory)`: a key-value board every process reads (jax.distributed's
+store; a dict in a single process), for decisions that must not wait in a collective (faults.py).
 """
 
 from __future__ import annotations
@@ -136,6 +138,11 @@ BARRIER_TIMEOUT_S = 3600  # unless ZAYA_BARRIER_TIMEOUT_S says otherwise
 _barriers = 0
 
 
+def barrier_timeout_s() -> int:
+    """How long a process waits for the others (ZAYA_BARRIER_TIMEOUT_S, default an hour)."""
+    return _int_env(os.environ, "ZAYA_BARRIER_TIMEOUT_S") or BARRIER_TIMEOUT_S
+
+
 def barrier(name: str, timeout_s: int | None = None) -> None:
     """Returns once every process has called barrier() as often as this one (`name` says where, in errors).
 
@@ -150,6 +157,27 @@ def barrier(name: str, timeout_s: int | None = None) -> None:
     if jax.process_count() == 1:
         return
     from jax._src import distributed as jax_distributed  # the client jax.distributed.initialize started
-    timeout_s = timeout_s or _int_env(os.environ, "ZAYA_BARRIER_TIMEOUT_S") or BARRIER_TIMEOUT_S
+    timeout_s = timeout_s or barrier_timeout_s()
     _barriers += 1
     jax_distributed.global_state.client.wait_at_barrier(f"zaya {_barriers}: {name}", 1000 * timeout_s)
+
+
+_LOCAL_BOARD: dict[str, str] = {}  # the board of a single process
+
+
+def post(key: str, value: str) -> None:
+    """Sets `key` (once per job) on the board every process reads; returns without waiting for anyone."""
+    if jax.process_count() == 1:
+        _LOCAL_BOARD[key] = value
+        return
+    from jax._src import distributed as jax_distributed
+    jax_distributed.global_state.client.key_value_set(key, value)
+
+
+def posted(directory: str) -> dict[str, str]:
+    """{key relative to `directory`: value} of every key posted under `directory` (ends with '/') so far."""
+    if jax.process_count() == 1:
+        return {k[len(directory):]: v for k, v in _LOCAL_BOARD.items() if k.startswith(directory)}
+    from jax._src import distributed as jax_distributed
+    entries = jax_distributed.global_state.client.key_value_dir_get(directory)
+    return {k.rsplit("/", 1)[-1]: v for k, v in entries}

@@ -49,7 +49,10 @@ def main(argv):
     enable_compilation_cache()
     from zaya_jax.train.checkpoint import CheckpointWriteError
     from zaya_jax.train.loop import Trainer
-    trainer = Trainer(_CONFIG.value, _WORKDIR.value)  # a UserError here: cli.run prints it, exit 2
+    try:
+        trainer = Trainer(_CONFIG.value, _WORKDIR.value)  # a UserError here: cli.run prints it, exit 2
+    except faults.StoppedDuringStartup:  # logged; the state's build may still be compiling in its thread
+        faults.exit_at_once(errors.EXIT_PREEMPTED)
     failure = None
     try:
         trainer.run()
