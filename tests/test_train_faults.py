@@ -124,6 +124,31 @@ def test_a_failed_checkpoint_write_stops_the_run_at_the_next_step(tmp_path):
     assert integrity.steps_in(str(tmp_path / "checkpoints")) == []
 
 
+def test_an_unwritable_checkpoint_directory_is_named_and_earlier_checkpoints_stay(tmp_path):
+    """File modes bind the trainer (as root: without CAP_DAC_OVERRIDE). Before: the save of step 4
+    into a read-only directory hung (Orbax's other save threads waited for the failed one)."""
+    checkpoints = tmp_path / "checkpoints"
+    args = (*SHORT, "--config.train.steps=8", "--config.checkpoint.every_steps=2")
+    try:
+        # 1. the directory becomes read-only after checkpoint 2: the save of 4 fails, one line, exit 1
+        result = run_train(tmp_path, *args, faults={"READ_ONLY_AT_STEP": 3}, unprivileged=True, timeout=240)
+        assert os.stat(checkpoints).st_mode & 0o777 == 0o555  # the fault fired
+        assert result.returncode == EXIT_FAILED, result.stderr[-3000:]
+        assert result.stderr.strip().splitlines()[-1] == (
+            f"CheckpointWriteError: checkpoint 4 could not be written to {checkpoints}: Permission denied (errno 13)")
+        assert max(train_losses(tmp_path)) == 4 and sorted(os.listdir(checkpoints)) == ["2"]  # nothing partial
+        assert integrity.problem(str(checkpoints / "2"), integrity.ITEMS["training"]) is None
+        # 2. a restart on the read-only directory is refused before anything compiles, exit 2
+        result = run_train(tmp_path, *args, unprivileged=True, timeout=240)
+        assert result.returncode == EXIT_USER_ERROR, result.stderr[-3000:]
+        assert result.stderr.strip().splitlines()[-1] == (
+            f"error: checkpoint directory {checkpoints} is not writable: Permission denied (errno 13); "
+            "fix its permissions (or free the file system) or choose another --workdir")
+        assert "topology" not in result.stdout and sorted(os.listdir(checkpoints)) == ["2"]
+    finally:
+        os.chmod(checkpoints, 0o755)  # so that pytest can remove tmp_path
+
+
 # -- two processes ---------------------------------------------------------------------------
 
 

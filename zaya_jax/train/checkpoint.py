@@ -39,12 +39,12 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from typing import Any, Callable
 
 import grain
 import jax
 import ml_collections
-from absl import logging
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -102,13 +102,17 @@ _OS_ERROR = re.compile(r"os_error_code='?(\d+)")  # how TensorStore reports an O
 _FAILED_FILE = re.compile(r'(?:Failed writing: |at local file )"([^"]+)"')
 
 
+def _os_error(e: OSError) -> str:
+    return f"{e.strerror} (errno {e.errno})"
+
+
 def _root_cause(error: BaseException) -> str:
     """The operating system's error (text, errno, file) behind a failed write, else the error's first line."""
     seen, e = [], error
     while e is not None and e not in seen:
         seen.append(e)
         if isinstance(e, OSError) and e.strerror:
-            return f"{e.strerror} (errno {e.errno}){f': {e.filename}' if e.filename else ''}"
+            return _os_error(e) + (f": {e.filename}" if e.filename else "")
         found, files = _OS_ERROR.search(str(e)), _FAILED_FILE.findall(str(e))
         if found:
             errno = int(found[1])
@@ -116,6 +120,20 @@ def _root_cause(error: BaseException) -> str:
         e = e.__cause__ or e.__context__
     lines = str(error).strip().splitlines() or [type(error).__name__]
     return f"{type(error).__name__}: {lines[0][:300]}"
+
+
+def unwritable(directory: str) -> str | None:
+    """Why no step directory can be made in `directory` now (the operating system's error), or None.
+
+    Orbax must not be the one to find out: when it cannot create a step's temporary directory, its
+    other save threads wait for a signal that never comes (the save hangs instead of failing), so
+    every save checks first.
+    """
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".zaya-write-check-", dir=directory))
+    except OSError as e:
+        return _os_error(e)
+    return None
 
 
 class _OrbaxErrorsOnOneLine(logging.logging.Filter):
@@ -137,6 +155,14 @@ class Checkpointer:
 
     def __init__(self, directory: str, settings: CheckpointSettings):
         self.directory = os.path.abspath(directory)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            problem = unwritable(self.directory)
+        except OSError as e:
+            problem = _os_error(e)
+        if problem:
+            raise UserError(f"checkpoint directory {self.directory} is not writable: {problem}; "
+                            "fix its permissions (or free the file system) or choose another --workdir")
         self._manager = _manager(self.directory, settings.max_to_keep, settings.async_save)
         self._unsealed: list[int] = []  # steps saved, not yet known to be on disk
         self._sealing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="manifest")
@@ -195,6 +221,9 @@ class Checkpointer:
         (and for the previous save, if it is still being written)."""
         step = int(jax.device_get(state.step))
         self._finish_save()  # (Orbax would wait for it too); its manifest may still be being written
+        problem = unwritable(self.directory)
+        if problem:
+            raise CheckpointWriteError(f"checkpoint {step} could not be written to {self.directory}: {problem}")
         args = ocp.args.Composite(
             model=ocp.args.StandardSave({"params": state.params, "biases": state.biases}),
             train=ocp.args.StandardSave({f: getattr(state, f) for f in TRAIN_FIELDS}),
