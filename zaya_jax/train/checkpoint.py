@@ -39,6 +39,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from typing import Any, Callable
 
@@ -148,6 +149,29 @@ class _OrbaxErrorsOnOneLine(logging.logging.Filter):
 
 
 logging.get_absl_logger().addFilter(_OrbaxErrorsOnOneLine())
+
+
+def _is_late_write_callback(unraisable) -> bool:
+    """RuntimeError('Event loop is closed') raised by asyncio's call_soon_threadsafe with no Python
+    caller: TensorStore completing a write whose save (and so its event loop) had already failed.
+    TensorStore reports each through sys.unraisablehook (a traceback apiece, tens of them around
+    the failure); the failure itself is raised as one line (CheckpointWriteError)."""
+    frames, tb = [], unraisable.exc_traceback
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return (unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed"
+            and frames == ["call_soon_threadsafe", "_check_closed"])
+
+
+def _without_late_write_callbacks(hook):
+    def unraisablehook(unraisable):
+        if not _is_late_write_callback(unraisable):
+            hook(unraisable)
+    return unraisablehook
+
+
+sys.unraisablehook = _without_late_write_callbacks(sys.unraisablehook)
 
 
 class Checkpointer:
