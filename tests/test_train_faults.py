@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 
 import jax
 import numpy as np
@@ -242,6 +243,32 @@ def test_stops_are_agreed_by_two_processes_and_a_second_trainer_is_refused(tmp_p
     assert "start at step" not in job.output(0)  # the stop did not wait for the state
     assert max(train_losses(workdir)) == twice
     assert integrity.steps_in(str(workdir / "checkpoints")) == [twice, both, first]
+    _check_manifest_of_two_processes(workdir / "checkpoints" / str(first), tmp_path)
+
+
+def _check_manifest_of_two_processes(step_dir, tmp_path):
+    """Each process checksummed a share of the step's files and process 0 combined them: the
+    manifest lists every file with its crc32 (zlib's, computed here), and a damaged file written by
+    either process is found (process 0: an OCDBT blob of ocdbt.process_0; process 1: its data
+    iterator state, data/process_1-of-2.json: replicated arrays are written by process 0 alone)."""
+    manifest = integrity.read_manifest(str(step_dir))
+    assert len(manifest["shares"]) == 2 and min(manifest["shares"]) > 0
+    on_disk = sorted(os.path.relpath(os.path.join(root, n), step_dir) for root, _, names in os.walk(step_dir)
+                     for n in names if n != integrity.MANIFEST)
+    assert sorted(manifest["files"]) == on_disk
+    for rel, (size, crc) in manifest["files"].items():
+        with open(step_dir / rel, "rb") as f:
+            data = f.read()
+        assert [len(data), zlib.crc32(data)] == [size, crc], rel
+    for writer in (0, 1):
+        copy = shutil.copytree(step_dir, tmp_path / f"damaged_by_{writer}")
+        rel = max((r for r in manifest["files"] if f"process_{writer}" in r), key=lambda r: manifest["files"][r][0])
+        with open(copy / rel, "r+b") as f:
+            f.seek(manifest["files"][rel][0] // 2)
+            chunk = f.read(16)
+            f.seek(manifest["files"][rel][0] // 2)
+            f.write(bytes(b ^ 0xFF for b in chunk))
+        assert integrity.problem(str(copy), integrity.ITEMS["training"]).startswith(f"{rel} fails its checksum")
 
 
 def test_damaged_data_shards_are_named_when_the_sources_open(tmp_path):

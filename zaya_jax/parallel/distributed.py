@@ -9,8 +9,9 @@
 (the trainer's choice of checkpoint and its stop decision).
 `barrier(name)`: waits for every process through the coordination service, not a device collective
 (see its docstring: why the trainer calls it after each compilation).
-`post(key, value)` / `posted(directory)`: a key-value board every process reads (jax.distributed's
-store; a dict in a single process), for decisions that must not wait in a collective (faults.py).
+`post(key, value)` / `posted(directory)` / `wait_posted(key)` / `unpost(directory)`: a key-value board every process reads
+(jax.distributed's store; a dict in a single process), for decisions that must not wait in a
+collective (faults.py) and for what background threads exchange (checkpoint manifests).
 """
 
 from __future__ import annotations
@@ -172,6 +173,24 @@ def post(key: str, value: str) -> None:
         return
     from jax._src import distributed as jax_distributed
     jax_distributed.global_state.client.key_value_set(key, value)
+
+
+def wait_posted(key: str, timeout_s: int) -> str:
+    """The value of `key` once some process posted it (TimeoutError-like jax error after `timeout_s`)."""
+    if jax.process_count() == 1:
+        return _LOCAL_BOARD[key]
+    from jax._src import distributed as jax_distributed
+    return jax_distributed.global_state.client.blocking_key_value_get(key, 1000 * timeout_s)
+
+
+def unpost(directory: str) -> None:
+    """Removes every key under `directory` (ends with '/') from the board."""
+    if jax.process_count() == 1:
+        for key in [k for k in _LOCAL_BOARD if k.startswith(directory)]:
+            del _LOCAL_BOARD[key]
+        return
+    from jax._src import distributed as jax_distributed
+    jax_distributed.global_state.client.key_value_delete(directory.rstrip("/"))  # the key and all below it
 
 
 def posted(directory: str) -> dict[str, str]:

@@ -11,9 +11,10 @@ A step directory holds four items:
 directory starts from its weights with a fresh optimizer.
 
 Every finished step directory also holds `zaya_manifest.json` (integrity.py): the size and crc32
-of every file, written by process 0 in a background thread once Orbax has renamed the step into
-place (the loop checks for that at every step boundary; `save()` and `wait()` too; `wait()` also
-waits for the manifest). A step without a valid manifest is incomplete. Restores
+of every file, written once Orbax has renamed the step into place (the loop checks for that at
+every step boundary; `save()` and `wait()` too; `wait()` also waits for the manifest). Every
+process checksums a share of the files in a background thread and posts it on jax.distributed's
+key-value store; process 0 gathers the shares and writes the manifest. A step without a valid manifest is incomplete. Restores
 check the items they read against it and fall back to the newest step that passes, saying which
 steps they passed over and why: the trainer (`resume_point`) also moves the damaged newer steps
 to `<directory>.rejected/` (never deletes them) so that new saves cannot collide with them; the
@@ -41,6 +42,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from typing import Any, Callable
 
 import grain
@@ -190,7 +192,8 @@ class Checkpointer:
         self._manager = _manager(self.directory, settings.max_to_keep, settings.async_save)
         self._unsealed: list[int] = []  # steps saved, not yet known to be on disk
         self._sealing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="manifest")
-        self._manifests: list[concurrent.futures.Future] = []  # manifests being written (process 0)
+        self._manifests: list[concurrent.futures.Future] = []  # shares of manifests being checksummed
+        self._sealed = 0  # steps whose manifest was started: the same count on every process
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -302,13 +305,29 @@ class Checkpointer:
         except Exception as e:  # pylint: disable=broad-except
             raise CheckpointWriteError(f"checkpoint {steps[-1]} could not be written to {self.directory}: "
                                        f"{_root_cause(e)}") from None
-        if jax.process_index() == 0:
-            self._manifests += [self._sealing.submit(self._write_manifest, s) for s in steps]
+        for s in steps:
+            self._sealed += 1
+            self._manifests.append(self._sealing.submit(self._write_manifest, s, f"zaya_manifest_{self._sealed}"))
 
-    def _write_manifest(self, step: int) -> None:
+    def _write_manifest(self, step: int, board: str) -> None:
+        """Checksums this process's share of the step's files and posts them on `board`; process 0
+        gathers every share and writes the manifest (so each process reads 1/P of the bytes)."""
         step_dir = os.path.join(self.directory, str(step))
+        index, count = jax.process_index(), jax.process_count()
         try:
-            integrity.write_manifest(step_dir, "training")
+            if count == 1:
+                integrity.write_manifest(step_dir, "training")
+                return
+            for _ in range(600):  # process 0 renames the step into place: the others may get here first
+                if os.path.isdir(step_dir):
+                    break
+                time.sleep(0.1)
+            distributed.post(f"{board}/{index}", json.dumps(integrity.checksums(step_dir, index, count)))
+            if index == 0:
+                timeout = distributed.barrier_timeout_s()
+                parts = [json.loads(distributed.wait_posted(f"{board}/{k}", timeout)) for k in range(count)]
+                distributed.unpost(f"{board}/")
+                integrity.write_manifest(step_dir, "training", parts)
         except FileNotFoundError:
             if os.path.isdir(step_dir):
                 raise  # else max_to_keep removed the step meanwhile
