@@ -14,8 +14,8 @@ Every finished step directory also holds `zaya_manifest.json` (integrity.py): th
 of every file, written once Orbax has renamed the step into place (the loop checks for that at
 every step boundary; `save()` and `wait()` too; `wait()` also waits for the manifest). Every
 process checksums a share of the files in a background thread and posts it on jax.distributed's
-key-value store; process 0 gathers the shares and writes the manifest. A step without a valid manifest is incomplete. Restores
-check the items they read against it and fall back to the newest step that passes, saying which
+key-value store; process 0 gathers the shares and writes the manifest. A step without a valid
+manifest is incomplete. Restores check the items they read against it and fall back to the newest step that passes, saying which
 steps they passed over and why: the trainer (`resume_point`) also moves the damaged newer steps
 to `<directory>.rejected/` (never deletes them) so that new saves cannot collide with them; the
 read-only loaders (`restore_model`, `read_config`, `load_checkpoint_model`) only read, create
