@@ -141,7 +141,12 @@ def _truncate_model_blob(step_dir):
 
 
 def flip_model_bytes(step_dir):
-    path = _blob(step_dir, "model")
+    flip_bytes_of_item(step_dir, "model")
+
+
+def flip_bytes_of_item(step_dir, item):
+    """Inverts 16 bytes in the middle of `item`'s largest array blob."""
+    path = _blob(step_dir, item)
     with open(path, "r+b") as f:
         f.seek(os.path.getsize(path) // 2)
         chunk = f.read(16)

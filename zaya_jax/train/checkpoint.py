@@ -1,12 +1,14 @@
 """Orbax checkpoints of a training run: one directory per step under the workdir.
 
-A step directory holds four items:
+A step directory holds four items (five for a DPO run):
   model   {params, biases}: the fp32 parameters and balancing biases (what evaluate, convert
           to_hf and generation read)
   train   {step, opt_state, controller_state, rng, skipped_steps, nonfinite_streak}
   data    the data iterator's state (grain.checkpoint.CheckpointSave: one JSON per process)
   config  the full run config as JSON; its model section has the rope_theta of the curriculum
           phase being trained, so it rebuilds the model as it was at that step
+  reference  train.objective=dpo only: the frozen reference model {params, biases}, so that a
+          resume is exact whatever the run was initialised from
 `python -m zaya_jax.convert to_orbax` writes model + config only (step 0); training from such a
 directory starts from its weights with a fresh optimizer.
 
@@ -15,12 +17,13 @@ of every file, written once Orbax has renamed the step into place (the loop chec
 every step boundary; `save()` and `wait()` too; `wait()` also waits for the manifest). Every
 process checksums a share of the files in a background thread and posts it on jax.distributed's
 key-value store; process 0 gathers the shares and writes the manifest. A step without a valid
-manifest is incomplete. Restores check the items they read against it and fall back to the newest step that passes, saying which
-steps they passed over and why: the trainer (`resume_point`) also moves the damaged newer steps
-to `<directory>.rejected/` (never deletes them) so that new saves cannot collide with them; the
-read-only loaders (`restore_model`, `read_config`, `load_checkpoint_model`) only read, create
-nothing, and raise `UserError` naming the directory when no step passes. A failed asynchronous
-write is raised by `poll()` at the next step boundary as one `CheckpointWriteError` line.
+manifest is incomplete. Restores check the items they read against it and fall back to the newest
+step that passes, saying which steps they passed over and why: the trainer (`resume_point`) also
+moves the damaged newer steps to `<directory>.rejected/` (never deletes them) so that new saves
+cannot collide with them; the read-only loaders (`restore_model`, `read_config`,
+`load_checkpoint_model`) only read, create nothing, and raise `UserError` naming the directory when
+no step passes. A failed asynchronous write is raised by `poll()` at the next step boundary as one
+`CheckpointWriteError` line.
 
 Saves are asynchronous (the loop blocks only while device arrays are copied to host; the write
 runs in a background thread) and atomic: Orbax writes into `<step>.orbax-checkpoint-tmp-*` and
@@ -179,8 +182,10 @@ sys.unraisablehook = _without_late_write_callbacks(sys.unraisablehook)
 class Checkpointer:
     """Saves and restores TrainStates (plus data-iterator state and config) in `directory`."""
 
-    def __init__(self, directory: str, settings: CheckpointSettings):
+    def __init__(self, directory: str, settings: CheckpointSettings, reference: bool = False):
+        """reference: the states saved and restored carry a reference model (a DPO run)."""
         self.directory = os.path.abspath(directory)
+        self.items = integrity.ITEMS["training"] + (("reference",) if reference else ())
         try:
             os.makedirs(self.directory, exist_ok=True)
             problem = unwritable(self.directory)
@@ -207,7 +212,7 @@ class Checkpointer:
         """
         step, refusal = None, None
         if jax.process_index() == 0:
-            step, skipped = integrity.newest_whole_step(self.directory, integrity.ITEMS["training"])
+            step, skipped = integrity.newest_whole_step(self.directory, self.items)
             if step is None and skipped:
                 refusal = (f"no whole checkpoint in {self.directory}: "
                            + "; ".join(f"step {s}: {why}" for s, why in skipped)
@@ -237,7 +242,7 @@ class Checkpointer:
         process 0 sees it (it writes the manifests), on every process."""
         step = None
         if jax.process_index() == 0:
-            step, _ = integrity.newest_whole_step(self.directory, integrity.ITEMS["training"])
+            step, _ = integrity.newest_whole_step(self.directory, self.items)
             if step is not None and integrity.kind_of(os.path.join(self.directory, str(step))) != "training":
                 step = None
         step = distributed.broadcast_int(-1 if step is None else step)
@@ -255,7 +260,8 @@ class Checkpointer:
             model=ocp.args.StandardSave({"params": state.params, "biases": state.biases}),
             train=ocp.args.StandardSave({f: getattr(state, f) for f in TRAIN_FIELDS}),
             data=grain.checkpoint.CheckpointSave(data_iterator),
-            config=ocp.args.JsonSave(config))
+            config=ocp.args.JsonSave(config),
+            **({} if state.reference is None else {"reference": ocp.args.StandardSave(state.reference)}))
         try:
             self._manager.save(step, args=args, force=True)
         except Exception as e:  # pylint: disable=broad-except
@@ -265,12 +271,21 @@ class Checkpointer:
         return step
 
     def restore(self, step: int, target: TrainState, data_iterator: grain.DatasetIterator) -> TrainState:
-        """`target`: a TrainState of ShapeDtypeStructs with the shardings to restore onto."""
+        """`target`: a TrainState of ShapeDtypeStructs with the shardings to restore onto (with a
+        reference model when the run has one: UserError when the step holds none)."""
+        reference = {}
+        if target.reference is not None:
+            if "reference" not in integrity.items_of(os.path.join(self.directory, str(step))):
+                raise UserError(f"checkpoint {step} in {self.directory} has no reference model: it was not saved "
+                                "by a train.objective=dpo run. Start DPO in a new workdir with "
+                                f"--config.train.init_from_checkpoint={self.directory}")
+            reference = {"reference": ocp.args.StandardRestore(target.reference)}
         restored = self._manager.restore(step, args=ocp.args.Composite(
             model=ocp.args.StandardRestore({"params": target.params, "biases": target.biases}),
             train=ocp.args.StandardRestore({f: getattr(target, f) for f in TRAIN_FIELDS}),
-            data=grain.checkpoint.CheckpointRestore(data_iterator)))
-        return TrainState(params=restored.model["params"], biases=restored.model["biases"], **restored.train)
+            data=grain.checkpoint.CheckpointRestore(data_iterator), **reference))
+        return TrainState(params=restored.model["params"], biases=restored.model["biases"], **restored.train,
+                          reference=restored.reference if reference else None)
 
     def poll(self) -> CheckpointWriteError | None:
         """At a step boundary: once the last save has finished, start writing its manifest (in a
@@ -378,20 +393,24 @@ def whole_step(directory: str, items: tuple[str, ...], step: int | None = None) 
     return found
 
 
-def restore_model(directory: str, target: dict, step: int | None = None) -> tuple[dict, int]:
-    """The `model` item ({params, biases}) of `step` (default: the newest whole one) onto `target`'s shardings.
+def restore_model(directory: str, target: dict, step: int | None = None, item: str = "model") -> tuple[dict, int]:
+    """The `model` item ({params, biases}) of `step` (default: the newest whole one) onto `target`'s shardings;
+    item='reference': a DPO run's frozen reference model instead (UserError when the step has none).
 
     A target leaf without a sharding goes onto this process's first device (Orbax would otherwise
     use the sharding saved in the checkpoint, which fails whenever the saving process had other devices).
     """
-    step = whole_step(directory, ("model",), step)
+    step = whole_step(directory, (item,), step)
+    if item not in integrity.items_of(os.path.join(directory, str(step))):
+        raise UserError(f"checkpoint {step} in {directory} has no {item} item (only a train.objective=dpo run "
+                        "saves its reference model)")
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda a: a if getattr(a, "sharding", None) is not None
                           else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target)
     manager = _reader(directory)
-    restored = manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(target)))
+    restored = manager.restore(step, args=ocp.args.Composite(**{item: ocp.args.StandardRestore(target)}))
     manager.close()
-    return restored.model, step
+    return restored[item], step
 
 
 def read_config(directory: str, step: int | None = None) -> ml_collections.ConfigDict:

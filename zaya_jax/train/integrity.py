@@ -20,7 +20,9 @@
 
 kind: "training" (items model, train, data, config: the trainer's checkpoints) or "model"
 (model, config: `convert to_orbax` and `save_model`). A training checkpoint missing its `train`
-item is damaged, never mistaken for a model-only one.
+item is damaged, never mistaken for a model-only one. A DPO run's checkpoints also hold the
+optional item `reference` (the frozen reference model); the manifest's `items` lists what the
+step holds.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import zlib
 
 MANIFEST = "zaya_manifest.json"
 ITEMS = {"training": ("model", "train", "data", "config"), "model": ("model", "config")}
+OPTIONAL_ITEMS = ("reference",)
 _CHUNK = 1 << 22
 
 
@@ -77,9 +80,10 @@ def write_manifest(step_dir: str, kind: str, parts: list[dict[str, list[int]]] |
     if list(files) != _files(step_dir) or sum(map(len, parts)) != len(files):
         raise RuntimeError(f"{step_dir}: the processes' checksums do not cover its files exactly once "
                            f"({len(files)} checksummed of {len(_files(step_dir))})")
+    items = list(ITEMS[kind]) + [item for item in OPTIONAL_ITEMS if os.path.isdir(os.path.join(step_dir, item))]
     tmp = os.path.join(step_dir, MANIFEST + ".tmp")
     with open(tmp, "w") as f:
-        json.dump({"kind": kind, "items": list(ITEMS[kind]), "files": files, "shares": [len(p) for p in parts]}, f)
+        json.dump({"kind": kind, "items": items, "files": files, "shares": [len(p) for p in parts]}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(step_dir, MANIFEST))
@@ -104,18 +108,23 @@ def kind_of(step_dir: str) -> str:
     return read_manifest(step_dir)["kind"]
 
 
+def items_of(step_dir: str) -> list[str]:
+    """The items the step holds (its kind's, plus any of OPTIONAL_ITEMS)."""
+    return list(read_manifest(step_dir)["items"])
+
+
 def problem(step_dir: str, items: tuple[str, ...]) -> str | None:
     """Why `items` of `step_dir` cannot be restored, or None when every file of them is intact.
 
     Checks the files of the requested items and the step's own top-level files; `items` that the
-    checkpoint's kind lacks (e.g. `train` of a model-only export) are left out, since the caller
-    asks `kind_of` what it holds.
+    checkpoint lacks (e.g. `train` of a model-only export, `reference` of a non-DPO run) are left
+    out, since the caller asks `kind_of` / `items_of` what it holds.
     """
     try:
         manifest = read_manifest(step_dir)
     except ValueError as e:
         return str(e)
-    wanted = [item for item in items if item in ITEMS[manifest["kind"]]]
+    wanted = [item for item in items if item in manifest.get("items", ITEMS[manifest["kind"]])]
     for item in wanted:
         if not os.path.isdir(os.path.join(step_dir, item)):
             return f"item {item!r} is missing"
