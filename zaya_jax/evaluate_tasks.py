@@ -27,16 +27,18 @@ from zaya_jax.data import chat_template, instruction_tasks
 
 EXAMPLES_PER_KIND = 2
 
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training run WORKDIR or its checkpoints/ directory.",
-                                  required=True)
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest whole one).")
-_TOKENIZER = flags.DEFINE_string("tokenizer", None, "tokenizer.json (default: the one the run was trained with).")
-_CHAT_TEMPLATE = flags.DEFINE_string("chat_template", chat_template.PLAIN,
-                                     "Chat template: a .jinja file or a tokenizer_config.json with chat_template.")
-_PER_KIND = flags.DEFINE_integer("per_kind", 100, "Held-out questions of each kind.", lower_bound=1)
-_SEED = flags.DEFINE_integer("seed", 0, "Task generation seed (the demo data's is 0).")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 8, "Token cap of a completion.", lower_bound=1)
-_BATCH = flags.DEFINE_integer("batch_size", 100, "Questions generated together.", lower_bound=1)
+
+def define_flags() -> None:
+    """The CLI's flags, defined only when this module runs as the CLI (its functions are a library)."""
+    flags.DEFINE_string("checkpoint", None, "Training run WORKDIR or its checkpoints/ directory.", required=True)
+    flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest whole one).")
+    flags.DEFINE_string("tokenizer", None, "tokenizer.json (default: the one the run was trained with).")
+    flags.DEFINE_string("chat_template", chat_template.PLAIN,
+                        "Chat template: a .jinja file or a tokenizer_config.json with chat_template.")
+    flags.DEFINE_integer("per_kind", 100, "Held-out questions of each kind.", lower_bound=1)
+    flags.DEFINE_integer("seed", 0, "Task generation seed (the demo data's is 0).")
+    flags.DEFINE_integer("max_new_tokens", 8, "Token cap of a completion.", lower_bound=1)
+    flags.DEFINE_integer("batch_size", 100, "Questions generated together.", lower_bound=1)
 
 
 def generate_completions(model, tokenizer, prompts: list[np.ndarray], max_new_tokens: int,
@@ -80,21 +82,23 @@ def main(argv: list[str]) -> None:
     from zaya_jax.infer.loading import checkpoint_tokenizer_path
     from zaya_jax.train.checkpoint import load_checkpoint_model
 
+    f = flags.FLAGS
     start = time.perf_counter()
-    model, step = load_checkpoint_model(_CHECKPOINT.value, _STEP.value)
+    model, step = load_checkpoint_model(f.checkpoint, f.step)
     cfg = model.config
-    tokenizer = Tokenizer(_TOKENIZER.value or checkpoint_tokenizer_path(_CHECKPOINT.value)[0],
+    tokenizer = Tokenizer(f.tokenizer or checkpoint_tokenizer_path(f.checkpoint)[0],
                           bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
-    template = chat_template.ChatTemplate.load(_CHAT_TEMPLATE.value)
-    tasks = instruction_tasks.tasks("heldout", _PER_KIND.value, _SEED.value)
+    template = chat_template.ChatTemplate.load(f.chat_template)
+    tasks = instruction_tasks.tasks("heldout", f.per_kind, f.seed)
     prompts = [chat_template.encode_prompt(template, tokenizer, task.prompt_messages()) for task in tasks]
-    completions = generate_completions(model, tokenizer, prompts, _MAX_NEW.value, _BATCH.value)
+    completions = generate_completions(model, tokenizer, prompts, f.max_new_tokens, f.batch_size)
     result = score(tasks, completions)
     print(f"[{len(tasks)} questions in {time.perf_counter() - start:.1f}s including loading and compilation]",
           file=sys.stderr)
-    print(json.dumps({"checkpoint": _CHECKPOINT.value, "step": step, "chat_template": _CHAT_TEMPLATE.value,
-                      "max_new_tokens": _MAX_NEW.value, **result}, indent=2))
+    print(json.dumps({"checkpoint": f.checkpoint, "step": step, "chat_template": f.chat_template,
+                      "max_new_tokens": f.max_new_tokens, **result}, indent=2))
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.run(main)
