@@ -96,6 +96,35 @@ def test_demo_run_figures_are_the_results_file():
     assert f"from about {first['loss']:.1f} to {last['loss']:.1f}" in readme
 
 
+def test_posttrain_demo_figures_are_the_results_file():
+    run = _load("posttrain_demo_cpu")
+    rows = []
+    for label, stage, steps in (("pretrained (`runs/demo`)", "before_sft", "pretrain"),
+                                ("after SFT (`runs/demo_sft`)", "after_sft", "sft"),
+                                ("after DPO (`runs/demo_dpo`)", "after_dpo", "dpo")):
+        by_kind = run["accuracy_by_kind"][stage]
+        rows.append(f"| {label} | {run['steps'][steps]} | {run['wall_s_including_compile'][steps]:.0f} s | "
+                    f"{100 * run['accuracy'][stage]:.1f}% | " + " | ".join(f"{100 * v:.0f}%" for v in by_kind.values())
+                    + " |")
+    header = "| model | steps | wall time | exact match | " + " | ".join(run["accuracy_by_kind"]["before_sft"]) + " |"
+    dpo = run["dpo_final"]["eval"]
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    doc = _doc("posttraining.md")
+    for text in (readme, doc):
+        assert header in text and all(row in text for row in rows), rows
+        assert f"{run['heldout_questions']} held-out" in text
+    flat = " ".join(doc.split())
+    assert f"preference accuracy {100 * dpo['eval/preference/reward_accuracy']:.1f}%, reward margin " \
+           f"{dpo['eval/preference/reward_margin']:.3f} (chosen reward {dpo['eval/preference/chosen_reward']:.3f}, " \
+           f"rejected reward {dpo['eval/preference/rejected_reward']:.3f})" in flat
+    assert f"held-out loss on the answers: {run['sft_final']['eval']['eval/chat/loss']:.3f}" in flat
+    drop = 100 * (run["accuracy"]["after_sft"] - run["accuracy"]["after_dpo"])
+    assert f"lowered exact match by {drop:.1f} points" in flat
+    assert f"preference accuracy of {100 * dpo['eval/preference/reward_accuracy']:.1f}% (reward margin " \
+           f"{dpo['eval/preference/reward_margin']:.3f})" in " ".join(readme.split())
+
+
 def test_chaos_stop_figures_are_the_results_file():
     stops = _load("chaos_cpu")["multihost_stops"]
     cost = stops.pop("agreement_cost")

@@ -1,7 +1,8 @@
 """Prepared datasets (the output of zaya_jax.data.prepare) as random-access document sources.
 
 A data config names its sources by path: a prepared directory, or `demo:<name>` for a source
-of the bundled demo corpus (built on first use, see demo_corpus.py). Each source is split into
+of the bundled demo corpus (built on first use, see demo_corpus.py) or one of the demo's
+post-training sources `demo:chat` and `demo:preference` (demo_posttrain.py). Each source is split into
 a training part and a held-out part: the last `heldout_fraction` of its documents (at least
 one document when the fraction is positive, and never all of them).
 
@@ -149,14 +150,15 @@ def open_sources(data_config, names: list[str] | None = None) -> dict[str, Prepa
     opened = {n: open_source(n, os.path.expanduser(str(paths[n])), float(data_config.heldout_fraction),
                              f"data.sources.{n}") for n in names if n not in demo_names}
     if demo_names:
-        from zaya_jax.data import demo_corpus  # pylint: disable=g-import-not-at-top
+        from zaya_jax.data import demo_posttrain  # pylint: disable=g-import-not-at-top
         for n in demo_names:
-            if paths[n][len(DEMO_PREFIX):] not in demo_corpus.SOURCES:
+            if paths[n][len(DEMO_PREFIX):] not in demo_posttrain.ALL_SOURCES:
                 raise ConfigError(f"data.sources.{n}: unknown demo source {paths[n]!r} "
-                                 f"(known: {[DEMO_PREFIX + k for k in demo_corpus.SOURCES]})")
-        corpus = demo_corpus.build_demo_corpus(**data_config.demo.to_dict())
+                                 f"(known: {[DEMO_PREFIX + k for k in demo_posttrain.ALL_SOURCES]})")
+        built = demo_posttrain.source_paths({paths[n][len(DEMO_PREFIX):] for n in demo_names},
+                                            data_config.demo.to_dict())
         for n in demo_names:
-            opened[n] = open_source(n, str(corpus.sources[paths[n][len(DEMO_PREFIX):]]),
+            opened[n] = open_source(n, str(built[paths[n][len(DEMO_PREFIX):]]),
                                     float(data_config.heldout_fraction), f"data.sources.{n}")
     first = next(iter(opened.values()))
     for source in opened.values():

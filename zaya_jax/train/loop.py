@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from zaya_jax.config import RUNTIME_MODEL_FIELDS, ConfigError
+from zaya_jax.errors import UserError
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.model.kernels import resolve_attention_kernel
 from zaya_jax.parallel import distributed
@@ -64,14 +65,20 @@ def check_same_architecture(model: ZayaLM, cfg, field: str, ignore: tuple[str, .
                               f"but the config says {getattr(cfg, name)!r}")
 
 
-def checkpoint_to_start_from(path: str, cfg, rope_theta: float) -> tuple[str, int]:
+def checkpoint_to_start_from(path: str, cfg, rope_theta: float, made_by: str = "") -> tuple[str, int]:
     """train.init_from_checkpoint -> (checkpoint directory, newest whole step), checked before any
     compilation: its architecture must equal `cfg`'s, and the RoPE base it was trained at (its
-    saved model.rope_theta) the one this run starts with (errors name the field and the fix)."""
+    saved model.rope_theta) the one this run starts with (errors name the field and the fix;
+    a missing checkpoint also the command `made_by` that trains it, '{}' standing for `path`)."""
     from zaya_jax.config_files import model_config
     field = "train.init_from_checkpoint"
     directory = checkpoint_dir(path)
-    step = whole_step(directory, ("model", "config"))
+    try:
+        step = whole_step(directory, ("model", "config"))
+    except UserError as err:
+        if not made_by or os.path.isdir(directory):
+            raise
+        raise UserError(f"{field}: no checkpoint at {path}; train it first: {made_by.format(path)}") from err
     saved = model_config(read_config(directory, step))
     check_same_architecture(saved, cfg, f"{field}: {directory} step {step}", ignore=("rope_theta",))
     if saved.rope_theta != rope_theta:
@@ -107,7 +114,8 @@ class Trainer:
                               "directory: config.json + safetensors)")
         resuming = bool(integrity.steps_in(os.path.join(self.workdir, "checkpoints")))  # the source is not read
         self._init_checkpoint = (checkpoint_to_start_from(s.train.init_from_checkpoint, s.model,
-                                                          self.phases[0].rope_theta)
+                                                          self.phases[0].rope_theta,
+                                                          s.train.init_from_checkpoint_made_by)
                                  if s.train.init_from_checkpoint and not resuming else None)
         os.makedirs(self.workdir, exist_ok=True)
         self.is_main = jax.process_index() == 0

@@ -9,6 +9,8 @@ below, and every error names the offending `section.field`):
               peak_flops_per_device (0: from the device-kind table), init_from_hf (an HF
               checkpoint dir to start from), init_from_checkpoint (a run's workdir or checkpoint
               dir: its newest whole step's model starts the run; not with init_from_hf),
+              init_from_checkpoint_made_by (the command that trains that checkpoint, '{}' standing
+              for its path: a missing one is reported with it),
               max_nonfinite_streak (roll back after that many non-finite steps in a row; 0:
               never), max_rollbacks (a run needing one rollback more than this stops with an
               error, exit 1), objective ('lm' | 'sft' | 'dpo': zaya_jax.train.objectives)
@@ -55,6 +57,7 @@ class TrainSettings:
     peak_flops_per_device: float = 0.0
     init_from_hf: str = ""
     init_from_checkpoint: str = ""
+    init_from_checkpoint_made_by: str = ""
     max_nonfinite_streak: int = 3
     max_rollbacks: int = 3
     objective: str = "lm"
