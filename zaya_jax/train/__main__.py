@@ -11,8 +11,10 @@ from the first line of main on) save a checkpoint and stop. Exit codes (zaya_jax
 
 from __future__ import annotations
 
+from zaya_jax import launch_defaults
 from zaya_jax.train import faults
 
+launch_defaults.apply()  # the heap settings, before jax allocates anything
 faults.install()  # before anything slow: a signal during start-up (imports, distributed init, compilation) is kept
 
 import os  # noqa: E402
