@@ -36,6 +36,10 @@ import time
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true").strip()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+if __name__ == "__main__":  # as the train CLI starts
+    from zaya_jax import launch_defaults
+    launch_defaults.apply()
+
 import jax  # noqa: E402
 
 from zaya_jax.config_files import load_config_file  # noqa: E402
