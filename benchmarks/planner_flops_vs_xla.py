@@ -2,7 +2,7 @@
 train step on CPU, one device. Prints one JSON row per case; writes
 benchmarks/results/planner_flops_vs_xla_cpu.json when it runs them all.
 
-  python benchmarks/planner_flops_vs_xla.py [--case configs/tiny.py capacity dots_no_batch]
+  python benchmarks/planner_flops_vs_xla.py [--case configs/tiny.py capacity dots_no_batch] [--objective dpo]
 
 XLA's cost analysis on CPU counts a while loop's body once, not once per trip, so every case runs
 its layers unrolled (model.scan_layers=False) with one loss chunk (train.loss_chunk_size = seq_len)
@@ -61,7 +61,8 @@ def planner_flops(config) -> dict[str, float]:
     cfg = model_config(config)
     mesh = resolve_mesh_shape({a: config.mesh[a] for a in MESH_AXES}, jax.device_count())
     shape = StepShape(config.train.global_batch_size, config.train.seq_len, optimizer=config.optimizer.name,
-                      platform="cpu", ns_steps=config.optimizer.muon_ns_steps, loss_chunk=config.train.loss_chunk_size)
+                      platform="cpu", ns_steps=config.optimizer.muon_ns_steps, loss_chunk=config.train.loss_chunk_size,
+                      objective=config.train.objective)
     return matmul_flops(cfg, mesh, shape, _parameters(cfg, mesh))
 
 
@@ -69,13 +70,17 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", nargs=3, action="append", metavar=("CONFIG", "MOE_BACKEND", "REMAT"),
                         help="only these cases, printed and not saved (default: all, saved)")
+    parser.add_argument("--objective", default="lm", choices=("lm", "sft", "dpo"),
+                        help="train.objective of the cases given with --case (dpo adds the reference model's forward)")
     args = parser.parse_args()
     rows = []
     for path, backend, remat in args.case or CASES:
         config = countable_config(path, backend, remat)
+        config.train.objective = args.objective if args.case else "lm"
         ours = planner_flops(config)
         xla = xla_flops(config)
-        rows.append({"config": path, "moe_backend": backend, "remat": remat, "optimizer": config.optimizer.name,
+        rows.append({"config": path, "objective": config.train.objective, "moe_backend": backend, "remat": remat,
+                     "optimizer": config.optimizer.name,
                      "xla_flops": xla, "planner_flops": sum(ours.values()),
                      "ratio_planner_vs_xla": round(sum(ours.values()) / xla, 4), "planner_by_op": ours})
         print(json.dumps(rows[-1]), flush=True)

@@ -43,6 +43,7 @@ def get_config():
     config.train = ml_collections.ConfigDict(dict(
         steps=sum(STEPS), seed=0, data="pipeline", microbatches=1, loss_chunk_size=128, log_every_steps=10,
         peak_flops_per_device=0.0, init_from_hf="", max_nonfinite_streak=3, max_rollbacks=3,
+        init_from_checkpoint="", objective="lm",
     ))
     config.optimizer = ml_collections.ConfigDict(dict(
         name="muon", learning_rate=1e-2, adam_learning_rate=0.0, schedule="wsd", warmup_steps=20,
@@ -51,6 +52,7 @@ def get_config():
     ))
     config.balancing = ml_collections.ConfigDict(dict(enabled=True, rate=1e-2, b1=0.9, b2=0.999, include_skip=False))
     config.checkpoint = ml_collections.ConfigDict(dict(every_steps=100, max_to_keep=2, async_save=True))
+    config.dpo = ml_collections.ConfigDict(dict(beta=0.1, label_smoothing=0.0))
     config.eval = ml_collections.ConfigDict(dict(every_steps=100, max_batches=2))
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=1,
                                                  shard_optimizer_over_data=False))

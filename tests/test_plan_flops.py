@@ -15,11 +15,13 @@ import sys
 import pytest
 
 
-def test_step_flops_within_ten_percent_of_xla():
+@pytest.mark.parametrize("objective", ["lm", "dpo"])  # dpo: the reference model's forward too
+def test_step_flops_within_ten_percent_of_xla(objective):
     out = subprocess.run([sys.executable, "benchmarks/planner_flops_vs_xla.py", "--case", "configs/tiny.py",
-                          "capacity", "dots_no_batch"], capture_output=True, text=True, check=True,
-                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "PYTHONPATH": os.getcwd()})
+                          "capacity", "dots_no_batch", "--objective", objective], capture_output=True, text=True,
+                         check=True, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "PYTHONPATH": os.getcwd()})
     row, = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"config"')]
     ours = row["planner_by_op"]
     assert ours["loss_head"] > 0 and ours["experts"] > 0 and ours["optimizer/newton_schulz"] > 0
+    assert ("reference_model" in ours) == (objective == "dpo")
     assert row["planner_flops"] == pytest.approx(row["xla_flops"], rel=0.10)

@@ -1,4 +1,6 @@
-"""Held-out loss and perplexity per data source, for a checkpoint or HF weights.
+"""Held-out loss and perplexity per data source, for a checkpoint or HF weights (for a
+train.objective=dpo config: the held-out DPO loss, reward accuracy and margin, against the
+reference model saved in the DPO run's checkpoint).
 
   python -m zaya_jax.evaluate --checkpoint runs/demo [--step N] [--config configs/demo.py]
   python -m zaya_jax.evaluate --hf HF_DIR --config configs/demo.py [--config.mesh.data=...]
@@ -59,6 +61,7 @@ def main(argv):
     from zaya_jax.train.checkpoint import checkpoint_dir, model_target, read_config, restore_model
     from zaya_jax.train.data import eval_batches, phase_at_step, phases_of
     from zaya_jax.train.loop import evaluate_params, load_hf_matching
+    from zaya_jax.train.objectives import make_objective
     from zaya_jax.train.settings import settings_from_config
     from zaya_jax.train.state import ModelParts, to_shardings
     from zaya_jax.train.step import jit_eval_step
@@ -70,6 +73,10 @@ def main(argv):
         raise UserError(f"--checkpoint {_CHECKPOINT.value}: a model-only checkpoint (convert to_orbax) names no "
                         "evaluation data; pass --config FILE, e.g. --config configs/demo.py")
     settings = settings_from_config(config)
+    objective = make_objective(settings.train.objective, settings.dpo.beta, settings.dpo.label_smoothing)
+    if objective.needs_reference and _HF.value:
+        raise UserError("--hf with train.objective=dpo: HF weights hold no reference model; evaluate the DPO "
+                        "run's --checkpoint, or pass --config.train.objective=lm for the held-out nll")
     mesh = make_mesh(evaluation_mesh_sizes(settings.mesh.sizes, from_checkpoint=_CONFIG.value is None))
     abstract = abstract_model(settings.model)
     parts = ModelParts(abstract)
@@ -84,10 +91,14 @@ def main(argv):
         model, step = restore_model(checkpoint_dir(_CHECKPOINT.value), target, _STEP.value)
         rope_theta = phase_at_step(phases_of(config, settings), step).rope_theta
     rope_theta = _ROPE_THETA.value or rope_theta
-    eval_step = jit_eval_step(shardings["params"], shardings["biases"], mesh, parts=parts,
-                              loss_chunk=settings.train.loss_chunk_size)
+    reference = None
+    if objective.needs_reference:
+        reference, _ = restore_model(checkpoint_dir(_CHECKPOINT.value), target, step, item="reference")
+    eval_step = jit_eval_step(shardings["params"], shardings["biases"], mesh,
+                              None if reference is None else shardings, parts=parts,
+                              loss_chunk=settings.train.loss_chunk_size, objective=objective)
     results = evaluate_params(eval_step, model["params"], model["biases"], eval_batches(config, settings), mesh,
-                              rope_theta)
+                              rope_theta, reference=reference, objective=objective)
     print(json.dumps({"checkpoint": _CHECKPOINT.value, "hf": _HF.value, "step": step, "rope_theta": rope_theta,
                       "results": results}, indent=2))
 

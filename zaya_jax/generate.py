@@ -30,7 +30,7 @@ from absl import app, flags
 from zaya_jax import cli
 from zaya_jax.errors import UserError
 from zaya_jax.infer.generate import generate
-from zaya_jax.infer.loading import load_checkpoint, load_hf
+from zaya_jax.infer.loading import checkpoint_tokenizer_path, load_checkpoint, load_hf
 from zaya_jax.infer.quantize import MODES
 
 _HF = flags.DEFINE_string("hf", None, "HF ZAYA checkpoint directory (config.json + safetensors).")
@@ -80,17 +80,8 @@ def tokenizer_file() -> str:
         return _TOKENIZER.value
     if _CHECKPOINT.value is None:
         raise UserError("--prompt needs --tokenizer with --hf (or pass --prompt_ids)")
-    from zaya_jax.data.sources import tokenizer_path
-    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
-    config = read_config(checkpoint_dir(_CHECKPOINT.value))
-    if "data" not in config or not config.data.get("tokenizer"):
-        raise UserError(f"--checkpoint {_CHECKPOINT.value}: its config names no tokenizer (synthetic data); "
-                        "pass --tokenizer FILE or --prompt_ids")
-    try:
-        path = tokenizer_path(config.data)
-    except FileNotFoundError as err:
-        raise UserError(f"--checkpoint {_CHECKPOINT.value}: {err}; pass --tokenizer FILE") from err
-    print(f"[tokenizer: {path}, the run's data.tokenizer {config.data.tokenizer!r}]", file=sys.stderr)
+    path, saved = checkpoint_tokenizer_path(_CHECKPOINT.value)
+    print(f"[tokenizer: {path}, the run's data.tokenizer {saved!r}]", file=sys.stderr)
     return path
 
 

@@ -79,6 +79,9 @@ def render(summary: dict) -> str:
         lines.append(f"per device on {mesh} ({p['devices']} devices), {p['remat']} remat, {p['dtype']}:")
         for key, value in p["bytes_per_device"].items():
             lines.append(f"  {key:<28}{value / GIB:>10.2f} GiB")
+        if "reference_model" in p["bytes_per_device"]:
+            lines.append("  (train.objective=dpo: reference_model is the frozen reference, an fp32 copy of the "
+                         "parameters sharded like them)")
         lines.append(f"  fits in {p['device_memory_bytes'] / 1e9:.0f} GB: {'yes' if p['fits'] else 'NO'}")
         lines.append("collective bytes per step per device:")
         for key, value in p["collective_bytes_per_step_per_device"].items():
@@ -157,7 +160,7 @@ def step_shape(config) -> StepShape:
     return StepShape(global_batch=train["global_batch_size"], seq_len=train["seq_len"],
                      grad_accum=_ACCUM.value or train.get("microbatches", 1),
                      ns_steps=config.get("optimizer", {}).get("muon_ns_steps", 5),
-                     loss_chunk=train.get("loss_chunk_size", 512),
+                     loss_chunk=train.get("loss_chunk_size", 512), objective=train.get("objective", "lm"),
                      optimizer="muon" if "muon" in optimizer else "adamw", platform=_PLATFORM.value,
                      shard_optimizer_over_data=bool(_ZERO1.value if _ZERO1.value is not None
                                                     else mesh.get("shard_optimizer_over_data", False)))

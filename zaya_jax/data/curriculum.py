@@ -8,7 +8,8 @@ Schema (an ml_collections.ConfigDict, usually `config.data`):
   phases                tuple of       each: name, token_budget (tokens of global batches,
                                        B*L per batch), seq_len L, rope_theta, global_batch_size B,
                                        weights {source: weight} (fractions of target tokens,
-                                       any positive scale; sources left out get 0)
+                                       i.e. row positions, also for chat and preference
+                                       sources; any positive scale; sources left out get 0)
   pad_id                int            the model's pad id (padding positions of inputs/targets)
   heldout_fraction      float          trailing fraction of each source held out for evaluation
   packing_bins          int            rows packed together first-fit per lane (more: less padding)

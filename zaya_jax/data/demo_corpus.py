@@ -31,6 +31,7 @@ import re
 import shutil
 import sys
 import sysconfig
+from collections.abc import Callable
 
 import tqdm
 from absl import app, flags
@@ -150,17 +151,8 @@ def build_demo_corpus(cache_dir: str | os.PathLike | None = None, *, max_docs: i
     root = pathlib.Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     key = (f"v{BUILD_VERSION}-py{sys.version_info.major}.{sys.version_info.minor}-docs{max_docs or 'all'}"
            f"-vocab{vocab_size}-seed{seed}")
-    final = root / key
-    corpus = DemoCorpus(final, final / "tokenizer.json", {n: final / n for n in SOURCES})
-    if (final / "complete.json").exists():
-        return corpus
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / "complete.json").exists():  # another process built it meanwhile
-            return corpus
-        work = root / f".{key}.tmp"
-        shutil.rmtree(work, ignore_errors=True)
+
+    def build(work: pathlib.Path) -> dict:
         (work / "raw").mkdir(parents=True)
         with tqdm.tqdm(total=2 + len(SOURCES), desc="demo corpus", disable=not progress) as bar:
             bar.set_postfix_str("collecting documents")
@@ -179,13 +171,37 @@ def build_demo_corpus(cache_dir: str | os.PathLike | None = None, *, max_docs: i
                                                    str(work / "tokenizer.json"), str(work / name), progress=False)
                 stats[name] = {"documents": manifest["num_documents"], "tokens": manifest["num_tokens"]}
                 bar.update()
+        return stats
+
+    final = build_once(root, key, build)
+    return DemoCorpus(final, final / "tokenizer.json", {n: final / n for n in SOURCES})
+
+
+def build_once(root: pathlib.Path, key: str, build: Callable[[pathlib.Path], dict]) -> pathlib.Path:
+    """<root>/<key>, made by `build(work_dir)` (which returns its statistics) unless already complete.
+
+    The build runs in a temporary dir under a file lock and is renamed into place with its
+    complete.json ({key, sources: statistics}), so concurrent users never see half of it.
+    """
+    final = root / key
+    if (final / "complete.json").exists():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / "complete.json").exists():  # another process built it meanwhile
+            return final
+        work = root / f".{key}.tmp"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        stats = build(work)
         for path in work.rglob("*.json"):  # recorded paths must not point into the temporary dir
             if path.name != "tokenizer.json":
                 path.write_text(path.read_text().replace(str(work), str(final)))
         prepare.write_json_atomic(str(work / "complete.json"), {"key": key, "sources": stats})
         shutil.rmtree(final, ignore_errors=True)
         os.rename(work, final)
-    return corpus
+    return final
 
 
 def define_flags() -> None:

@@ -1,16 +1,19 @@
 """Held-out evaluation batches, per source.
 
 Each source's held-out split (the last `data.heldout_fraction` of its documents) is read once,
-in order, chunked and packed exactly like training rows (packing.py), and cut into global
-batches of `batch_size` rows; the last batch is filled up with empty rows (loss_mask 0), so
-summing loss * loss_mask over the list covers every held-out target exactly once.
+in order, cut and packed exactly like training rows of its kind (kinds.py: text and chat
+documents chunked, chat rows masked to assistant targets; preference documents as whole fitted
+pairs), and cut into global batches of `batch_size` rows; the last batch is filled up with empty
+rows (loss_mask 0), so summing loss * loss_mask over the list covers every held-out target
+exactly once (for preference: of every pair kept, truncated as in training).
 """
 
 from __future__ import annotations
 
+from absl import logging
 import numpy as np
 
-from zaya_jax.data import curriculum, lanes, packing, sources as sources_lib
+from zaya_jax.data import curriculum, kinds, lanes, packing, preference_rows, sources as sources_lib
 
 
 def build_eval_batches(data_config, *, seq_len: int | None = None, batch_size: int | None = None,
@@ -20,6 +23,8 @@ def build_eval_batches(data_config, *, seq_len: int | None = None, batch_size: i
 
     Defaults come from `data_config.eval` (seq_len, batch_size, max_batches; max_batches 0 or
     None: the whole held-out split). Process p gets rows [p*B/n, (p+1)*B/n) of every batch.
+    The sources must be of one kind (ConfigError naming two that differ); held-out preference
+    pairs that seq_len truncates or drops are counted in a logged warning.
     """
     curriculum.parse_phases(data_config, process_count=process_count)
     seq_len = seq_len or data_config.eval.seq_len
@@ -35,10 +40,16 @@ def build_eval_batches(data_config, *, seq_len: int | None = None, batch_size: i
     mine = slice(process_index * rows_per_process, (process_index + 1) * rows_per_process)
     empty = packing.make_row([], seq_len, data_config.pad_id)
 
+    opened = sources_lib.open_sources(data_config)
+    row_format = kinds.ROW_FORMATS[kinds.sources_kind(opened)]
     result = {}
-    for name, source in sources_lib.open_sources(data_config).items():
-        packer = packing.RowPacker(lanes.SequentialStream(source.heldout, seq_len), seq_len,
-                                   data_config.packing_bins, data_config.pad_id)
+    for name, source in opened.items():
+        if row_format is preference_rows.PAIRS:
+            counts = preference_rows.fit_statistics(preference_rows.source_part_lengths(source.heldout), seq_len)
+            if counts["truncated"] or counts["dropped"]:
+                logging.warning("held-out pairs of data.sources.%s at seq_len=%d: %s", name, seq_len, counts)
+        packer = packing.RowPacker(lanes.SequentialStream(source.heldout, seq_len, row_format), seq_len,
+                                   data_config.packing_bins, data_config.pad_id, row_format)
         batches, rows, done = [], [], False
         while not done and not (max_batches and len(batches) == max_batches):
             row = packer.next_row()

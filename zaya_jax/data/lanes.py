@@ -11,7 +11,10 @@ Within a lane (`LaneStream`):
     split each epoch between them without overlap;
   * the next document comes from the source furthest behind its share of the lane's target
     tokens (mixture weights are fractions of training tokens, met to within one document);
-  * documents are cut into chunks of at most L+1 tokens (packing.chunk_bounds).
+  * documents are cut into pieces by the phase's packing.RowFormat: text and chat documents
+    into chunks of at most L+1 tokens (packing.chunk_bounds), preference documents into one
+    whole (fitted) pair each (preference_rows.PAIRS). "Tokens" are the row positions the
+    pieces take (for text and chat: the document's targets).
 The state is a few integers per source, so it is cheap to save and exact to restore.
 
 `SequentialStream` reads one source once, in order (the held-out evaluation stream).
@@ -24,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from zaya_jax.data import packing
 from zaya_jax.data.sources import DocumentSource
 
 _MASK64 = (1 << 64) - 1
@@ -66,12 +70,6 @@ def permute_index(index: int, size: int, seed: int, rounds: int = 4) -> int:
             return x
 
 
-def _next_piece(doc: np.ndarray, start: int, seq_len: int) -> tuple[np.ndarray, int | None]:
-    """The chunk of `doc` starting at `start` and where the next one starts (None: doc done)."""
-    end = min(start + seq_len + 1, len(doc))
-    return doc[start:end], (start + seq_len if end < len(doc) else None)
-
-
 class LaneStream:
     """The chunk stream of lane `lane` of `num_lanes` (see the module docstring).
 
@@ -81,21 +79,22 @@ class LaneStream:
       seeds: one shuffle seed per source.
       lane, num_lanes: this lane's row index r and the global batch size B.
       seq_len: L; chunks have at most L+1 tokens.
+      row_format: how documents are cut into pieces (packing.CHUNKS: text and chat documents).
     """
 
     def __init__(self, sources: Sequence[DocumentSource], weights: Sequence[float], seeds: Sequence[int],
-                 lane: int, num_lanes: int, seq_len: int):
+                 lane: int, num_lanes: int, seq_len: int, row_format: packing.RowFormat = packing.CHUNKS):
         total = float(sum(weights))
-        self._sources, self._seeds = list(sources), list(seeds)
+        self._sources, self._seeds, self._format = list(sources), list(seeds), row_format
         self._shares = [w / total for w in weights]
         self._lane, self._num_lanes, self._seq_len = lane, num_lanes, seq_len
         self._drawn = [0] * len(sources)   # documents drawn from each source by this lane
-        self._tokens = [0] * len(sources)  # their targets (tokens - 1 each)
+        self._tokens = [0] * len(sources)  # the row positions their pieces take
         self._pending: tuple[int, int, int] | None = None  # (source, draw, next chunk start)
         self._cached: tuple[tuple[int, int], np.ndarray] | None = None
 
     def _document(self, source: int, draw: int) -> np.ndarray:
-        """The document this lane gets on its `draw`-th draw from `source` (int32 [n])."""
+        """The document this lane gets on its `draw`-th draw from `source` (int32 [n] or [2, n])."""
         if self._cached is None or self._cached[0] != (source, draw):
             n = len(self._sources[source])
             epoch, i = divmod(self._lane + draw * self._num_lanes, n)
@@ -103,18 +102,18 @@ class LaneStream:
             self._cached = ((source, draw), self._sources[source][index])
         return self._cached[1]
 
-    def next_chunk(self) -> np.ndarray:
+    def next_chunk(self) -> Any:
         while self._pending is None:
             total = sum(self._tokens)
             s = max(range(len(self._shares)), key=lambda k: self._shares[k] * total - self._tokens[k])
             draw = self._drawn[s]
             self._drawn[s] += 1
-            doc = self._document(s, draw)
-            if len(doc) >= 2:  # a document needs two tokens to hold a target
-                self._tokens[s] += len(doc) - 1
+            positions = self._format.document_positions(self._document(s, draw), self._seq_len)
+            if positions:
+                self._tokens[s] += positions
                 self._pending = (s, draw, 0)
         s, draw, start = self._pending
-        chunk, next_start = _next_piece(self._document(s, draw), start, self._seq_len)
+        chunk, next_start = self._format.next_piece(self._document(s, draw), start, self._seq_len)
         self._pending = None if next_start is None else (s, draw, next_start)
         return chunk
 
@@ -130,17 +129,17 @@ class LaneStream:
 
 
 class SequentialStream:
-    """Every chunk of one source's documents, in order, once (the evaluation stream)."""
+    """Every piece of one source's documents, in order, once (the evaluation stream)."""
 
-    def __init__(self, source: DocumentSource, seq_len: int):
-        self._source, self._seq_len = source, seq_len
+    def __init__(self, source: DocumentSource, seq_len: int, row_format: packing.RowFormat = packing.CHUNKS):
+        self._source, self._seq_len, self._format = source, seq_len, row_format
         self._doc, self._start = 0, 0
 
-    def next_chunk(self) -> np.ndarray | None:
+    def next_chunk(self) -> Any:
         while self._doc < len(self._source):
             doc = self._source[self._doc]
-            if len(doc) >= 2:
-                chunk, next_start = _next_piece(doc, self._start, self._seq_len)
+            if self._format.document_positions(doc, self._seq_len):
+                chunk, next_start = self._format.next_piece(doc, self._start, self._seq_len)
                 if next_start is not None:
                     self._start = next_start
                     return chunk

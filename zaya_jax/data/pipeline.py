@@ -3,14 +3,17 @@
 Per phase (B = global batch, n = process_count, W = worker_count, L = seq_len):
 
   PackedRowsDataset   lanes [p*B/n, (p+1)*B/n): each a LaneStream (seeded shuffle per source,
-                      token-weighted mixture, chunking) feeding a RowPacker (first-fit packing)
+                      token-weighted mixture, chunking or whole pairs) feeding a RowPacker
+                      (first-fit packing)
   .mp_prefetch(W)     worker w computes lanes w, w+W, ... (set_slice), so workers split the
                       work without changing a single row
   _MergeWorkersDataset  puts the W workers' rows back in lane order
   ThreadPrefetch      a main-process prefetch thread
 
 Batch (numpy; each [B/n, L]): inputs, targets, segment_ids, positions int32; loss_mask
-float32 (packing.py has the row format). Because row r of every global batch comes from lane r,
+float32. The sources' kind (kinds.py) picks the rows: text -> pretraining rows and chat -> SFT
+rows (packing.py), preference -> DPO rows (preference_rows.py). Because row r of every global
+batch comes from lane r,
 the batches do not depend on n or W: process p's batch is rows [p*B/n, (p+1)*B/n) of the
 batch one process would build.
 
@@ -28,10 +31,12 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from absl import logging
 import grain
 import numpy as np
 
-from zaya_jax.data import curriculum, lanes, packing, sources as sources_lib
+from zaya_jax.config import ConfigError
+from zaya_jax.data import curriculum, kinds, lanes, packing, preference_rows, sources as sources_lib
 from zaya_jax.data.curriculum import PhaseInfo
 
 STATE_VERSION = 1
@@ -42,11 +47,11 @@ class PackedRowsDataset(grain.IterDataset):
 
     def __init__(self, sources: Sequence[sources_lib.DocumentSource], weights: Sequence[float],
                  seeds: Sequence[int], lane_ids: range, num_lanes: int, seq_len: int, packing_bins: int,
-                 pad_id: int):
+                 pad_id: int, row_format: packing.RowFormat = packing.CHUNKS):
         super().__init__()
         self.sources, self.weights, self.seeds = list(sources), list(weights), list(seeds)
         self.lane_ids, self.num_lanes, self.seq_len = lane_ids, num_lanes, seq_len
-        self.packing_bins, self.pad_id = packing_bins, pad_id
+        self.packing_bins, self.pad_id, self.row_format = packing_bins, pad_id, row_format
 
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         """Called by mp_prefetch in worker w with slice(w, None, W): keep lanes w, w+W, ..."""
@@ -65,8 +70,9 @@ class _PackedRowsIterator(grain.DatasetIterator):
     def __init__(self, ds: PackedRowsDataset):
         super().__init__()
         self._packers = [
-            packing.RowPacker(lanes.LaneStream(ds.sources, ds.weights, ds.seeds, lane, ds.num_lanes, ds.seq_len),
-                              ds.seq_len, ds.packing_bins, ds.pad_id) for lane in ds.lane_ids]
+            packing.RowPacker(lanes.LaneStream(ds.sources, ds.weights, ds.seeds, lane, ds.num_lanes, ds.seq_len,
+                                               ds.row_format),
+                              ds.seq_len, ds.packing_bins, ds.pad_id, ds.row_format) for lane in ds.lane_ids]
 
     def __next__(self) -> dict[str, np.ndarray]:
         return packing.stack_rows([p.next_row() for p in self._packers])
@@ -111,15 +117,16 @@ class _MergeWorkersIterator(grain.DatasetIterator):
 
 
 def phase_dataset(phase: PhaseInfo, sources: Mapping[str, sources_lib.PreparedSource], data_config, *,
-                  seed: int, process_index: int, process_count: int) -> grain.IterDataset:
-    """This process's batches of one phase (an endless Grain IterDataset)."""
+                  seed: int, process_index: int, process_count: int, kind: str = "text") -> grain.IterDataset:
+    """This process's batches of one phase (an endless Grain IterDataset) of `kind` rows."""
     names = [name for name, _ in phase.weights]
     rows = phase.global_batch_size // process_count
     ds = PackedRowsDataset(
         sources=[sources[n].train for n in names], weights=[w for _, w in phase.weights],
         seeds=[lanes.mix_seed(seed, phase.index, zlib.crc32(n.encode())) for n in names],
         lane_ids=range(process_index * rows, (process_index + 1) * rows), num_lanes=phase.global_batch_size,
-        seq_len=phase.seq_len, packing_bins=data_config.packing_bins, pad_id=data_config.pad_id)
+        seq_len=phase.seq_len, packing_bins=data_config.packing_bins, pad_id=data_config.pad_id,
+        row_format=kinds.ROW_FORMATS[kind])
     workers = data_config.worker_count
     if workers:
         buffer = max(1, data_config.worker_buffer_size)
@@ -142,14 +149,22 @@ class DataPipeline(grain.DatasetIterator):
       phases: every PhaseInfo, in order (e.g. to compile each phase's step ahead of time).
       phase: the PhaseInfo of the batch returned last (before the first: of the next batch).
       vocab_size: the vocabulary the sources were tokenized with.
+      kind: the sources' kind: 'text' (pretraining rows), 'chat' (SFT rows) or 'preference'
+        (DPO rows of whole pairs).
+      statistics: preference: {phase name: {source: {"pairs", "truncated", "dropped"}}}, how many
+        pairs of each source's training split the phase's seq_len truncates or drops (see
+        preference_rows.py; independent of processes, counted once per pair, not per epoch; also
+        logged as a warning when the pipeline is built); text and chat: {}.
     Raises StopIteration once the last phase's budget is spent. Call close() when done (it stops
     worker processes).
     """
 
     def __init__(self, phases: Sequence[PhaseInfo], make_phase: Callable[[PhaseInfo], grain.IterDataset],
-                 layout: dict[str, Any], vocab_size: int):
+                 layout: dict[str, Any], vocab_size: int, *, kind: str = "text",
+                 statistics: dict[str, Any] | None = None):
         super().__init__()
         self.phases, self.vocab_size = tuple(phases), vocab_size
+        self.kind, self.statistics = kind, statistics or {}
         self._make_phase, self._layout = make_phase, layout
         self._index, self._batches, self._returned = 0, 0, 0
         self._iter: list[grain.DatasetIterator] = []  # the current phase's iterator, once made
@@ -202,23 +217,49 @@ class DataPipeline(grain.DatasetIterator):
         self._close_phase()
 
 
+def pair_statistics(phases: Sequence[PhaseInfo],
+                    sources: Mapping[str, sources_lib.PreparedSource]) -> dict[str, dict[str, dict[str, int]]]:
+    """{phase name: {source: {"pairs", "truncated", "dropped"}}} of preference sources' training
+    splits (reads every pair once); logs a warning for each source a phase truncates or drops
+    pairs of. ConfigError if a phase's seq_len drops every pair of a source."""
+    lengths = {name: preference_rows.source_part_lengths(source.train) for name, source in sources.items()}
+    result = {}
+    for phase in phases:
+        result[phase.name] = {name: preference_rows.fit_statistics(lengths[name], phase.seq_len)
+                              for name, _ in phase.weights}
+        for name, counts in result[phase.name].items():
+            if counts["dropped"] == counts["pairs"]:
+                raise ConfigError(f"data.phases[{phase.index}].seq_len={phase.seq_len} fits no pair of "
+                                  f"data.sources.{name} (a pair needs twice its prompt's tokens plus one token "
+                                  f"of each completion): raise seq_len or shorten the prompts")
+            if counts["truncated"] or counts["dropped"]:
+                logging.warning("phase %s (seq_len=%d), pairs of data.sources.%s: %s", phase.name, phase.seq_len,
+                                name, counts)
+    return result
+
+
 def build_pipeline(data_config, *, global_batch_size: int | None = None, process_index: int = 0,
                    process_count: int = 1, seed: int = 0) -> DataPipeline:
     """The curriculum pipeline of `data_config` (see curriculum.py) for one process.
 
     Validates the config first (ValueError naming the field), then opens the sources the phases
     use (FileNotFoundError / ValueError naming the source and path; builds the demo corpus on
-    first use). `global_batch_size` replaces every phase's B.
+    first use) and checks they are of one kind (ConfigError naming two that differ); preference
+    sources are read once for `DataPipeline.statistics`. `global_batch_size` replaces every
+    phase's B.
     """
     phases = curriculum.parse_phases(data_config, global_batch_size=global_batch_size, process_count=process_count)
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index must be in [0, {process_count}), got {process_index}")
     used = sorted({name for p in phases for name, _ in p.weights})
     opened = sources_lib.open_sources(data_config, used)
+    kind = kinds.sources_kind(opened)
+    statistics = pair_statistics(phases, opened) if kind == "preference" else {}
     make_phase = functools.partial(phase_dataset, sources=opened, data_config=data_config, seed=seed,
-                                   process_index=process_index, process_count=process_count)
+                                   process_index=process_index, process_count=process_count, kind=kind)
     # A state restores only into the same layout (grain's worker state has one entry per worker).
     layout = {"process_index": process_index, "process_count": process_count, "seed": seed,
               "worker_count": data_config.worker_count, "packing_bins": data_config.packing_bins,
               "phases": [[p.name, p.global_batch_size, p.seq_len] for p in phases]}
-    return DataPipeline(phases, make_phase, layout, sources_lib.vocab_size(opened))
+    return DataPipeline(phases, make_phase, layout, sources_lib.vocab_size(opened), kind=kind,
+                        statistics=statistics)

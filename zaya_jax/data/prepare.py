@@ -2,14 +2,23 @@
 
     python -m zaya_jax.data.prepare --input 'raw/**/*.jsonl' --format jsonl \
         --tokenizer /models/gemma3/tokenizer.json --output /data/zaya1/web --workers 8
+    python -m zaya_jax.data.prepare --kind chat --input 'sft/*.jsonl' --format jsonl \
+        --tokenizer tok.json --chat_template zaya_jax/data/chat_templates/plain.jinja --output /data/sft
 
-Flags: --input (repeatable), --format text|jsonl|parquet, --tokenizer, --output, --workers,
---num_shards, --text_field, --bos_id/--eos_id/--pad_id, --skip_bad, --quiet (dashes work too:
---num-shards). A bad input ends in one `error:` line naming the file and line, exit code 2.
+Flags: --input (repeatable), --format text|jsonl|parquet, --kind text|chat|preference,
+--tokenizer, --chat_template, --output, --workers, --num_shards, --text_field, --messages_field,
+--bos_id/--eos_id/--pad_id, --skip_bad, --quiet (dashes work too: --num-shards). A bad input
+ends in one `error:` line naming the file and line, exit code 2.
+
+Kinds (records: zaya_jax/data/records.py): text documents [bos, ids..., eos]; chat conversations
+(a `messages` list of {role, content}) as ids and a mask of the assistant tokens; preference
+pairs (`prompt`, `chosen`, `rejected`: strings, or lists of messages rendered with the chat
+template) as prompt, chosen and rejected ids. The chat template (zaya_jax/data/chat_template.py)
+is --chat_template, else the `chat_template` of the tokenizer_config.json beside --tokenizer.
 
 Output directory:
-  shard-00000-of-00016.array_record   one record per document: [bos, ids..., eos] as uint16
-                                      (vocab <= 65536) or uint32, little-endian bytes
+  shard-00000-of-00016.array_record   one record per document, ids as uint16 (vocab <= 65536)
+                                      or uint32, little-endian bytes
   shard-00000-of-00016.json           that shard's statistics; its presence marks the shard done
   plan.json                           the settings; a re-run with other settings is refused
   manifest.json                       inputs, tokenizer (path, sha256, vocab, special ids),
@@ -30,12 +39,12 @@ import os
 import queue
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import tqdm
 from absl import app, flags
 
 from zaya_jax import cli
-from zaya_jax.data import readers
+from zaya_jax.data import chat_template as templates
+from zaya_jax.data import readers, records
 from zaya_jax.errors import UserError
 from zaya_jax.data.tokenizer import Tokenizer, token_dtype
 
@@ -53,11 +62,13 @@ class ShardTask:
     num_shards: int
     files: tuple[str, ...]
     fmt: str
-    text_field: str
+    text_field: str  # the text field (text) or the messages field (chat)
     tokenizer_path: str
     special_ids: tuple[int, int, int]  # bos, eos, pad
     skip_bad: bool
     output_dir: str
+    kind: str = "text"
+    template_path: str | None = None
 
     @property
     def name(self) -> str:
@@ -87,13 +98,39 @@ def _load_tokenizer_version(path: str, special_ids: tuple[int, int, int], versio
     return Tokenizer(path, bos_id=bos, eos_id=eos, pad_id=pad)
 
 
+@functools.lru_cache(maxsize=2)
+def _load_template(path: str | None) -> templates.ChatTemplate | None:
+    return None if path is None else templates.ChatTemplate.load(path)
+
+
+def _shard_stats(task_name: str, inputs: Sequence[str], kind: str) -> dict:
+    extra = {"chat": {"supervised_tokens": 0}, "preference": {"pairs": 0}}.get(kind, {})
+    return {"file": task_name + ".array_record", "inputs": list(inputs), "documents": 0, "tokens": 0, **extra,
+            "empty_documents": 0, "skipped_files": [], "skipped_lines": 0, "errors": []}
+
+
+def _add_document(stats: dict, kind: str, document) -> None:
+    stats["documents"] += 1
+    for key, value in records.statistics(kind, document).items():
+        stats[key] += value
+
+
+def _record_encoder(task: ShardTask, tok: Tokenizer) -> tuple[readers.Fields, Callable[[dict], object]]:
+    """The fields a chat / preference record needs and how its values become a document."""
+    template = _load_template(task.template_path)
+    if task.kind == "chat":
+        return ({task.text_field: (list,)},
+                lambda values: templates.encode_conversation(template, tok, values[task.text_field]))
+    return ({name: (str, list) for name in ("prompt", "chosen", "rejected")},
+            lambda values: templates.encode_preference(template, tok, **values))
+
+
 def run_shard(task: ShardTask, report: Callable[[int], None]) -> dict:
     """Writes one shard and its statistics file; `report(n)` is told of each n input bytes read."""
     from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
     tok = _load_tokenizer(task.tokenizer_path, task.special_ids)
     dtype = token_dtype(tok.vocab_size)
-    stats = {"file": task.name + ".array_record", "inputs": list(task.files), "documents": 0,
-             "tokens": 0, "empty_documents": 0, "skipped_files": [], "skipped_lines": 0, "errors": []}
+    stats = _shard_stats(task.name, task.files, task.kind)
 
     def on_error(error: readers.InputError) -> None:
         if not task.skip_bad:
@@ -109,12 +146,16 @@ def run_shard(task: ShardTask, report: Callable[[int], None]) -> dict:
 
     def write(texts: list[str]) -> None:
         for doc in tok.encode_documents(texts):
-            writer.write(doc.astype(dtype).tobytes())
-            stats["documents"] += 1
-            stats["tokens"] += len(doc)
+            writer.write(records.encode("text", doc, dtype))
+            _add_document(stats, "text", doc)
 
     try:
         for path in task.files:
+            if task.kind != "text":
+                _write_records(task, tok, path, lambda doc: writer.write(records.encode(task.kind, doc, dtype)),
+                               stats, on_error)
+                report(os.path.getsize(path))
+                continue
             texts, reported = [], 0
             for doc in readers.read_documents(path, task.fmt, task.text_field, on_error):
                 if not doc.text.strip():
@@ -133,6 +174,21 @@ def run_shard(task: ShardTask, report: Callable[[int], None]) -> dict:
     os.replace(task.path(".array_record.tmp"), task.path(".array_record"))
     write_json_atomic(task.path(".json"), stats)
     return stats
+
+
+def _write_records(task: ShardTask, tok: Tokenizer, path: str, write: Callable[[object], None], stats: dict,
+                   on_error: readers.ErrorHandler) -> None:
+    """The chat / preference records of one input file; a record the template cannot encode is a
+    bad line (templates.ConversationError), named by file and line."""
+    fields, encode = _record_encoder(task, tok)
+    for record in readers.read_records(path, task.fmt, fields, on_error):
+        try:
+            document = encode(record.values)
+        except templates.ConversationError as e:
+            on_error(readers.InputError(path, record.line, str(e)))
+            continue
+        write(document)
+        _add_document(stats, task.kind, document)
 
 
 _progress_queue = None
@@ -160,28 +216,68 @@ def _run_parallel(tasks: Sequence[ShardTask], workers: int, bar: tqdm.tqdm) -> N
         result.get()  # re-raises the first worker error (an InputError names its file and line)
 
 
+def default_chat_template(tokenizer_path: str) -> str | None:
+    """The tokenizer_config.json beside the tokenizer file, if it has a `chat_template`."""
+    path = os.path.join(os.path.dirname(os.path.abspath(tokenizer_path)), "tokenizer_config.json")
+    try:
+        with open(path) as f:
+            return path if "chat_template" in json.load(f) else None
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def resolve_chat_template(kind: str, chat_template_path: str | None, tokenizer_path: str) -> str | None:
+    """The template file a kind needs: the one given, else the tokenizer's; chat needs one."""
+    if kind == "text":
+        return None
+    if chat_template_path is not None:
+        return chat_template_path
+    found = default_chat_template(tokenizer_path)
+    if found is None and kind == "chat":
+        beside = os.path.join(os.path.dirname(os.path.abspath(tokenizer_path)), "tokenizer_config.json")
+        state = "has no \"chat_template\"" if os.path.isfile(beside) else "does not exist"
+        raise UserError(f"--kind chat needs a chat template and {beside} {state}: pass --chat_template FILE "
+                        f"(a .jinja file, e.g. {templates.PLAIN}, or a tokenizer_config.json), or put a "
+                        "tokenizer_config.json with a \"chat_template\" beside --tokenizer")
+    return found
+
+
 def prepare_dataset(inputs: str | Sequence[str], fmt: str, tokenizer_path: str, output_dir: str, *,
+                    kind: str = "text", chat_template: str | None = None,
                     bos_id: int = 2, eos_id: int = 1, pad_id: int = 0, text_field: str = "text",
-                    num_shards: int | None = None, workers: int = 1, skip_bad: bool = False,
-                    progress: bool = True) -> dict:
-    """Tokenizes the files matching `inputs` into `output_dir`; returns the manifest (also written)."""
+                    messages_field: str = "messages", num_shards: int | None = None, workers: int = 1,
+                    skip_bad: bool = False, progress: bool = True) -> dict:
+    """Tokenizes the files matching `inputs` into `output_dir`; returns the manifest (also written).
+
+    kind: "text" (documents), "chat" (conversations in `messages_field`, masked by the template)
+    or "preference" (prompt/chosen/rejected); `chat_template`: a .jinja or tokenizer_config.json
+    path (default: the tokenizer_config.json beside the tokenizer, if it has a chat_template).
+    """
     if fmt not in readers.FORMATS:
         raise ValueError(f"--format must be one of {readers.FORMATS}, got {fmt!r}")
+    if kind not in records.KINDS:
+        raise ValueError(f"--kind must be one of {records.KINDS}, got {kind!r}")
+    if kind != "text" and fmt == "text":
+        raise ValueError(f"--kind {kind} reads one record per line or row: use --format jsonl or parquet")
     files = readers.expand_inputs(inputs)
     if not os.path.isfile(tokenizer_path):
         raise FileNotFoundError(f"--tokenizer {tokenizer_path!r} does not exist")
     tok = _load_tokenizer(os.path.abspath(tokenizer_path), (bos_id, eos_id, pad_id))
+    template_path = resolve_chat_template(kind, chat_template, tokenizer_path)
+    template = None if template_path is None else _load_template(os.path.abspath(template_path))
+    field = messages_field if kind == "chat" else text_field
     num_shards = min(len(files), 64 if num_shards is None else num_shards)
     if num_shards < 1:
         raise ValueError(f"--num-shards must be positive, got {num_shards}")
     os.makedirs(output_dir, exist_ok=True)
-    plan = {"format_version": FORMAT_VERSION, "format": fmt, "text_field": text_field,
+    plan = {"format_version": FORMAT_VERSION, "format": fmt, "kind": kind, "text_field": field,
             "tokenizer_sha256": tok.sha256, "special_ids": [bos_id, eos_id, pad_id], "num_shards": num_shards,
+            "chat_template_sha256": template and template.sha256,
             "inputs": [[f, os.path.getsize(f)] for f in files]}
     plan_path = os.path.join(output_dir, PLAN)
     if os.path.exists(plan_path):
         with open(plan_path) as f:
-            old = json.load(f)
+            old = {"kind": "text", "chat_template_sha256": None, **json.load(f)}  # older plans: text
         changed = sorted(k for k in plan.keys() | old.keys() if plan.get(k) != old.get(k))
         if changed:
             raise ValueError(f"{output_dir} was prepared with other settings ({', '.join(changed)} differ); "
@@ -189,7 +285,8 @@ def prepare_dataset(inputs: str | Sequence[str], fmt: str, tokenizer_path: str, 
     write_json_atomic(plan_path, plan)
 
     tasks = [ShardTask(i, num_shards, tuple(files[i * len(files) // num_shards:(i + 1) * len(files) // num_shards]),
-                       fmt, text_field, tok.path, (bos_id, eos_id, pad_id), skip_bad, os.path.abspath(output_dir))
+                       fmt, field, tok.path, (bos_id, eos_id, pad_id), skip_bad, os.path.abspath(output_dir), kind,
+                       template and template.path)
              for i in range(num_shards)]
     pending = [t for t in tasks if not os.path.exists(t.path(".json"))]
     total = sum(os.path.getsize(f) for t in pending for f in t.files)
@@ -205,30 +302,38 @@ def prepare_dataset(inputs: str | Sequence[str], fmt: str, tokenizer_path: str, 
     for task in tasks:
         with open(task.path(".json")) as f:
             shards.append(json.load(f))
-    return _write_manifest(output_dir, shards, tokenizer_info=tok.info(), fmt=fmt, text_field=text_field,
-                           inputs=files)
+    template_info = template and {"path": template.path, "sha256": template.sha256}
+    return _write_manifest(output_dir, shards, tokenizer_info=tok.info(), fmt=fmt, text_field=field,
+                           inputs=files, kind=kind, template_info=template_info)
 
 
 def _write_manifest(output_dir: str, shards: list[dict], *, tokenizer_info: dict, fmt: str, text_field: str,
-                    inputs: list[str]) -> dict:
-    manifest = {"format_version": FORMAT_VERSION, "format": fmt, "text_field": text_field, "inputs": inputs,
-                "tokenizer": tokenizer_info, "dtype": token_dtype(tokenizer_info["vocab_size"]).name,
+                    inputs: list[str], kind: str, template_info: dict | None) -> dict:
+    """manifest.json: the shards' statistics summed (supervised tokens for chat, pairs for preference)."""
+    manifest = {"format_version": FORMAT_VERSION, "format": fmt, "kind": kind, "text_field": text_field,
+                "inputs": inputs, "tokenizer": tokenizer_info, "chat_template": template_info,
+                "dtype": token_dtype(tokenizer_info["vocab_size"]).name,
                 "num_documents": sum(s["documents"] for s in shards), "num_tokens": sum(s["tokens"] for s in shards),
                 "skipped_files": sum(len(s["skipped_files"]) for s in shards),
                 "skipped_lines": sum(s["skipped_lines"] for s in shards), "shards": shards}
+    for stat in {"chat": ("supervised_tokens",), "preference": ("pairs",)}.get(kind, ()):
+        manifest["num_" + stat] = sum(s[stat] for s in shards)
     if manifest["num_documents"] == 0:
         raise ValueError(f"no documents were written to {output_dir}: every input was empty or skipped")
     write_json_atomic(os.path.join(output_dir, MANIFEST), manifest)
     return manifest
 
 
-def write_tokenized(output_dir: str, documents: Sequence[Sequence[int]], *, tokenizer_info: dict,
-                    num_shards: int = 1) -> dict:
+def write_tokenized(output_dir: str, documents: Sequence, *, tokenizer_info: dict, num_shards: int = 1,
+                    kind: str = "text") -> dict:
     """Writes already tokenized documents (e.g. converted from another pipeline) as a prepared dir.
 
     `tokenizer_info` needs at least "sha256" and "vocab_size" (see Tokenizer.info()); documents
-    are written as given (include bos/eos yourself). Returns the manifest.
+    are written as given (include bos/eos yourself): text `[ids]`, chat `[(ids, mask)]`,
+    preference `[(prompt_ids, chosen_ids, rejected_ids)]`. Returns the manifest.
     """
+    if kind not in records.KINDS:
+        raise ValueError(f"kind must be one of {records.KINDS}, got {kind!r}")
     from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
     os.makedirs(output_dir, exist_ok=True)
     dtype = token_dtype(tokenizer_info["vocab_size"])
@@ -237,13 +342,14 @@ def write_tokenized(output_dir: str, documents: Sequence[Sequence[int]], *, toke
         part = documents[i * len(documents) // num_shards:(i + 1) * len(documents) // num_shards]
         name = f"shard-{i:05d}-of-{num_shards:05d}.array_record"
         writer = array_record_module.ArrayRecordWriter(os.path.join(output_dir, name), "group_size:1")
+        stats = _shard_stats(name.removesuffix(".array_record"), [], kind)
         for doc in part:
-            writer.write(np.asarray(doc, dtype=dtype).tobytes())
+            writer.write(records.encode(kind, doc, dtype))
+            _add_document(stats, kind, doc)
         writer.close()
-        shards.append({"file": name, "inputs": [], "documents": len(part), "tokens": sum(len(d) for d in part),
-                       "empty_documents": 0, "skipped_files": [], "skipped_lines": 0, "errors": []})
+        shards.append(stats)
     return _write_manifest(output_dir, shards, tokenizer_info=tokenizer_info, fmt="tokenized", text_field="",
-                           inputs=[])
+                           inputs=[], kind=kind, template_info=None)
 
 
 def define_flags() -> None:
@@ -251,6 +357,10 @@ def define_flags() -> None:
     imported by others whose processes define their own flags)."""
     flags.DEFINE_multi_string("input", None, "Glob pattern (** recurses); repeatable.", required=True)
     flags.DEFINE_enum("format", None, list(readers.FORMATS), "Input format.", required=True)
+    flags.DEFINE_enum("kind", "text", list(records.KINDS), "text documents, chat conversations or preference pairs.")
+    flags.DEFINE_string("chat_template", None, "Chat template: a .jinja file or a tokenizer_config.json (default: "
+                                               "the tokenizer_config.json beside --tokenizer).")
+    flags.DEFINE_string("messages_field", "messages", "jsonl key / parquet column of a chat's messages.")
     flags.DEFINE_string("tokenizer", None, "tokenizer.json or SentencePiece .model.", required=True)
     flags.DEFINE_string("output", None, "Output directory.", required=True)
     flags.DEFINE_integer("workers", 1, "Worker processes.", lower_bound=1)
@@ -268,12 +378,14 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     f = flags.FLAGS
     try:
-        manifest = prepare_dataset(f.input, f.format, f.tokenizer, f.output, bos_id=f.bos_id, eos_id=f.eos_id,
-                                   pad_id=f.pad_id, text_field=f.text_field, num_shards=f.num_shards,
-                                   workers=f.workers, skip_bad=f.skip_bad, progress=not f.quiet)
+        manifest = prepare_dataset(f.input, f.format, f.tokenizer, f.output, kind=f.kind, chat_template=f.chat_template,
+                                   bos_id=f.bos_id, eos_id=f.eos_id, pad_id=f.pad_id, text_field=f.text_field,
+                                   messages_field=f.messages_field, num_shards=f.num_shards, workers=f.workers,
+                                   skip_bad=f.skip_bad, progress=not f.quiet)
     except (FileNotFoundError, ValueError) as err:  # an InputError is a UserError already
         raise UserError(str(err)) from err
-    summary = {k: manifest[k] for k in ("num_documents", "num_tokens", "skipped_files", "skipped_lines", "dtype")}
+    summary = {k: manifest[k] for k in ("kind", "num_documents", "num_tokens", "num_supervised_tokens", "num_pairs",
+                                        "skipped_files", "skipped_lines", "dtype") if k in manifest}
     print(json.dumps({"output": f.output, "shards": len(manifest["shards"]), **summary}))
 
 

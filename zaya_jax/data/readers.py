@@ -1,9 +1,13 @@
-"""Raw input readers: text, jsonl and parquet files -> documents (strings).
+"""Raw input readers: text, jsonl and parquet files -> documents (strings) or records (fields).
 
 Formats:
   text     each file is one document (UTF-8).
   jsonl    one JSON object per line; the document is its `text_field` (blank lines are ignored).
   parquet  one document per row, from the string column `text_field` (needs pyarrow).
+
+`read_records` reads several typed fields of each line / row instead (chat `messages` lists,
+preference `prompt` / `chosen` / `rejected`); a field that is missing or of another type is a bad
+line, named like any other.
 
 Every problem with an input names the file and, where one exists, the line (the row for
 parquet) in an `InputError`. Readers either raise it or, given `on_error`, report it and go on:
@@ -15,7 +19,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from zaya_jax.errors import UserError
@@ -33,6 +37,17 @@ class InputError(UserError, ValueError):
 
     def __reduce__(self):  # picklable across worker processes
         return InputError, (self.path, self.line, self.reason)
+
+
+class Record(NamedTuple):
+    """The fields of one jsonl line / parquet row; `offset` as for Document."""
+
+    line: int
+    values: dict
+    offset: int
+
+
+Fields = Mapping[str, tuple[type, ...]]  # field name -> the types its value may have
 
 
 class Document(NamedTuple):
@@ -68,17 +83,30 @@ def expand_inputs(patterns: str | Sequence[str]) -> list[str]:
 def read_documents(path: str, fmt: str, text_field: str = "text",
                    on_error: ErrorHandler = raise_error) -> Iterator[Document]:
     """Yields the documents of one input file; problems go to `on_error` (default: raise)."""
+    for record in read_records(path, fmt, {text_field: (str,)}, on_error):
+        yield Document(record.line, record.values[text_field], record.offset)
+
+
+def read_records(path: str, fmt: str, fields: Fields, on_error: ErrorHandler = raise_error) -> Iterator[Record]:
+    """Yields the `fields` of each line / row of one input file (all required, of their types);
+    problems go to `on_error`. The text format holds one string field: the whole file."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
     reader = {"text": _read_text, "jsonl": _read_jsonl, "parquet": _read_parquet}[fmt]
     try:
-        yield from reader(path, text_field, on_error)
+        yield from reader(path, fields, on_error)
     except OSError as e:
         on_error(InputError(path, None, f"cannot read file: {e.strerror or e}"))
 
 
-def _read_text(path: str, text_field: str, on_error: ErrorHandler) -> Iterator[Document]:
-    del text_field
+def _type_names(types: tuple[type, ...]) -> str:
+    names = {str: "string", list: "list", dict: "object"}
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+def _read_text(path: str, fields: Fields, on_error: ErrorHandler) -> Iterator[Record]:
+    (field, types), = fields.items()
+    assert types == (str,), "the text format holds one string per file"
     with open(path, "rb") as f:
         data = f.read()
     try:
@@ -90,10 +118,10 @@ def _read_text(path: str, text_field: str, on_error: ErrorHandler) -> Iterator[D
     if not text.strip():
         on_error(InputError(path, None, "empty file"))
         return
-    yield Document(1, text, len(data))
+    yield Record(1, {field: text}, len(data))
 
 
-def _read_jsonl(path: str, text_field: str, on_error: ErrorHandler) -> Iterator[Document]:
+def _read_jsonl(path: str, fields: Fields, on_error: ErrorHandler) -> Iterator[Record]:
     offset, found = 0, False
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
@@ -106,16 +134,18 @@ def _read_jsonl(path: str, text_field: str, on_error: ErrorHandler) -> Iterator[
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
                 on_error(InputError(path, number, f"malformed JSON: {e}"))
                 continue
-            text = record.get(text_field) if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                on_error(InputError(path, number, f"no string field {text_field!r} in this JSON line"))
+            if not isinstance(record, dict):
+                record = {}
+            bad = next((name for name, types in fields.items() if not isinstance(record.get(name), types)), None)
+            if bad is not None:
+                on_error(InputError(path, number, f"no {_type_names(fields[bad])} field {bad!r} in this JSON line"))
                 continue
-            yield Document(number, text, offset)
+            yield Record(number, {name: record[name] for name in fields}, offset)
     if not found:
         on_error(InputError(path, None, "empty file (no JSON lines)"))
 
 
-def _read_parquet(path: str, text_field: str, on_error: ErrorHandler) -> Iterator[Document]:
+def _read_parquet(path: str, fields: Fields, on_error: ErrorHandler) -> Iterator[Record]:
     try:
         import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
     except ImportError as e:
@@ -125,18 +155,20 @@ def _read_parquet(path: str, text_field: str, on_error: ErrorHandler) -> Iterato
     except Exception as e:  # pyarrow raises ArrowInvalid and friends for non-parquet files
         on_error(InputError(path, None, f"not a readable parquet file: {e}"))
         return
-    if text_field not in parquet.schema_arrow.names:
-        on_error(InputError(path, None, f"no column {text_field!r} (columns: {parquet.schema_arrow.names})"))
+    missing = [name for name in fields if name not in parquet.schema_arrow.names]
+    if missing:
+        on_error(InputError(path, None, f"no column {missing[0]!r} (columns: {parquet.schema_arrow.names})"))
         return
     total_rows, size = parquet.metadata.num_rows, os.path.getsize(path)
     if total_rows == 0:
         on_error(InputError(path, None, "empty file (no rows)"))
         return
     row = 0
-    for batch in parquet.iter_batches(columns=[text_field]):
-        for text in batch.column(0).to_pylist():
+    for batch in parquet.iter_batches(columns=list(fields)):
+        for values in batch.to_pylist():
             row += 1
-            if not isinstance(text, str):
-                on_error(InputError(path, row, f"column {text_field!r} is not a string in this row"))
+            bad = next((name for name, types in fields.items() if not isinstance(values[name], types)), None)
+            if bad is not None:
+                on_error(InputError(path, row, f"column {bad!r} is not a {_type_names(fields[bad])} in this row"))
                 continue
-            yield Document(row, text, size * row // total_rows)
+            yield Record(row, values, size * row // total_rows)

@@ -1,9 +1,14 @@
 """Prepared datasets (the output of zaya_jax.data.prepare) as random-access document sources.
 
 A data config names its sources by path: a prepared directory, or `demo:<name>` for a source
-of the bundled demo corpus (built on first use, see demo_corpus.py). Each source is split into
+of the bundled demo corpus (built on first use, see demo_corpus.py) or one of the demo's
+post-training sources `demo:chat` and `demo:preference` (demo_posttrain.py). Each source is split into
 a training part and a held-out part: the last `heldout_fraction` of its documents (at least
 one document when the fraction is positive, and never all of them).
+
+A source's kind (manifest "kind": text, chat or preference; text when absent) fixes what a
+document is (zaya_jax/data/records.py): int32 [n] ids, or int32 [2, n] ids and mask (chat) or
+ids and parts (preference).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from zaya_jax.config import ConfigError
+from zaya_jax.data import records
 from zaya_jax.errors import MissingInputError
 
 MANIFEST = "manifest.json"
@@ -23,14 +29,16 @@ DEMO_PREFIX = "demo:"
 
 
 class DocumentSource:
-    """Documents [start, stop) of a prepared dataset: `source[i]` is an int32 [n] array.
+    """Documents [start, stop) of a prepared dataset of `kind`: `source[i]` is an int32 [n] array
+    (text) or int32 [2, n] (chat: ids and mask; preference: ids and parts), see records.decode.
 
     The ArrayRecord reader opens lazily and is dropped on pickling, so worker processes each
     open their own.
     """
 
-    def __init__(self, shard_paths: list[str], dtype: str, start: int, stop: int):
+    def __init__(self, shard_paths: list[str], dtype: str, start: int, stop: int, kind: str = "text"):
         self._shard_paths, self._dtype, self._start, self._stop = shard_paths, np.dtype(dtype), start, stop
+        self.kind = kind
         self._reader = None
 
     def __len__(self) -> int:
@@ -42,7 +50,7 @@ class DocumentSource:
         if self._reader is None:
             import grain  # pylint: disable=g-import-not-at-top
             self._reader = grain.sources.ArrayRecordDataSource(self._shard_paths)
-        return np.frombuffer(self._reader[self._start + index], dtype=self._dtype).astype(np.int32)
+        return records.decode(self.kind, self._reader[self._start + index], self._dtype)
 
     def __getstate__(self):
         return {**self.__dict__, "_reader": None}
@@ -57,6 +65,11 @@ class PreparedSource:
     manifest: dict
     train: DocumentSource
     heldout: DocumentSource
+
+    @property
+    def kind(self) -> str:
+        """text, chat or preference (the manifest's "kind"; text for datasets prepared before kinds)."""
+        return self.manifest.get("kind", "text")
 
 
 def heldout_count(num_documents: int, fraction: float) -> int:
@@ -85,6 +98,9 @@ def load_manifest(path: str, field: str) -> dict:
         raise ConfigError(f"{field}: {manifest_path!r} is not a manifest (no {', '.join(missing)})")
     if manifest["num_documents"] == 0:
         raise ConfigError(f"{field}: source {path!r} is empty (its manifest lists no documents)")
+    if manifest.get("kind", "text") not in records.KINDS:
+        raise ConfigError(f"{field}: {manifest_path!r} has kind {manifest['kind']!r}, not one of {records.KINDS} "
+                          "(prepared by a newer zaya_jax?)")
     for shard in manifest["shards"]:
         shard_path = os.path.join(path, shard["file"])
         if not os.path.isfile(shard_path):
@@ -116,8 +132,9 @@ def open_source(name: str, path: str, heldout_fraction: float, field: str) -> Pr
     shard_paths = [os.path.join(path, s["file"]) for s in manifest["shards"]]
     n = manifest["num_documents"]
     split = n - heldout_count(n, heldout_fraction)
-    return PreparedSource(name, path, manifest, DocumentSource(shard_paths, manifest["dtype"], 0, split),
-                          DocumentSource(shard_paths, manifest["dtype"], split, n))
+    kind = manifest.get("kind", "text")
+    return PreparedSource(name, path, manifest, DocumentSource(shard_paths, manifest["dtype"], 0, split, kind),
+                          DocumentSource(shard_paths, manifest["dtype"], split, n, kind))
 
 
 def open_sources(data_config, names: list[str] | None = None) -> dict[str, PreparedSource]:
@@ -133,14 +150,15 @@ def open_sources(data_config, names: list[str] | None = None) -> dict[str, Prepa
     opened = {n: open_source(n, os.path.expanduser(str(paths[n])), float(data_config.heldout_fraction),
                              f"data.sources.{n}") for n in names if n not in demo_names}
     if demo_names:
-        from zaya_jax.data import demo_corpus  # pylint: disable=g-import-not-at-top
+        from zaya_jax.data import demo_posttrain  # pylint: disable=g-import-not-at-top
         for n in demo_names:
-            if paths[n][len(DEMO_PREFIX):] not in demo_corpus.SOURCES:
+            if paths[n][len(DEMO_PREFIX):] not in demo_posttrain.ALL_SOURCES:
                 raise ConfigError(f"data.sources.{n}: unknown demo source {paths[n]!r} "
-                                 f"(known: {[DEMO_PREFIX + k for k in demo_corpus.SOURCES]})")
-        corpus = demo_corpus.build_demo_corpus(**data_config.demo.to_dict())
+                                 f"(known: {[DEMO_PREFIX + k for k in demo_posttrain.ALL_SOURCES]})")
+        built = demo_posttrain.source_paths({paths[n][len(DEMO_PREFIX):] for n in demo_names},
+                                            data_config.demo.to_dict())
         for n in demo_names:
-            opened[n] = open_source(n, str(corpus.sources[paths[n][len(DEMO_PREFIX):]]),
+            opened[n] = open_source(n, str(built[paths[n][len(DEMO_PREFIX):]]),
                                     float(data_config.heldout_fraction), f"data.sources.{n}")
     first = next(iter(opened.values()))
     for source in opened.values():

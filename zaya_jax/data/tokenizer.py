@@ -61,6 +61,7 @@ class Tokenizer:
                 raise ImportError(f"{self.path!r} is not a .json tokenizer, so it needs sentencepiece: "
                                   "pip install sentencepiece") from e
             self._sp = sentencepiece.SentencePieceProcessor(model_file=self.path)
+            self._sp_cont = None
             self.vocab_size = self._sp.get_piece_size()
         for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
             if not 0 <= value < self.vocab_size:
@@ -76,6 +77,24 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
+
+    def encode_pieces(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of consecutive pieces of one text (a chat's prompt and assistant spans), no
+        special tokens: the first piece as `encode` gives it, the others as its continuation (a
+        SentencePiece model adds its dummy-prefix space only before the first)."""
+        if self.kind == "hf" or len(texts) < 2:
+            return self.encode_batch(texts) if texts else []
+        return [*self.encode_batch(texts[:1]), *self._sp_continuation().encode(list(texts[1:]))]
+
+    def _sp_continuation(self):
+        """The SentencePiece model without its dummy prefix (for text that continues a piece)."""
+        if self._sp_cont is None:
+            import sentencepiece  # pylint: disable=g-import-not-at-top
+            from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+            proto = sentencepiece_model_pb2.ModelProto.FromString(self._sp.serialized_model_proto())
+            proto.normalizer_spec.add_dummy_prefix = False
+            self._sp_cont = sentencepiece.SentencePieceProcessor(model_proto=proto.SerializeToString())
+        return self._sp_cont
 
     def encode_documents(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Each text as one training document: int32 [n + 2] = bos, its ids, eos."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from zaya_jax.convert.hf_load import load_hf as _load_hf
+from zaya_jax.errors import UserError
 from zaya_jax.infer.quantize import quantize_model
 from zaya_jax.model.zaya import ZayaLM
 
@@ -49,3 +50,20 @@ def load_checkpoint(directory: str | os.PathLike, *, step: int | None = None, qu
             name=err.name) from err
     model, _ = train_checkpoint.load_checkpoint_model(os.fspath(directory), step, **overrides)
     return _maybe_quantize(model, quantize, group_size)
+
+
+def checkpoint_tokenizer_path(checkpoint: str | os.PathLike) -> tuple[str, str]:
+    """(the tokenizer file a training run was trained with, its saved data.tokenizer setting).
+
+    `demo:tokenizer` resolves to the demo corpus's file (built if needed). Raises UserError
+    naming --checkpoint when the run's config names none (synthetic data) or the file is gone."""
+    from zaya_jax.data.sources import tokenizer_path
+    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
+    config = read_config(checkpoint_dir(os.fspath(checkpoint)))
+    if "data" not in config or not config.data.get("tokenizer"):
+        raise UserError(f"--checkpoint {checkpoint}: its config names no tokenizer (synthetic data); "
+                        "pass --tokenizer FILE")
+    try:
+        return tokenizer_path(config.data), config.data.tokenizer
+    except FileNotFoundError as err:
+        raise UserError(f"--checkpoint {checkpoint}: {err}; pass --tokenizer FILE") from err

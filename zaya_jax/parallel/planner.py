@@ -5,9 +5,11 @@ optimizer state (AdamW: m and v; Muon: one momentum for matrices, m and v for th
 like the parameters, or also over `data` with optimizer-state sharding), activations (what the
 remat policy keeps for the backward pass, per micro-batch) and what FSDP holds unsharded at
 once (one layer's gathered parameters and unsharded gradient: fsdp_gathered_memory), plus the
-collective bytes each device sends per step by kind. Activation counts are estimates (numbers
-saved per token per layer, listed below); benchmarks/planner_vs_xla.py compares them with XLA's
-compiled memory analysis.
+collective bytes each device sends per step by kind. A DPO run (objective 'dpo') also holds its
+frozen reference model: an fp32 copy of the parameters, sharded like them (`reference_model`; its
+forward pass keeps no activations for a backward pass, so the per-layer live estimate covers it).
+Activation counts are estimates (numbers saved per token per layer, listed below);
+benchmarks/planner_vs_xla.py compares them with XLA's compiled memory analysis.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class StepShape:
     platform: str = "gpu"       # the target's platform: picks the `auto` MoE backend
     ns_steps: int = 5           # Muon's Newton-Schulz iterations
     loss_chunk: int = 512       # train.loss_chunk_size: positions per chunk of the loss head
+    objective: str = "lm"       # train.objective: lm | sft | dpo (dpo holds a reference model too)
 
 
 def _shard_factor(spec, mesh: dict[str, int]) -> int:
@@ -71,7 +74,7 @@ def _parameters(cfg: ModelConfig, mesh: dict[str, int]) -> list[tuple[tuple[str,
 
 def parameter_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape,
                      parameters: list | None = None) -> dict[str, float]:
-    """Bytes per device of parameters, gradients and optimizer state."""
+    """Bytes per device of parameters, gradients and optimizer state (and, for dpo, the reference model)."""
     params = grads = opt = 0.0
     for path, var_shape, spec in parameters or _parameters(cfg, mesh):
         numel = math.prod(var_shape)
@@ -81,7 +84,10 @@ def parameter_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape,
         opt_spec = with_data_axis(spec, var_shape, mesh) if shape.shard_optimizer_over_data else spec
         slots = 1 if shape.optimizer == "muon" and _is_matrix(path, var_shape) else 2
         opt += slots * numel * 4 / _shard_factor(opt_spec, mesh)
-    return {"params": params, "grads": grads, "optimizer_state": opt}
+    memory = {"params": params, "grads": grads, "optimizer_state": opt}
+    if shape.objective == "dpo":
+        memory["reference_model"] = params
+    return memory
 
 
 def muon_matrices(mesh: dict[str, int], shape: StepShape, parameters: list) -> list[tuple]:

@@ -22,6 +22,8 @@ scores and the grouped convolution have batch dimensions and `ragged_dot` is not
 so they are recomputed. The loss head runs under jax.checkpoint in a loop over sequence chunks
 (zaya_jax.train.loss): 4 passes; with a single chunk there is no loop and XLA keeps the forward's
 logits for the backward (its cost_analysis counts 3 passes), so 3.
+A DPO step (objective 'dpo') also runs the frozen reference model forward once, without a
+backward or recompute: `reference_model`, one pass of every layer op and of the loss head.
 The optimizer adds Muon's Newton-Schulz iterations, 4 a^2 b + 2 a^3 per step for an a x b
 matrix (a <= b), on each matrix's optimizer shard.
 
@@ -132,11 +134,11 @@ def newton_schulz_flops(shape: tuple[int, ...], reduction: tuple[int, ...], outp
 
 def step_flops(cfg: ModelConfig, mesh: dict[str, int], *, global_batch: int, seq_len: int, microbatches: int,
                platform: str, optimizer_matrices: list[tuple[tuple[int, ...], object, int]],
-               ns_steps: int, loss_chunk: int) -> dict[str, float]:
+               ns_steps: int, loss_chunk: int, objective: str = "lm") -> dict[str, float]:
     """FLOPs per device per optimizer step, by op group (forward, backward and recompute summed).
 
     optimizer_matrices: (shape, MuonDimensionNumbers, optimizer-state shard factor) of every
-    Muon matrix (empty for AdamW); loss_chunk: train.loss_chunk_size.
+    Muon matrix (empty for AdamW); loss_chunk: train.loss_chunk_size; objective: train.objective.
     """
     batch_shards = mesh["data"] * mesh["fsdp"] * mesh["expert"]
     devices_per_token = batch_shards * mesh["context"]
@@ -144,13 +146,17 @@ def step_flops(cfg: ModelConfig, mesh: dict[str, int], *, global_batch: int, seq
     local_tokens = max(1, tokens // (microbatches * devices_per_token))
     backend = expert_backend(cfg, mesh, platform)
     out: dict[str, float] = {}
+    forward = 0.0  # one forward pass of the whole model
     for op in layer_matmuls(cfg, seq_len, backend, expert_rows_per_token(cfg, backend, local_tokens)):
         passes = 1 + op.backward_passes + recomputed(op, cfg.remat)
         split = devices_per_token * (mesh["tensor"] if op.tensor_split else 1)
         out[op.name] = op.forward_per_token * passes * tokens * cfg.num_layers / split
+        forward += op.forward_per_token * tokens * cfg.num_layers / split
     loss_passes = 4 if seq_len // chunk_size_for(seq_len, loss_chunk) > 1 else 3
-    out["loss_head"] = (2 * cfg.hidden_size * cfg.vocab_size * loss_passes * tokens
-                        / (devices_per_token * mesh["tensor"]))
+    loss_forward = 2 * cfg.hidden_size * cfg.vocab_size * tokens / (devices_per_token * mesh["tensor"])
+    out["loss_head"] = loss_forward * loss_passes
+    if objective == "dpo":
+        out["reference_model"] = forward + loss_forward
     out["optimizer/newton_schulz"] = sum(newton_schulz_flops(shape, dims.reduction_axis, dims.output_axis, ns_steps)
                                          / shards for shape, dims, shards in optimizer_matrices)
     return out

@@ -86,7 +86,7 @@ def matmul_flops(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, param
     return step_flops(cfg, mesh, global_batch=shape.global_batch, seq_len=shape.seq_len,
                       microbatches=shape.grad_accum, platform=shape.platform,
                       optimizer_matrices=muon_matrices(mesh, shape, parameters), ns_steps=shape.ns_steps,
-                      loss_chunk=shape.loss_chunk)
+                      loss_chunk=shape.loss_chunk, objective=shape.objective)
 
 
 def predict(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_result: dict, parameters: list,

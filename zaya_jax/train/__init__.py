@@ -1,9 +1,10 @@
 """Training ZAYA1: `python -m zaya_jax.train --config configs/<name>.py --workdir DIR`.
 
-  settings.py    the train / optimizer / balancing / checkpoint / eval / mesh / monitor sections
+  settings.py    the train / optimizer / balancing / checkpoint / eval / mesh / monitor / dpo sections
   data.py        the curriculum pipeline or synthetic batches, held-out batches
   state.py       TrainState (params, balancing biases, optimizer states, step, rng) and shardings
   loss.py        chunked next-token cross-entropy (no [B,S,V] logits)
+  objectives.py  lm / sft (masked token mean) and dpo (against a frozen reference model)
   optimizer.py   Muon (matrices) + AdamW (the rest), or AdamW; schedules; weight-decay masks
   balancing.py   the router balancing controller (AdamW on load fraction - 1/E)
   step.py        the jitted train step (micro-batches, clipping, non-finite skip) and eval step

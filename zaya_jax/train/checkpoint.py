@@ -1,25 +1,29 @@
 """Orbax checkpoints of a training run: one directory per step under the workdir.
 
-A step directory holds four items:
+A step directory holds four items (five for a DPO run):
   model   {params, biases}: the fp32 parameters and balancing biases (what evaluate, convert
           to_hf and generation read)
   train   {step, opt_state, controller_state, rng, skipped_steps, nonfinite_streak}
   data    the data iterator's state (grain.checkpoint.CheckpointSave: one JSON per process)
   config  the full run config as JSON; its model section has the rope_theta of the curriculum
           phase being trained, so it rebuilds the model as it was at that step
+  reference  train.objective=dpo only: the frozen reference model {params, biases}, so that a
+          resume is exact whatever the run was initialised from
 `python -m zaya_jax.convert to_orbax` writes model + config only (step 0); training from such a
 directory starts from its weights with a fresh optimizer.
 
 Every finished step directory also holds `zaya_manifest.json` (integrity.py): the size and crc32
-of every file, written by process 0 in a background thread once Orbax has renamed the step into
-place (the loop checks for that at every step boundary; `save()` and `wait()` too; `wait()` also
-waits for the manifest). A step without a valid manifest is incomplete. Restores
-check the items they read against it and fall back to the newest step that passes, saying which
-steps they passed over and why: the trainer (`resume_point`) also moves the damaged newer steps
-to `<directory>.rejected/` (never deletes them) so that new saves cannot collide with them; the
-read-only loaders (`restore_model`, `read_config`, `load_checkpoint_model`) only read, create
-nothing, and raise `UserError` naming the directory when no step passes. A failed asynchronous
-write is raised by `poll()` at the next step boundary as one `CheckpointWriteError` line.
+of every file, written once Orbax has renamed the step into place (the loop checks for that at
+every step boundary; `save()` and `wait()` too; `wait()` also waits for the manifest). Every
+process checksums a share of the files in a background thread and posts it on jax.distributed's
+key-value store; process 0 gathers the shares and writes the manifest. A step without a valid
+manifest is incomplete. Restores check the items they read against it and fall back to the newest
+step that passes, saying which steps they passed over and why: the trainer (`resume_point`) also
+moves the damaged newer steps to `<directory>.rejected/` (never deletes them) so that new saves
+cannot collide with them; the read-only loaders (`restore_model`, `read_config`,
+`load_checkpoint_model`) only read, create nothing, and raise `UserError` naming the directory when
+no step passes. A failed asynchronous write is raised by `poll()` at the next step boundary as one
+`CheckpointWriteError` line.
 
 Saves are asynchronous (the loop blocks only while device arrays are copied to host; the write
 runs in a background thread) and atomic: Orbax writes into `<step>.orbax-checkpoint-tmp-*` and
@@ -39,12 +43,14 @@ import json
 import os
 import re
 import shutil
+import sys
+import tempfile
+import time
 from typing import Any, Callable
 
 import grain
 import jax
 import ml_collections
-from absl import logging
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -102,13 +108,17 @@ _OS_ERROR = re.compile(r"os_error_code='?(\d+)")  # how TensorStore reports an O
 _FAILED_FILE = re.compile(r'(?:Failed writing: |at local file )"([^"]+)"')
 
 
+def _os_error(e: OSError) -> str:
+    return f"{e.strerror} (errno {e.errno})"
+
+
 def _root_cause(error: BaseException) -> str:
     """The operating system's error (text, errno, file) behind a failed write, else the error's first line."""
     seen, e = [], error
     while e is not None and e not in seen:
         seen.append(e)
         if isinstance(e, OSError) and e.strerror:
-            return f"{e.strerror} (errno {e.errno}){f': {e.filename}' if e.filename else ''}"
+            return _os_error(e) + (f": {e.filename}" if e.filename else "")
         found, files = _OS_ERROR.search(str(e)), _FAILED_FILE.findall(str(e))
         if found:
             errno = int(found[1])
@@ -116,6 +126,20 @@ def _root_cause(error: BaseException) -> str:
         e = e.__cause__ or e.__context__
     lines = str(error).strip().splitlines() or [type(error).__name__]
     return f"{type(error).__name__}: {lines[0][:300]}"
+
+
+def unwritable(directory: str) -> str | None:
+    """Why no step directory can be made in `directory` now (the operating system's error), or None.
+
+    Orbax must not be the one to find out: when it cannot create a step's temporary directory, its
+    other save threads wait for a signal that never comes (the save hangs instead of failing), so
+    every save checks first.
+    """
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".zaya-write-check-", dir=directory))
+    except OSError as e:
+        return _os_error(e)
+    return None
 
 
 class _OrbaxErrorsOnOneLine(logging.logging.Filter):
@@ -132,15 +156,49 @@ class _OrbaxErrorsOnOneLine(logging.logging.Filter):
 logging.get_absl_logger().addFilter(_OrbaxErrorsOnOneLine())
 
 
+def _is_late_write_callback(unraisable) -> bool:
+    """RuntimeError('Event loop is closed') raised by asyncio's call_soon_threadsafe with no Python
+    caller: TensorStore completing a write whose save (and so its event loop) had already failed.
+    TensorStore reports each through sys.unraisablehook (a traceback apiece, tens of them around
+    the failure); the failure itself is raised as one line (CheckpointWriteError)."""
+    frames, tb = [], unraisable.exc_traceback
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return (unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed"
+            and frames == ["call_soon_threadsafe", "_check_closed"])
+
+
+def _without_late_write_callbacks(hook):
+    def unraisablehook(unraisable):
+        if not _is_late_write_callback(unraisable):
+            hook(unraisable)
+    return unraisablehook
+
+
+sys.unraisablehook = _without_late_write_callbacks(sys.unraisablehook)
+
+
 class Checkpointer:
     """Saves and restores TrainStates (plus data-iterator state and config) in `directory`."""
 
-    def __init__(self, directory: str, settings: CheckpointSettings):
+    def __init__(self, directory: str, settings: CheckpointSettings, reference: bool = False):
+        """reference: the states saved and restored carry a reference model (a DPO run)."""
         self.directory = os.path.abspath(directory)
+        self.items = integrity.ITEMS["training"] + (("reference",) if reference else ())
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            problem = unwritable(self.directory)
+        except OSError as e:
+            problem = _os_error(e)
+        if problem:
+            raise UserError(f"checkpoint directory {self.directory} is not writable: {problem}; "
+                            "fix its permissions (or free the file system) or choose another --workdir")
         self._manager = _manager(self.directory, settings.max_to_keep, settings.async_save)
         self._unsealed: list[int] = []  # steps saved, not yet known to be on disk
         self._sealing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="manifest")
-        self._manifests: list[concurrent.futures.Future] = []  # manifests being written (process 0)
+        self._manifests: list[concurrent.futures.Future] = []  # shares of manifests being checksummed
+        self._sealed = 0  # steps whose manifest was started: the same count on every process
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -154,7 +212,7 @@ class Checkpointer:
         """
         step, refusal = None, None
         if jax.process_index() == 0:
-            step, skipped = integrity.newest_whole_step(self.directory, integrity.ITEMS["training"])
+            step, skipped = integrity.newest_whole_step(self.directory, self.items)
             if step is None and skipped:
                 refusal = (f"no whole checkpoint in {self.directory}: "
                            + "; ".join(f"step {s}: {why}" for s, why in skipped)
@@ -184,7 +242,7 @@ class Checkpointer:
         process 0 sees it (it writes the manifests), on every process."""
         step = None
         if jax.process_index() == 0:
-            step, _ = integrity.newest_whole_step(self.directory, integrity.ITEMS["training"])
+            step, _ = integrity.newest_whole_step(self.directory, self.items)
             if step is not None and integrity.kind_of(os.path.join(self.directory, str(step))) != "training":
                 step = None
         step = distributed.broadcast_int(-1 if step is None else step)
@@ -195,11 +253,15 @@ class Checkpointer:
         (and for the previous save, if it is still being written)."""
         step = int(jax.device_get(state.step))
         self._finish_save()  # (Orbax would wait for it too); its manifest may still be being written
+        problem = unwritable(self.directory)
+        if problem:
+            raise CheckpointWriteError(f"checkpoint {step} could not be written to {self.directory}: {problem}")
         args = ocp.args.Composite(
             model=ocp.args.StandardSave({"params": state.params, "biases": state.biases}),
             train=ocp.args.StandardSave({f: getattr(state, f) for f in TRAIN_FIELDS}),
             data=grain.checkpoint.CheckpointSave(data_iterator),
-            config=ocp.args.JsonSave(config))
+            config=ocp.args.JsonSave(config),
+            **({} if state.reference is None else {"reference": ocp.args.StandardSave(state.reference)}))
         try:
             self._manager.save(step, args=args, force=True)
         except Exception as e:  # pylint: disable=broad-except
@@ -209,12 +271,21 @@ class Checkpointer:
         return step
 
     def restore(self, step: int, target: TrainState, data_iterator: grain.DatasetIterator) -> TrainState:
-        """`target`: a TrainState of ShapeDtypeStructs with the shardings to restore onto."""
+        """`target`: a TrainState of ShapeDtypeStructs with the shardings to restore onto (with a
+        reference model when the run has one: UserError when the step holds none)."""
+        reference = {}
+        if target.reference is not None:
+            if "reference" not in integrity.items_of(os.path.join(self.directory, str(step))):
+                raise UserError(f"checkpoint {step} in {self.directory} has no reference model: it was not saved "
+                                "by a train.objective=dpo run. Start DPO in a new workdir with "
+                                f"--config.train.init_from_checkpoint={self.directory}")
+            reference = {"reference": ocp.args.StandardRestore(target.reference)}
         restored = self._manager.restore(step, args=ocp.args.Composite(
             model=ocp.args.StandardRestore({"params": target.params, "biases": target.biases}),
             train=ocp.args.StandardRestore({f: getattr(target, f) for f in TRAIN_FIELDS}),
-            data=grain.checkpoint.CheckpointRestore(data_iterator)))
-        return TrainState(params=restored.model["params"], biases=restored.model["biases"], **restored.train)
+            data=grain.checkpoint.CheckpointRestore(data_iterator), **reference))
+        return TrainState(params=restored.model["params"], biases=restored.model["biases"], **restored.train,
+                          reference=restored.reference if reference else None)
 
     def poll(self) -> CheckpointWriteError | None:
         """At a step boundary: once the last save has finished, start writing its manifest (in a
@@ -249,13 +320,29 @@ class Checkpointer:
         except Exception as e:  # pylint: disable=broad-except
             raise CheckpointWriteError(f"checkpoint {steps[-1]} could not be written to {self.directory}: "
                                        f"{_root_cause(e)}") from None
-        if jax.process_index() == 0:
-            self._manifests += [self._sealing.submit(self._write_manifest, s) for s in steps]
+        for s in steps:
+            self._sealed += 1
+            self._manifests.append(self._sealing.submit(self._write_manifest, s, f"zaya_manifest_{self._sealed}"))
 
-    def _write_manifest(self, step: int) -> None:
+    def _write_manifest(self, step: int, board: str) -> None:
+        """Checksums this process's share of the step's files and posts them on `board`; process 0
+        gathers every share and writes the manifest (so each process reads 1/P of the bytes)."""
         step_dir = os.path.join(self.directory, str(step))
+        index, count = jax.process_index(), jax.process_count()
         try:
-            integrity.write_manifest(step_dir, "training")
+            if count == 1:
+                integrity.write_manifest(step_dir, "training")
+                return
+            for _ in range(600):  # process 0 renames the step into place: the others may get here first
+                if os.path.isdir(step_dir):
+                    break
+                time.sleep(0.1)
+            distributed.post(f"{board}/{index}", json.dumps(integrity.checksums(step_dir, index, count)))
+            if index == 0:
+                timeout = distributed.barrier_timeout_s()
+                parts = [json.loads(distributed.wait_posted(f"{board}/{k}", timeout)) for k in range(count)]
+                distributed.unpost(f"{board}/")
+                integrity.write_manifest(step_dir, "training", parts)
         except FileNotFoundError:
             if os.path.isdir(step_dir):
                 raise  # else max_to_keep removed the step meanwhile
@@ -306,20 +393,24 @@ def whole_step(directory: str, items: tuple[str, ...], step: int | None = None) 
     return found
 
 
-def restore_model(directory: str, target: dict, step: int | None = None) -> tuple[dict, int]:
-    """The `model` item ({params, biases}) of `step` (default: the newest whole one) onto `target`'s shardings.
+def restore_model(directory: str, target: dict, step: int | None = None, item: str = "model") -> tuple[dict, int]:
+    """The `model` item ({params, biases}) of `step` (default: the newest whole one) onto `target`'s shardings;
+    item='reference': a DPO run's frozen reference model instead (UserError when the step has none).
 
     A target leaf without a sharding goes onto this process's first device (Orbax would otherwise
     use the sharding saved in the checkpoint, which fails whenever the saving process had other devices).
     """
-    step = whole_step(directory, ("model",), step)
+    step = whole_step(directory, (item,), step)
+    if item not in integrity.items_of(os.path.join(directory, str(step))):
+        raise UserError(f"checkpoint {step} in {directory} has no {item} item (only a train.objective=dpo run "
+                        "saves its reference model)")
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda a: a if getattr(a, "sharding", None) is not None
                           else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target)
     manager = _reader(directory)
-    restored = manager.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(target)))
+    restored = manager.restore(step, args=ocp.args.Composite(**{item: ocp.args.StandardRestore(target)}))
     manager.close()
-    return restored.model, step
+    return restored[item], step
 
 
 def read_config(directory: str, step: int | None = None) -> ml_collections.ConfigDict:

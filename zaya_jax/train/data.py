@@ -7,9 +7,14 @@ arrays: inputs, targets, segment_ids, positions (int32), loss_mask (float32), ro
 [p*B/n, (p+1)*B/n) of the global batch for process p of n.
 
 Synthetic data (train.data='synthetic'; configs/tiny.py, configs/bench_small.py): batch k is a
-function of (seed, k) only. Each row packs documents of random tokens in which a random motif of
-4-16 tokens repeats, so a model can learn to copy it and the loss falls; held-out batches use
-another seed.
+function of (seed, k) only; held-out batches use another seed. Rows follow train.objective:
+  lm    packed documents of random tokens in which a random motif of 4-16 tokens repeats, so a
+        model can learn to copy it and the loss falls
+  sft   the same packing of conversations: a random motif (the prompt, unsupervised) then its
+        repetition (the answer, loss_mask 1 on its targets), as chat rows are
+  dpo   preference pairs packed as the pipeline packs them: segment 2j-1 = prompt ++ chosen,
+        2j = prompt ++ rejected (positions restart in each; loss_mask 1 on completion targets),
+        where the prompt is a random motif, chosen repeats it and rejected is random tokens
 """
 
 from __future__ import annotations
@@ -24,15 +29,17 @@ import numpy as np
 from zaya_jax.config import ConfigError
 from zaya_jax.data.curriculum import PhaseInfo
 from zaya_jax.parallel.distributed import local_batch_rows
+from zaya_jax.train.objectives import DATA_KIND
 from zaya_jax.train.settings import Settings
 
 FIRST_TOKEN = 3  # ids below are pad / eos / bos in every shipped config
 EVAL_SEED_OFFSET = 1_000_003
 
 
-def synthetic_row(rng: np.random.Generator, seq_len: int, vocab: int) -> dict[str, np.ndarray]:
-    """One packed row of [seq_len] arrays: documents of a repeated random motif."""
-    tokens, segments, positions = [], [], []
+def synthetic_row(rng: np.random.Generator, seq_len: int, vocab: int, chat: bool = False) -> dict[str, np.ndarray]:
+    """One packed row of [seq_len] arrays: documents of a repeated random motif; chat: only the
+    targets after a document's first motif (its answer) are supervised."""
+    tokens, segments, positions, supervised = [], [], [], []
     segment = 0
     while len(tokens) < seq_len + 1:
         segment += 1
@@ -42,32 +49,60 @@ def synthetic_row(rng: np.random.Generator, seq_len: int, vocab: int) -> dict[st
         tokens.extend(doc)
         segments.extend([segment] * length)
         positions.extend(range(length))
+        supervised.extend(np.arange(length) >= (len(motif) if chat else 0))
     tokens, segments = np.asarray(tokens[:seq_len + 1]), np.asarray(segments[:seq_len + 1])
     same_doc = segments[1:] == segments[:-1]
     return {"inputs": tokens[:-1].astype(np.int32), "targets": tokens[1:].astype(np.int32),
             "segment_ids": segments[:-1].astype(np.int32), "positions": np.asarray(positions[:seq_len], np.int32),
-            "loss_mask": same_doc.astype(np.float32)}
+            "loss_mask": (same_doc & np.asarray(supervised[1:seq_len + 1])).astype(np.float32)}
 
 
-def synthetic_batch(seed: int, index: int, batch: int, seq_len: int, vocab: int, rows: slice) -> dict:
+def synthetic_preference_row(rng: np.random.Generator, seq_len: int, vocab: int) -> dict[str, np.ndarray]:
+    """One row of [seq_len] arrays packing preference pairs (at least one; none split); the rest is
+    padding (segment 0, loss_mask 0)."""
+    row = {k: np.zeros(seq_len, np.float32 if k == "loss_mask" else np.int32)
+           for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask")}
+    used, segment = 0, 0
+    longest_prompt = max(2, min(16, seq_len // 4))
+    while True:
+        prompt = rng.integers(FIRST_TOKEN, vocab, rng.integers(2, longest_prompt + 1))
+        chosen, rejected = prompt.copy(), rng.integers(FIRST_TOKEN, vocab, len(prompt))
+        n = 2 * len(prompt) - 1  # inputs of one sequence: prompt ++ completion, shifted by one
+        if used + 2 * n > seq_len:
+            return row
+        for completion in (chosen, rejected):
+            sequence = np.concatenate([prompt, completion])
+            segment += 1
+            span = slice(used, used + n)
+            row["inputs"][span], row["targets"][span] = sequence[:-1], sequence[1:]
+            row["segment_ids"][span], row["positions"][span] = segment, np.arange(n)
+            row["loss_mask"][span] = np.arange(1, n + 1) >= len(prompt)
+            used += n
+
+
+def synthetic_batch(seed: int, index: int, batch: int, seq_len: int, vocab: int, rows: slice,
+                    objective: str = "lm") -> dict:
     rng = np.random.default_rng([seed, index])
-    all_rows = [synthetic_row(rng, seq_len, vocab) for _ in range(batch)][rows]
+    if objective == "dpo":
+        all_rows = [synthetic_preference_row(rng, seq_len, vocab) for _ in range(batch)][rows]
+    else:
+        all_rows = [synthetic_row(rng, seq_len, vocab, chat=objective == "sft") for _ in range(batch)][rows]
     return {k: np.stack([r[k] for r in all_rows]) for k in all_rows[0]}
 
 
 class SyntheticIterator(grain.DatasetIterator):
     """Synthetic global batches (this process's rows), without end; state: the next batch index."""
 
-    def __init__(self, phase: PhaseInfo, vocab: int, seed: int):
+    def __init__(self, phase: PhaseInfo, vocab: int, seed: int, objective: str = "lm"):
         super().__init__()
-        self.phase, self.vocab_size = phase, vocab
+        self.phase, self.vocab_size, self.objective = phase, vocab, objective
         self._seed, self._index = seed, 0
         self._rows = local_batch_rows(phase.global_batch_size)
 
     def __next__(self) -> dict[str, np.ndarray]:
         self._index += 1
         return synthetic_batch(self._seed, self._index - 1, self.phase.global_batch_size, self.phase.seq_len,
-                               self.vocab_size, self._rows)
+                               self.vocab_size, self._rows, self.objective)
 
     def get_state(self) -> dict[str, Any]:
         return {"synthetic_batch": self._index}
@@ -120,14 +155,31 @@ def phases_of(config, settings: Settings) -> tuple[PhaseInfo, ...]:
 def open_training_data(config, settings: Settings) -> grain.DatasetIterator:
     """The training iterator; opening a missing source fails naming the field and path."""
     if settings.train.data == "synthetic":
-        return SyntheticIterator(synthetic_phase(settings), settings.model.vocab_size, settings.train.seed)
+        return SyntheticIterator(synthetic_phase(settings), settings.model.vocab_size, settings.train.seed,
+                                 settings.train.objective)
     from zaya_jax.data import build_pipeline
     pipeline = build_pipeline(training_data_config(config, settings), process_index=jax.process_index(),
                               process_count=jax.process_count(), seed=settings.train.seed)
     if pipeline.vocab_size > settings.model.vocab_size:
         raise ConfigError(f"data.sources were tokenized with a vocabulary of {pipeline.vocab_size}, larger than "
                          f"model.vocab_size={settings.model.vocab_size}")
+    check_data_kind(settings.train.objective, pipeline.kind, sorted(config.data.sources),
+                    pipeline.close)
     return pipeline
+
+
+def check_data_kind(objective: str, kind: str, sources: list[str], close=lambda: None) -> None:
+    """The prepared sources' kind must be the one train.objective reads (ConfigError naming the fix)."""
+    wanted = DATA_KIND[objective]
+    if kind != wanted:
+        close()
+        fix = {"text": "python -m zaya_jax.data.prepare (plain text)",
+               "chat": "python -m zaya_jax.data.prepare --kind chat",
+               "preference": "python -m zaya_jax.data.prepare --kind preference"}[wanted]
+        objective_for = {v: k for k, v in DATA_KIND.items()}.get(kind)
+        raise ConfigError(f"train.objective={objective!r} reads {wanted} data, but data.sources "
+                          f"({', '.join(sources)}) hold {kind} documents: prepare them with {fix}"
+                          + (f", or set --config.train.objective={objective_for}" if objective_for else ""))
 
 
 def eval_batches(config, settings: Settings) -> dict[str, list[dict[str, np.ndarray]]]:
@@ -137,7 +189,8 @@ def eval_batches(config, settings: Settings) -> dict[str, list[dict[str, np.ndar
         t = settings.train
         rows = local_batch_rows(t.global_batch_size)
         return {"synthetic": [synthetic_batch(t.seed + EVAL_SEED_OFFSET, i, t.global_batch_size, t.seq_len,
-                                              settings.model.vocab_size, rows) for i in range(max_batches or 4)]}
+                                              settings.model.vocab_size, rows, t.objective)
+                              for i in range(max_batches or 4)]}
     from zaya_jax.data import build_eval_batches
     return build_eval_batches(config.data, max_batches=max_batches, process_index=jax.process_index(),
                               process_count=jax.process_count())

@@ -5,7 +5,9 @@
                              opens the data (missing files are named here) -- all before any
                              compilation -- then builds or restores the state:
                                latest checkpoint in workdir  >  init_model (a ZayaLM in memory,
-                               e.g. from a notebook)  >  train.init_from_hf  >  fresh init
+                               e.g. from a notebook)  >  train.init_from_checkpoint  >
+                               train.init_from_hf  >  fresh init (a DPO run's frozen reference
+                               model is a copy of the weights it starts from)
                              on_log(record) sees every record written to metrics.jsonl (train,
                              eval, rollback), as it is written: a live plot's hook
   Trainer.run()              steps until train.steps (or the data ends), then saves, waits for
@@ -14,7 +16,7 @@
 
 from __future__ import annotations
 
-import math
+import functools
 import os
 import time
 from typing import Callable
@@ -25,14 +27,16 @@ import numpy as np
 from flax import nnx
 
 from zaya_jax.config import RUNTIME_MODEL_FIELDS, ConfigError
+from zaya_jax.errors import UserError
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.model.kernels import resolve_attention_kernel
 from zaya_jax.parallel import distributed
 from zaya_jax.parallel.attention_sharding import check_attention_layout
 from zaya_jax.parallel.mesh import check_declared_platform, check_platform_support, make_mesh
-from zaya_jax.train import checkpoint, faults
-from zaya_jax.train.checkpoint import Checkpointer, config_json, restore_model
+from zaya_jax.train import checkpoint, faults, integrity
+from zaya_jax.train.checkpoint import Checkpointer, checkpoint_dir, config_json, read_config, restore_model, whole_step
 from zaya_jax.train.data import curriculum_extension, eval_batches, open_training_data, phases_of
+from zaya_jax.train.objectives import TokenObjective, zero_sums
 from zaya_jax.train.metrics import expert_load, flops_per_token, peak_flops, router_metrics
 from zaya_jax.train.monitor import HEATMAP_FILE, METRICS_FILE, Monitor
 from zaya_jax.train.profiling import StepProfiler
@@ -52,12 +56,36 @@ def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
     return model
 
 
-def check_same_architecture(model: ZayaLM, cfg, field: str) -> None:
-    """`model`'s architecture must equal `cfg`'s (runtime fields may differ); names the first difference."""
-    for name, value in vars(model.config).items():
-        if name not in RUNTIME_MODEL_FIELDS and value != getattr(cfg, name):
+def check_same_architecture(model: ZayaLM, cfg, field: str, ignore: tuple[str, ...] = ()) -> None:
+    """`model`'s architecture must equal `cfg`'s (runtime fields and `ignore` may differ); names the
+    first difference. `model` may also be a ModelConfig."""
+    for name, value in vars(getattr(model, "config", model)).items():
+        if name not in RUNTIME_MODEL_FIELDS + ignore and value != getattr(cfg, name):
             raise ConfigError(f"{field}: the model has model.{name}={value!r} "
                               f"but the config says {getattr(cfg, name)!r}")
+
+
+def checkpoint_to_start_from(path: str, cfg, rope_theta: float, made_by: str = "") -> tuple[str, int]:
+    """train.init_from_checkpoint -> (checkpoint directory, newest whole step), checked before any
+    compilation: its architecture must equal `cfg`'s, and the RoPE base it was trained at (its
+    saved model.rope_theta) the one this run starts with (errors name the field and the fix;
+    a missing checkpoint also the command `made_by` that trains it, '{}' standing for `path`)."""
+    from zaya_jax.config_files import model_config
+    field = "train.init_from_checkpoint"
+    directory = checkpoint_dir(path)
+    try:
+        step = whole_step(directory, ("model", "config"))
+    except UserError as err:
+        if not made_by or os.path.isdir(directory):
+            raise
+        raise UserError(f"{field}: no checkpoint at {path}; train it first: {made_by.format(path)}") from err
+    saved = model_config(read_config(directory, step))
+    check_same_architecture(saved, cfg, f"{field}: {directory} step {step}", ignore=("rope_theta",))
+    if saved.rope_theta != rope_theta:
+        raise ConfigError(f"{field}: {directory} step {step} was trained with rope_theta={saved.rope_theta:g} but "
+                          f"this run starts with {rope_theta:g}: set --config.model.rope_theta={saved.rope_theta:g} "
+                          "(or its first curriculum phase's rope_theta)")
+    return directory, step
 
 
 class Trainer:
@@ -84,6 +112,11 @@ class Trainer:
         if s.train.init_from_hf and not os.path.isdir(s.train.init_from_hf):
             raise ConfigError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory (an HF checkpoint "
                               "directory: config.json + safetensors)")
+        resuming = bool(integrity.steps_in(os.path.join(self.workdir, "checkpoints")))  # the source is not read
+        self._init_checkpoint = (checkpoint_to_start_from(s.train.init_from_checkpoint, s.model,
+                                                          self.phases[0].rope_theta,
+                                                          s.train.init_from_checkpoint_made_by)
+                                 if s.train.init_from_checkpoint and not resuming else None)
         os.makedirs(self.workdir, exist_ok=True)
         self.is_main = jax.process_index() == 0
         self._lock = WorkdirLock(self.workdir) if self.is_main else None
@@ -95,15 +128,16 @@ class Trainer:
         program = build_program(s, self.mesh)
         self.tx, self.controller, self.lr_schedule = program.tx, program.controller, program.lr_schedule
         self.parts, self.abstract_state, self.shardings = program.parts, program.abstract_state, program.shardings
-        self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), s.checkpoint)
+        self.objective = program.objective
+        self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), s.checkpoint,
+                                         reference=self.objective.needs_reference)
         self.monitor = Monitor(self.workdir, s.train.steps, progress_bar=s.monitor.progress_bar,
                                tensorboard=s.monitor.tensorboard, enabled=self.is_main)
         self.profiler = StepProfiler(os.path.join(self.workdir, "profile"), s.monitor.profile_start_step,
                                      s.monitor.profile_steps)
         self.monitor.log(f"topology: {distributed.topology()}; mesh {mesh_shape}")
         self._announce_extension(curriculum_extension(config, s))
-        with jax.set_mesh(self.mesh):
-            self.state, origin = self._initial_state()
+        self.state, origin = self._initial_state_unless_stopped()
         self.monitor.advance(int(self.state.step))
         self.monitor.log(f"start at step {int(self.state.step)}: {origin}")
         self._train_step, self._eval_step = program.train_step, program.eval_step
@@ -115,13 +149,13 @@ class Trainer:
     # -- state ------------------------------------------------------------------------------
     def _fresh(self, params: dict | None, biases: jax.Array | None) -> TrainState:
         s = self.settings
+        start = functools.partial(initial_state, tx=self.tx, controller=self.controller, seed=s.train.seed,
+                                  with_reference=self.objective.needs_reference)
         if params is None:
             def init():
-                p, b = ModelParts.arrays(ZayaLM(s.model, rngs=nnx.Rngs(s.train.seed)))
-                return initial_state(p, b, self.tx, self.controller, s.train.seed)
+                return start(*ModelParts.arrays(ZayaLM(s.model, rngs=nnx.Rngs(s.train.seed))))
             return jax.jit(init, out_shardings=self.shardings)()
-        return jax.jit(lambda p, b: initial_state(p, b, self.tx, self.controller, s.train.seed),
-                       in_shardings=(self.shardings.params, self.shardings.biases),
+        return jax.jit(start, in_shardings=(self.shardings.params, self.shardings.biases),
                        out_shardings=self.shardings)(params, biases)
 
     def _initial_state(self) -> tuple[TrainState, str]:
@@ -130,10 +164,12 @@ class Trainer:
         if point is not None and point[1] == "training":
             return self._restore(step), f"restored checkpoint {step}"
         if point is not None:
-            target = with_shardings({"params": self.abstract_state.params, "biases": self.abstract_state.biases},
-                                    {"params": self.shardings.params, "biases": self.shardings.biases})
-            model, _ = restore_model(self.checkpointer.directory, target, step)
-            return self._fresh(model["params"], model["biases"]), f"weights of model-only checkpoint {step}"
+            return self._fresh(*self._restored_model(self.checkpointer.directory, step)), \
+                f"weights of model-only checkpoint {step}"
+        if self._init_model is None and self._init_checkpoint is not None:
+            directory, step = self._init_checkpoint
+            return self._fresh(*self._restored_model(directory, step)), \
+                f"weights of checkpoint {step} in {directory} (train.init_from_checkpoint), a fresh optimizer"
         path = self.settings.train.init_from_hf
         if self._init_model is None and not path:
             return self._fresh(None, None), "fresh initialisation"
@@ -144,6 +180,13 @@ class Trainer:
         params, biases = ModelParts.arrays(model)
         return self._fresh(jax.device_put(params, self.shardings.params),
                            jax.device_put(biases, self.shardings.biases)), source
+
+    def _restored_model(self, directory: str, step: int) -> tuple[dict, jax.Array]:
+        """(params, biases) of the `model` item of `step` in `directory`, on this run's shardings."""
+        target = with_shardings({"params": self.abstract_state.params, "biases": self.abstract_state.biases},
+                                {"params": self.shardings.params, "biases": self.shardings.biases})
+        model, _ = restore_model(directory, target, step)
+        return model["params"], model["biases"]
 
     def _restore(self, step: int) -> TrainState:
         return self.checkpointer.restore(step, with_shardings(self.abstract_state, self.shardings), self.data)
@@ -274,11 +317,31 @@ class Trainer:
     def _announce_stop(self, step: int, trained: bool) -> None:
         """A stop before any step of this session saves nothing: the state is the checkpoint it was
         restored from, or an initialisation that the next start makes again."""
-        message = (f"signal {self.stopped_by}: saving step {step} and stopping" if trained else
-                   f"signal {self.stopped_by}: stopping at step {step} before training; nothing new to save")
+        self._log_on_every_process(
+            f"signal {self.stopped_by}: saving step {step} and stopping" if trained else
+            f"signal {self.stopped_by}: stopping at step {step} before training; nothing new to save")
+
+    def _log_on_every_process(self, message: str) -> None:
         self.monitor.log(message)
         if not self.is_main:
             print(f"process {jax.process_index()}: {message}", flush=True)
+
+    def _initial_state_unless_stopped(self) -> tuple[TrainState, str]:
+        """_initial_state, unless a stop comes while any process builds it (faults.build_unless_stopped):
+        then the stop is logged, what start-up opened is closed, and StoppedDuringStartup raised."""
+        def build():
+            with jax.set_mesh(self.mesh):
+                return self._initial_state()
+        try:
+            return faults.build_unless_stopped(build)
+        except faults.StoppedDuringStartup as stop:
+            self.stopped_by = stop.signum
+            self._log_on_every_process(str(stop))
+            self.monitor.close()
+            self.data.close()
+            if self._lock is not None:
+                self._lock.release()
+            raise
 
     def _save_unless_nonfinite(self, streak: int, last_saved: int | None) -> int | None:
         """Saves the state unless its last step was non-finite (a rollback must never find such a state)."""
@@ -327,6 +390,7 @@ class Trainer:
         record = {"kind": "train", "step": step, "loss": float(m["loss"]), "tokens_per_sec": tokens_per_sec,
                   "mfu": mfu, "lr": float(m["lr"]), "grad_norm": float(m["grad_norm"]),
                   "skipped_steps": int(m["skipped_steps"]), "phase": phase.name, "rope_theta": phase.rope_theta,
+                  **{k: float(m[k]) for k in self.objective.metric_keys if k != "loss"},
                   **router_metrics(m["expert_counts"], m["dropped"]),
                   "expert_load": np.round(expert_load(m["expert_counts"]), 5).tolist()}
         self._write(record)
@@ -334,14 +398,15 @@ class Trainer:
         self.monitor.progress(step, record["loss"], tokens_per_sec, mfu)
 
     def evaluate(self, step: int, rope_theta: float) -> dict:
-        """Held-out loss and perplexity per source, logged at `step`."""
+        """Held-out metrics per source, logged at `step`: loss and perplexity (lm, sft), or the DPO
+        loss, reward_accuracy, reward_margin, chosen_reward and rejected_reward (dpo)."""
         if rope_theta not in self._eval_compiled and jax.process_count() > 1:
             self._compile_eval_on_every_process(rope_theta)
         results = evaluate_params(self._eval_step, self.state.params, self.state.biases, self.eval_data, self.mesh,
-                                  rope_theta)
+                                  rope_theta, reference=self.state.reference, objective=self.objective)
         record: dict = {"kind": "eval", "step": step}
         for source, r in results.items():
-            record[f"eval/{source}/loss"], record[f"eval/{source}/perplexity"] = r["loss"], r["perplexity"]
+            record.update({f"eval/{source}/{k}": v for k, v in r.items() if k not in ("tokens", "pairs")})
         self._write(record)
         self.monitor.log(" ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("eval/")))
         return record
@@ -352,21 +417,21 @@ class Trainer:
         shapes = {tuple((k, v.shape) for k, v in sorted(local.items())): local
                   for source_batches in self.eval_data.values() for local in source_batches}
         for local in shapes.values():  # one program per batch shape
-            self._eval_step.lower(self.state.params, self.state.biases, distributed.global_batch(local, self.mesh),
-                                  rope_theta).compile()
+            self._eval_step.lower(self.state.params, self.state.biases, self.state.reference,
+                                  distributed.global_batch(local, self.mesh), rope_theta).compile()
         distributed.barrier(f"evaluation compiled for rope_theta {rope_theta:g}")
 
 
-def evaluate_params(eval_step, params: dict, biases: jax.Array, batches: dict, mesh,
-                    rope_theta: float) -> dict[str, dict[str, float]]:
-    """{source: {loss, perplexity, tokens}} on held-out `batches`; eval_step from step.jit_eval_step."""
+def evaluate_params(eval_step, params: dict, biases: jax.Array, batches: dict, mesh, rope_theta: float, *,
+                    reference: dict | None = None, objective=TokenObjective()) -> dict[str, dict[str, float]]:
+    """{source: objective.evaluation(totals)} on held-out `batches` ({loss, perplexity, tokens} for
+    lm / sft); eval_step from step.jit_eval_step with the same objective; reference: a DPO run's."""
     out = {}
     with jax.set_mesh(mesh):
         for source, source_batches in batches.items():
-            nll, tokens = jnp.zeros(()), jnp.zeros(())
+            sums = zero_sums(objective)
             for local in source_batches:
-                n, t = eval_step(params, biases, distributed.global_batch(local, mesh), rope_theta)
-                nll, tokens = nll + n, tokens + t
-            loss = float(nll) / max(float(tokens), 1.0)
-            out[source] = {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": int(tokens)}
+                sums = jax.tree.map(jnp.add, sums, eval_step(params, biases, reference,
+                                                             distributed.global_batch(local, mesh), rope_theta))
+            out[source] = objective.evaluation(sums)
     return out

@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.train import balancing
+from zaya_jax.train.objectives import make_objective
 from zaya_jax.train.optimizer import make_optimizer, schedule
 from zaya_jax.train.settings import Settings
 from zaya_jax.train.state import ModelParts, TrainState, initial_state, state_specs, to_shardings
@@ -33,7 +34,8 @@ class TrainProgram:
     abstract_state: TrainState   # of ShapeDtypeStructs
     shardings: TrainState        # of NamedShardings
     train_step: Callable         # (state, batch, rope_theta) -> (state, metrics)
-    eval_step: Callable          # (params, biases, batch, rope_theta) -> (nll sum, tokens)
+    eval_step: Callable          # (params, biases, reference, batch, rope_theta) -> the objective's sums
+    objective: object            # objectives.TokenObjective | DPOObjective
 
 
 def build_program(s: Settings, mesh: Mesh) -> TrainProgram:
@@ -43,17 +45,20 @@ def build_program(s: Settings, mesh: Mesh) -> TrainProgram:
     abstract_model = nnx.eval_shape(lambda: ZayaLM(s.model, rngs=nnx.Rngs(s.train.seed)))
     parts = ModelParts(abstract_model)
     params_abs, biases_abs = ModelParts.arrays(abstract_model)
+    objective = make_objective(s.train.objective, s.dpo.beta, s.dpo.label_smoothing)
     abstract_state = jax.eval_shape(
-        lambda p, b: initial_state(p, b, tx, controller, s.train.seed), params_abs, biases_abs)
+        lambda p, b: initial_state(p, b, tx, controller, s.train.seed, objective.needs_reference),
+        params_abs, biases_abs)
     specs = state_specs(abstract_state, parts.param_specs(mesh), parts.biases_spec(mesh), mesh,
                         s.mesh.shard_optimizer_over_data)
     shardings = to_shardings(specs, mesh)
-    static = dict(parts=parts, loss_chunk=s.train.loss_chunk_size)
+    static = dict(parts=parts, loss_chunk=s.train.loss_chunk_size, objective=objective)
     train_step = jit_train_step(
         shardings, mesh, tx=tx, controller=controller, lr_schedule=lr_schedule, microbatches=s.train.microbatches,
         balance=s.balancing.enabled, include_skip=s.balancing.include_skip, **static)
-    eval_step = jit_eval_step(shardings.params, shardings.biases, mesh, **static)
-    return TrainProgram(parts, tx, controller, lr_schedule, abstract_state, shardings, train_step, eval_step)
+    eval_step = jit_eval_step(shardings.params, shardings.biases, mesh, shardings.reference, **static)
+    return TrainProgram(parts, tx, controller, lr_schedule, abstract_state, shardings, train_step, eval_step,
+                        objective)
 
 
 def abstract_batch(global_batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:

@@ -7,9 +7,15 @@ below, and every error names the offending `section.field`):
               synthetic batch shape; with 'pipeline' the curriculum phases set them),
               microbatches (gradient accumulation), loss_chunk_size, log_every_steps,
               peak_flops_per_device (0: from the device-kind table), init_from_hf (an HF
-              checkpoint dir to start from), max_nonfinite_streak (roll back after that many
-              non-finite steps in a row; 0: never), max_rollbacks (a run needing one rollback
-              more than this stops with an error, exit 1)
+              checkpoint dir to start from), init_from_checkpoint (a run's workdir or checkpoint
+              dir: its newest whole step's model starts the run; not with init_from_hf),
+              init_from_checkpoint_made_by (the command that trains that checkpoint, '{}' standing
+              for its path: a missing one is reported with it),
+              max_nonfinite_streak (roll back after that many non-finite steps in a row; 0:
+              never), max_rollbacks (a run needing one rollback more than this stops with an
+              error, exit 1), objective ('lm' | 'sft' | 'dpo': zaya_jax.train.objectives)
+  dpo         beta (the KL strength), label_smoothing (in [0, 0.5): the assumed fraction of flipped
+              preference labels, TRL's robust/cDPO loss); read when train.objective == 'dpo'
   optimizer   name ('muon' | 'adamw'), learning_rate, adam_learning_rate (0: learning_rate),
               schedule ('cosine' | 'wsd' | 'constant'), warmup_steps, decay_fraction (WSD),
               min_lr_ratio, b1, b2, eps, weight_decay, decay_embedding, grad_clip_norm (0: off),
@@ -35,6 +41,7 @@ from typing import Any
 from zaya_jax.config import ConfigError, ModelConfig
 from zaya_jax.config_files import model_config
 from zaya_jax.parallel.mesh import MESH_AXES, PLATFORMS
+from zaya_jax.train.objectives import OBJECTIVES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +56,17 @@ class TrainSettings:
     log_every_steps: int = 10
     peak_flops_per_device: float = 0.0
     init_from_hf: str = ""
+    init_from_checkpoint: str = ""
+    init_from_checkpoint_made_by: str = ""
     max_nonfinite_streak: int = 3
     max_rollbacks: int = 3
+    objective: str = "lm"
+
+
+@dataclasses.dataclass(frozen=True)
+class DPOSettings:
+    beta: float = 0.1
+    label_smoothing: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,17 +146,19 @@ class Settings:
     eval: EvalSettings
     mesh: MeshSettings
     monitor: MonitorSettings
+    dpo: DPOSettings
 
 
 SECTIONS = {"train": TrainSettings, "optimizer": OptimizerSettings, "balancing": BalancingSettings,
             "checkpoint": CheckpointSettings, "eval": EvalSettings, "mesh": MeshSettings,
-            "monitor": MonitorSettings}
-CHOICES = {("train", "data"): ("synthetic", "pipeline"), ("optimizer", "name"): ("muon", "adamw"),
+            "monitor": MonitorSettings, "dpo": DPOSettings}
+CHOICES = {("train", "data"): ("synthetic", "pipeline"), ("train", "objective"): OBJECTIVES,
+           ("optimizer", "name"): ("muon", "adamw"),
            ("optimizer", "schedule"): ("cosine", "wsd", "constant"), ("mesh", "platform"): PLATFORMS}
 POSITIVE = {("train", "steps"), ("train", "microbatches"), ("train", "loss_chunk_size"),
             ("train", "log_every_steps"), ("optimizer", "learning_rate"), ("optimizer", "eps"),
             ("optimizer", "muon_ns_steps"), ("optimizer", "muon_rms_scale"), ("balancing", "rate"),
-            ("checkpoint", "max_to_keep"), ("monitor", "profile_steps")}
+            ("checkpoint", "max_to_keep"), ("monitor", "profile_steps"), ("dpo", "beta")}
 FRACTIONS = {("optimizer", "b1"), ("optimizer", "b2"), ("optimizer", "muon_momentum"), ("balancing", "b1"),
              ("balancing", "b2"), ("optimizer", "decay_fraction"), ("optimizer", "min_lr_ratio")}
 
@@ -191,6 +209,10 @@ def settings_from_config(config) -> Settings:
                                   f"got {getattr(s.train, field)}")
     elif "data" not in config:
         raise ConfigError("train.data='pipeline' needs a data section (zaya_jax.data.curriculum)")
+    if s.train.init_from_hf and s.train.init_from_checkpoint:
+        raise ConfigError("train.init_from_hf and train.init_from_checkpoint are both set: give one starting point")
+    if not 0 <= s.dpo.label_smoothing < 0.5:
+        raise ConfigError(f"dpo.label_smoothing must lie in [0, 0.5), got {s.dpo.label_smoothing!r}")
     if s.train.steps <= s.optimizer.warmup_steps and s.optimizer.schedule != "constant":
         raise ConfigError(f"optimizer.warmup_steps ({s.optimizer.warmup_steps}) must be below "
                           f"train.steps ({s.train.steps}): lower --config.optimizer.warmup_steps or raise "

@@ -1,7 +1,9 @@
 """The train state: a pytree of arrays, its shardings and how it turns back into a ZayaLM.
 
 L layers, E experts (+1 skip slot). `params` is the model's nnx.Param state as a nested dict
-(nnx.to_pure_dict); the balancing biases are not parameters (no gradient) and live apart.
+(nnx.to_pure_dict); the balancing biases are not parameters (no gradient) and live apart. A DPO
+run also carries its reference model: a frozen copy of the starting params and biases (the
+biases too, since the balancing controller moves them during training).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class TrainState:
     #                               training feature (ZAYA1 itself has none), so a resume replays it
     skipped_steps: jax.Array      # [] int32: non-finite steps whose update was skipped
     nonfinite_streak: jax.Array   # [] int32: non-finite steps in a row, up to this one
+    reference: dict | None = None  # train.objective=dpo: the frozen {params, biases} the run started from
+    #                               (sharded like params and biases; checkpointed as the `reference` item)
 
 
 class ModelParts:
@@ -76,11 +80,15 @@ def _nest(path: tuple[str, ...], leaf) -> dict:
 
 
 def initial_state(params: dict, biases: jax.Array, tx: optax.GradientTransformation,
-                  controller: optax.GradientTransformation, seed: int) -> TrainState:
+                  controller: optax.GradientTransformation, seed: int, with_reference: bool = False) -> TrainState:
+    """Step 0 from `params` and `biases`; with_reference: they are also copied into the frozen
+    reference model (its own buffers: the state is donated to every step)."""
     zero = jnp.zeros((), jnp.int32)
+    reference = jax.tree.map(jnp.copy, {"params": params, "biases": biases}) if with_reference else None
     return TrainState(step=zero, params=params, biases=biases, opt_state=tx.init(params),
                       controller_state=controller.init(biases),
-                      rng=jax.random.key_data(jax.random.key(seed)), skipped_steps=zero, nonfinite_streak=zero)
+                      rng=jax.random.key_data(jax.random.key(seed)), skipped_steps=zero, nonfinite_streak=zero,
+                      reference=reference)
 
 
 def _trailing_dict_keys(path) -> tuple[str, ...]:
@@ -120,7 +128,8 @@ def state_specs(abstract: TrainState, param_specs: dict, biases_spec: P, mesh: M
     return TrainState(step=P(), params=param_specs, biases=biases_spec,
                       opt_state=mirrored(abstract.opt_state, None),
                       controller_state=mirrored(abstract.controller_state, biases_spec),
-                      rng=P(), skipped_steps=P(), nonfinite_streak=P())
+                      rng=P(), skipped_steps=P(), nonfinite_streak=P(),
+                      reference=None if abstract.reference is None else {"params": param_specs, "biases": biases_spec})
 
 
 def to_shardings(specs: Any, mesh: Mesh) -> Any:

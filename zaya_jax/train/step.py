@@ -4,9 +4,12 @@ B global batch, M micro-batches, S seq, L layers, E experts (+1 skip).
 
   micro-batches: batch [B,S] -> [M, B/M, S]; rows are dealt round-robin (row r goes to
       micro-batch r mod M), so every micro-batch keeps the batch's sharding over devices
-  lax.scan over micro-batches: grads += d/dparams sum(nll * loss_mask); counts += expert_counts
-  grads /= tokens (the loss is the token mean over the whole global batch: accumulating M
-      micro-batches gives exactly the gradient of one big batch)
+  lax.scan over micro-batches (objectives.py: lm / sft / dpo):
+      nll = per-token nll of the policy [b,S]; for dpo also of the frozen reference (stop_gradient)
+      value, sums = objective.micro_sums(nll, reference nll, micro-batch)
+      grads += d value / d params; sums += sums; counts += expert_counts
+  grads /= count (masked tokens, or valid DPO pairs, of the whole global batch: accumulating M
+      micro-batches gives exactly the gradient of one big batch); metrics = objective.metrics(sums)
   finite = loss and grad norm are finite
   if finite: params, opt_state <- optimizer (clip by global norm, Muon/AdamW);
              biases <- balancing controller on the global batch's expert counts
@@ -27,7 +30,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from zaya_jax.parallel.rules import batch_spec
 from zaya_jax.train import balancing
-from zaya_jax.train.loss import chunked_nll_sum
+from zaya_jax.train.loss import chunked_token_nll
+from zaya_jax.train.objectives import TokenObjective, zero_sums
 from zaya_jax.train.optimizer import applied_updates
 from zaya_jax.train.state import ModelParts, TrainState
 
@@ -36,12 +40,30 @@ BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
 
 def batch_nll(parts: ModelParts, params: dict, biases: jax.Array, batch: dict, rope_theta: float,
               loss_chunk: int):
-    """-> (sum of masked nll [], MoEStats with [L] leading axes) for one batch of [b, S] arrays."""
+    """-> (per-token nll [b, S], MoEStats with [L] leading axes) for one batch of [b, S] arrays."""
     model = parts.merge(params, biases)
     hidden, stats = model.hidden_states(batch["inputs"], segment_ids=batch["segment_ids"],
                                         positions=batch["positions"], rope_theta=rope_theta)
     with jax.named_scope("loss_head"):
-        return chunked_nll_sum(model.logits, hidden, batch["targets"], batch["loss_mask"], loss_chunk), stats
+        return chunked_token_nll(model.logits, hidden, batch["targets"], loss_chunk), stats
+
+
+def reference_nll(parts: ModelParts, reference: dict | None, batch: dict, rope_theta: float, loss_chunk: int):
+    """The frozen reference model's per-token nll [b, S] (no gradient), or None without a reference."""
+    if reference is None:
+        return None
+    with jax.named_scope("reference_model"):
+        nll, _ = batch_nll(parts, reference["params"], reference["biases"], batch, rope_theta, loss_chunk)
+        return jax.lax.stop_gradient(nll)
+
+
+def objective_value(parts: ModelParts, objective, params: dict, biases: jax.Array, reference: dict | None,
+                    batch: dict, rope_theta: float, loss_chunk: int):
+    """-> (value [] to differentiate, (sums {objective.sum_keys: []}, MoEStats)) of one micro-batch."""
+    ref_nll = reference_nll(parts, reference, batch, rope_theta, loss_chunk)
+    nll, stats = batch_nll(parts, params, biases, batch, rope_theta, loss_chunk)
+    value, sums = objective.micro_sums(nll, ref_nll, batch)
+    return value, (sums, stats)
 
 
 def split_microbatches(batch: dict, m: int, mesh: Mesh | None) -> dict:
@@ -57,28 +79,30 @@ def split_microbatches(batch: dict, m: int, mesh: Mesh | None) -> dict:
 def train_step(state: TrainState, batch: dict, *, parts: ModelParts, tx: optax.GradientTransformation,
                controller: optax.GradientTransformation, lr_schedule: Callable, rope_theta: float,
                microbatches: int, loss_chunk: int, balance: bool, include_skip: bool,
-               mesh: Mesh | None) -> tuple[TrainState, dict]:
+               mesh: Mesh | None, objective=TokenObjective()) -> tuple[TrainState, dict]:
     """One optimizer step on a global batch {inputs, targets, segment_ids, positions, loss_mask: [B, S]}.
 
-    metrics: loss, grad_norm, lr, tokens, skipped (0/1), skipped_steps, nonfinite_streak [];
-             expert_counts [L, E+1], dropped [L] (summed over the batch).
+    metrics: objective.metric_keys (loss; for dpo also reward_margin, reward_accuracy,
+             chosen_reward, rejected_reward, pairs), grad_norm, lr, tokens, skipped (0/1),
+             skipped_steps, nonfinite_streak []; expert_counts [L, E+1], dropped [L] (summed over the batch).
     """
     grad_fn = jax.value_and_grad(
-        lambda p, mb: batch_nll(parts, p, state.biases, mb, rope_theta, loss_chunk), has_aux=True)
+        lambda p, mb: objective_value(parts, objective, p, state.biases, state.reference, mb, rope_theta,
+                                      loss_chunk), has_aux=True)
 
     def micro(carry, mb):
-        grads, nll, counts, dropped = carry
-        (mb_nll, stats), mb_grads = grad_fn(state.params, mb)
-        return (jax.tree.map(jnp.add, grads, mb_grads), nll + mb_nll, counts + stats.expert_counts,
-                dropped + stats.dropped), None
+        grads, sums, counts, dropped = carry
+        (_, (mb_sums, stats)), mb_grads = grad_fn(state.params, mb)
+        return (jax.tree.map(jnp.add, grads, mb_grads), jax.tree.map(jnp.add, sums, mb_sums),
+                counts + stats.expert_counts, dropped + stats.dropped), None
 
     num_layers, num_classes = state.biases.shape
-    zeros = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros((), jnp.float32),
+    zeros = (jax.tree.map(jnp.zeros_like, state.params), zero_sums(objective),
              jnp.zeros((num_layers, num_classes), jnp.int32), jnp.zeros((num_layers,), jnp.int32))
-    (grads, nll, counts, dropped), _ = jax.lax.scan(micro, zeros, split_microbatches(batch, microbatches, mesh))
-    tokens = jnp.sum(batch["loss_mask"])
-    denom = jnp.maximum(tokens, 1.0)
-    loss = nll / denom
+    (grads, sums, counts, dropped), _ = jax.lax.scan(micro, zeros, split_microbatches(batch, microbatches, mesh))
+    objective_metrics = objective.metrics(sums)
+    loss = objective_metrics["loss"]
+    denom = jnp.maximum(sums[objective.count_key], 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -102,17 +126,19 @@ def train_step(state: TrainState, batch: dict, *, parts: ModelParts, tx: optax.G
     new = jax.lax.cond(finite, apply, skip, state)
     new = new.replace(step=state.step + 1,
                       rng=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]))
-    metrics = {"loss": loss, "grad_norm": grad_norm, "lr": lr_schedule(applied_before), "tokens": tokens,
+    metrics = {**objective_metrics, "grad_norm": grad_norm, "lr": lr_schedule(applied_before),
+               "tokens": jnp.sum(batch["loss_mask"]),
                "skipped": (~finite).astype(jnp.int32), "skipped_steps": new.skipped_steps,
                "nonfinite_streak": new.nonfinite_streak, "expert_counts": counts, "dropped": dropped}
     return new, metrics
 
 
-def eval_step(params: dict, biases: jax.Array, batch: dict, *, parts: ModelParts, rope_theta: float,
-              loss_chunk: int) -> tuple[jax.Array, jax.Array]:
-    """-> (sum of masked nll [], target tokens []) of one evaluation batch."""
-    nll, _ = batch_nll(parts, params, biases, batch, rope_theta, loss_chunk)
-    return nll, jnp.sum(batch["loss_mask"])
+def eval_step(params: dict, biases: jax.Array, reference: dict | None, batch: dict, *, parts: ModelParts,
+              rope_theta: float, loss_chunk: int, objective=TokenObjective()) -> dict:
+    """-> the objective's sums {objective.sum_keys: []} over one evaluation batch (objective.metrics
+    of their totals over many batches is the held-out loss)."""
+    _, (sums, _) = objective_value(parts, objective, params, biases, reference, batch, rope_theta, loss_chunk)
+    return sums
 
 
 def jit_train_step(state_shardings: TrainState, mesh: Mesh, **static) -> Callable:
@@ -127,12 +153,15 @@ def jit_train_step(state_shardings: TrainState, mesh: Mesh, **static) -> Callabl
                    out_shardings=(state_shardings, replicated), static_argnums=2, donate_argnums=0)
 
 
-def jit_eval_step(params_shardings: dict, biases_sharding: NamedSharding, mesh: Mesh, **static) -> Callable:
-    """(params, biases, batch, rope_theta) -> (nll sum, tokens)."""
+def jit_eval_step(params_shardings: dict, biases_sharding: NamedSharding, mesh: Mesh,
+                  reference_shardings: dict | None = None, **static) -> Callable:
+    """(params, biases, reference, batch, rope_theta) -> the objective's sums; reference: the
+    frozen {params, biases} of a DPO run, else None."""
     batch_sharding = {k: NamedSharding(mesh, batch_spec(mesh)) for k in BATCH_KEYS}
     fn = functools.partial(eval_step, **static)
 
-    def run_eval_step(params, biases, batch, rope_theta):
-        return fn(params, biases, batch, rope_theta=rope_theta)
-    return jax.jit(run_eval_step, in_shardings=(params_shardings, biases_sharding, batch_sharding),
-                   out_shardings=NamedSharding(mesh, P()), static_argnums=3)
+    def run_eval_step(params, biases, reference, batch, rope_theta):
+        return fn(params, biases, reference, batch, rope_theta=rope_theta)
+    return jax.jit(run_eval_step, in_shardings=(params_shardings, biases_sharding, reference_shardings,
+                                                batch_sharding),
+                   out_shardings=NamedSharding(mesh, P()), static_argnums=4)

@@ -1,0 +1,29 @@
+"""The kind of a run's prepared sources (text, chat or preference) and the rows each kind makes.
+
+text -> pretraining rows, chat -> SFT rows (packing.CHUNKS for both), preference -> DPO rows
+(preference_rows.PAIRS). All sources a pipeline or the held-out evaluation opens must be of one
+kind, since one run trains one objective on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from zaya_jax.config import ConfigError
+from zaya_jax.data import packing, preference_rows
+from zaya_jax.data.sources import PreparedSource
+
+ROW_FORMATS: dict[str, packing.RowFormat] = {  # one per records.KINDS
+    "text": packing.CHUNKS, "chat": packing.CHUNKS, "preference": preference_rows.PAIRS}
+
+
+def sources_kind(sources: Mapping[str, PreparedSource]) -> str:
+    """The one kind of `sources`; ConfigError naming two sources whose kinds differ."""
+    kinds = {name: source.kind for name, source in sources.items()}
+    first = next(iter(kinds))
+    for name, kind in kinds.items():
+        if kind != kinds[first]:
+            raise ConfigError(f"data.sources.{first} holds {kinds[first]} data but data.sources.{name} holds "
+                              f"{kind} data: the sources of a run must be of one kind (prepare them with the "
+                              f"same --kind, or list only one kind in data.sources)")
+    return kinds[first]

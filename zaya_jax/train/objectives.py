@@ -1,0 +1,118 @@
+"""Training objectives (train.objective): what the train step differentiates, as pure functions.
+
+B rows, S seq, P = S // 2 pairs at most per row. Each objective maps one micro-batch's per-token
+nll [B,S] (policy; and the frozen reference model's for DPO) to sums over the micro-batch; the
+step adds the sums of every micro-batch and divides once by the global batch's count (so M
+micro-batches give exactly the loss and gradient of one big batch).
+
+  lm, sft   value = sum(nll * loss_mask); count = masked tokens; loss = value / count.
+            The two differ only in their data: an SFT row's loss_mask is 1 on assistant targets.
+  dpo       (Rafailov et al. 2023, as TRL's sigmoid loss with label smoothing, cDPO)
+            logp[r, k] = sum of -nll * loss_mask over segment k of row r    [B, S+1]
+            pair j of a row: chosen = segment 2j-1, rejected = segment 2j; valid when both have
+            supervised tokens (loss_mask > 0)
+            h = (logp_c - ref_c) - (logp_r - ref_r)
+            loss_pair = -(1 - ls) * log_sigmoid(beta * h) - ls * log_sigmoid(-beta * h)
+            value = sum over valid pairs of loss_pair; count = valid pairs
+            rewards: chosen beta * (logp_c - ref_c), rejected beta * (logp_r - ref_r); reported as
+            means over pairs: chosen_reward, rejected_reward, reward_margin (chosen - rejected)
+            and reward_accuracy (fraction with chosen > rejected)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+OBJECTIVES = ("lm", "sft", "dpo")
+DATA_KIND = {"lm": "text", "sft": "chat", "dpo": "preference"}  # the prepared-source kind each objective reads
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenObjective:
+    """lm / sft: the masked token-mean nll."""
+    name: str = "lm"
+    needs_reference = False
+    sum_keys = ("nll", "tokens")
+    count_key = "tokens"
+    metric_keys = ("loss",)
+
+    def micro_sums(self, nll: jax.Array, reference_nll, batch: dict) -> tuple[jax.Array, dict]:
+        """nll [B,S] -> (value to differentiate [], {nll, tokens} sums [])."""
+        value = jnp.sum(nll * batch["loss_mask"])
+        return value, {"nll": value, "tokens": jnp.sum(batch["loss_mask"])}
+
+    def metrics(self, sums: dict) -> dict:
+        return {"loss": sums["nll"] / jnp.maximum(sums["tokens"], 1.0)}
+
+    def evaluation(self, sums: dict) -> dict[str, float]:
+        """Held-out totals -> {loss, perplexity, tokens}."""
+        loss = float(self.metrics(sums)["loss"])
+        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": int(sums["tokens"])}
+
+
+@dataclasses.dataclass(frozen=True)
+class DPOObjective:
+    """Direct preference optimisation against a frozen reference model."""
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    name: str = "dpo"
+    needs_reference = True
+    sum_keys = ("loss", "chosen_reward", "rejected_reward", "correct", "pairs")
+    count_key = "pairs"
+    metric_keys = ("loss", "reward_margin", "reward_accuracy", "chosen_reward", "rejected_reward", "pairs")
+
+    def micro_sums(self, nll: jax.Array, reference_nll: jax.Array, batch: dict) -> tuple[jax.Array, dict]:
+        """nll, reference_nll [B,S] -> (sum of pair losses [], sums [] of sum_keys)."""
+        policy, supervised = segment_logps(nll, batch)
+        reference, _ = segment_logps(reference_nll, batch)
+        chosen, rejected = pair_slices(policy)
+        ref_chosen, ref_rejected = pair_slices(reference)
+        sup_chosen, sup_rejected = pair_slices(supervised)
+        valid = ((sup_chosen > 0) & (sup_rejected > 0)).astype(jnp.float32)  # [B, P]
+        chosen_reward, rejected_reward = self.beta * (chosen - ref_chosen), self.beta * (rejected - ref_rejected)
+        h = chosen_reward - rejected_reward
+        losses = (-(1 - self.label_smoothing) * jax.nn.log_sigmoid(h)
+                  - self.label_smoothing * jax.nn.log_sigmoid(-h))
+        value = jnp.sum(losses * valid)
+        return value, {"loss": value, "chosen_reward": jnp.sum(chosen_reward * valid),
+                       "rejected_reward": jnp.sum(rejected_reward * valid),
+                       "correct": jnp.sum((h > 0) * valid), "pairs": jnp.sum(valid)}
+
+    def metrics(self, sums: dict) -> dict:
+        pairs = jnp.maximum(sums["pairs"], 1.0)
+        chosen, rejected = sums["chosen_reward"] / pairs, sums["rejected_reward"] / pairs
+        return {"loss": sums["loss"] / pairs, "reward_margin": chosen - rejected,
+                "reward_accuracy": sums["correct"] / pairs, "chosen_reward": chosen, "rejected_reward": rejected,
+                "pairs": sums["pairs"]}
+
+    def evaluation(self, sums: dict) -> dict[str, float]:
+        """Held-out totals -> {loss, reward_margin, reward_accuracy, chosen_reward, rejected_reward, pairs}."""
+        return {k: float(v) for k, v in self.metrics(sums).items()}
+
+
+def segment_logps(nll: jax.Array, batch: dict) -> tuple[jax.Array, jax.Array]:
+    """nll [B,S] -> (sum of -nll * loss_mask per segment [B, S+1], supervised tokens per segment [B, S+1])."""
+    mask, segments = batch["loss_mask"], batch["segment_ids"]
+    per_row = jax.vmap(lambda values, ids: jax.ops.segment_sum(values, ids, num_segments=mask.shape[1] + 1))
+    return per_row(-nll * mask, segments), per_row(mask, segments)
+
+
+def pair_slices(per_segment: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[B, S+1] per segment -> (segments 1, 3, ..., 2P-1 [B, P], segments 2, 4, ..., 2P [B, P]), P = S // 2."""
+    pairs = (per_segment.shape[1] - 1) // 2
+    return per_segment[:, 1:2 * pairs:2], per_segment[:, 2:2 * pairs + 1:2]
+
+
+def make_objective(name: str, beta: float = 0.1, label_smoothing: float = 0.0):
+    """train.objective (and the dpo section) -> its objective."""
+    if name == "dpo":
+        return DPOObjective(beta=beta, label_smoothing=label_smoothing)
+    return TokenObjective(name=name)
+
+
+def zero_sums(objective) -> dict:
+    return {k: jnp.zeros((), jnp.float32) for k in objective.sum_keys}
