@@ -109,6 +109,10 @@ class Trainer:
         self._init_checkpoint = (checkpoint_to_start_from(s.train.init_from_checkpoint, s.model,
                                                           self.phases[0].rope_theta)
                                  if s.train.init_from_checkpoint and not resuming else None)
+        self._init_origin = "the given init_model's weights"
+        if init_model is None and s.train.init_from_hf and not resuming:  # read outside any mesh context
+            self._init_model = load_hf_matching(s.train.init_from_hf, s.model, "train.init_from_hf")
+            self._init_origin = f"HF weights {s.train.init_from_hf}"
         os.makedirs(self.workdir, exist_ok=True)
         self.is_main = jax.process_index() == 0
         self._lock = WorkdirLock(self.workdir) if self.is_main else None
@@ -163,16 +167,12 @@ class Trainer:
             directory, step = self._init_checkpoint
             return self._fresh(*self._restored_model(directory, step)), \
                 f"weights of checkpoint {step} in {directory} (train.init_from_checkpoint), a fresh optimizer"
-        path = self.settings.train.init_from_hf
-        if self._init_model is None and not path:
+        if self._init_model is None:
             return self._fresh(None, None), "fresh initialisation"
-        if self._init_model is not None:
-            model, source = self._init_model, "the given init_model's weights"
-        else:
-            model, source = load_hf_matching(path, self.settings.model, "train.init_from_hf"), f"HF weights {path}"
-        params, biases = ModelParts.arrays(model)
+        params, biases = ModelParts.arrays(self._init_model)
+        self._init_model = None  # the state holds the weights now
         return self._fresh(jax.device_put(params, self.shardings.params),
-                           jax.device_put(biases, self.shardings.biases)), source
+                           jax.device_put(biases, self.shardings.biases)), self._init_origin
 
     def _restored_model(self, directory: str, step: int) -> tuple[dict, jax.Array]:
         """(params, biases) of the `model` item of `step` in `directory`, on this run's shardings."""
