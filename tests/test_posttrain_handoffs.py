@@ -21,6 +21,10 @@ import tokenizers
 import zaya_jax
 from tests.train_helpers import REPO, cli_env, run_train
 from zaya_jax.config_files import load_config_file, model_config
+from zaya_jax.data.chat_template import encode_prompt
+from zaya_jax.data.tokenizer import Tokenizer
+from zaya_jax.errors import UserError
+from zaya_jax.infer.chat import chat_template_for
 from zaya_jax.infer.loading import load_checkpoint
 from zaya_jax.model.build import create_model
 from zaya_jax.train.checkpoint import checkpoint_dir, load_checkpoint_model, read_config
@@ -123,3 +127,73 @@ def test_sft_then_dpo_then_export_loads_in_transformers(pipeline):
     start = zaya_jax.load_hf(pipeline["start_hf"])
     for earlier in (sft, start):
         assert np.abs(np.asarray(earlier(ids)) - np.asarray(dpo(ids))).max() > 1e-4
+
+
+def test_runs_record_the_chat_template_of_their_sources(pipeline):
+    for run in ("sft", "dpo"):
+        record = read_config(checkpoint_dir(str(pipeline[run]))).chat_template
+        assert record.source == CHATML and record.sha256 == hashlib.sha256(CHATML.encode()).hexdigest()
+        assert record.path == str(pipeline["tokenizer"] / "tokenizer_config.json")
+
+
+def test_generate_chat_renders_with_the_recorded_template(pipeline):
+    """The reply equals transformers' greedy generation from the export, on the prompt transformers
+    renders from tokenizer_config.json's template."""
+    import torch
+    from transformers import ZayaForCausalLM
+    from transformers.utils.chat_template_utils import render_jinja_template
+    messages = [question(7)]
+    (text,), _ = render_jinja_template(conversations=[messages], chat_template=CHATML, add_generation_prompt=True,
+                                       bos_token="<bos>", eos_token="<eos>")
+    hf_tokenizer = tokenizers.Tokenizer.from_file(str(pipeline["tokenizer"] / "tokenizer.json"))
+    prompt = [2] + hf_tokenizer.encode(text, add_special_tokens=False).ids  # the model's bos first
+    recorded = chat_template_for(checkpoint=str(pipeline["dpo"]))  # what --chat renders with
+    tokenizer = Tokenizer(pipeline["tokenizer"] / "tokenizer.json", bos_id=2, eos_id=1, pad_id=0)
+    assert encode_prompt(recorded, tokenizer, messages).tolist() == prompt
+    hf = ZayaForCausalLM.from_pretrained(pipeline["dpo_hf"], torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = hf.generate(torch.as_tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=1,
+                          pad_token_id=0)[0, len(prompt):].tolist()
+    expected = hf_tokenizer.decode(out[:out.index(1)] if 1 in out else out, skip_special_tokens=True)
+    done = cli("zaya_jax.generate", "--checkpoint", pipeline["dpo"], "--chat", messages[0]["content"],
+               "--max_new_tokens", 6)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == expected + "\n"
+
+
+def test_chat_without_a_template_is_named(pipeline, tmp_path):
+    from zaya_jax.data.chat_template import PLAIN
+    from zaya_jax.train.checkpoint import config_json, save_model
+    from zaya_jax.train.state import ModelParts
+    config = load_config_file(os.path.join(REPO, "configs", "tiny.py"))
+    save_model(str(tmp_path / "lm"), *ModelParts.arrays(create_model(model_config(config), seed=0)),
+               config_json(config))  # a run on text: no template recorded
+    with pytest.raises(UserError, match=r"the run recorded no chat template .*; pass --chat_template FILE"):
+        chat_template_for(checkpoint=str(tmp_path / "lm"))
+    assert chat_template_for(checkpoint=str(tmp_path / "lm"), override=PLAIN).path == PLAIN
+    done = cli("zaya_jax.generate", "--hf", pipeline["start_hf"], "--tokenizer",
+               pipeline["tokenizer"] / "tokenizer.json", "--chat", "hi")
+    assert done.returncode == 2 and done.stderr == (
+        f"error: --hf {pipeline['start_hf']}: no tokenizer_config.json with a chat template in it; pass "
+        "--chat_template FILE (a .jinja file or a tokenizer_config.json with a \"chat_template\")\n")
+
+
+def test_no_template_is_recorded_when_sources_disagree_or_the_file_changed(tmp_path, caplog):
+    from zaya_jax.data.chat_template import ChatTemplate
+    from zaya_jax.data.sources import PreparedSource, chat_template_of
+    files = {name: tmp_path / f"{name}.jinja" for name in ("a", "b")}
+    for name, path in files.items():
+        path.write_text(f"{{% for m in messages %}}{name}: {{{{ m['content'] }}}}\n{{% endfor %}}")
+    infos = {name: {"path": str(path), "sha256": ChatTemplate.load(path).sha256} for name, path in files.items()}
+
+    def sources(**templates):
+        return {name: PreparedSource(name, "unused", {"chat_template": info}, None, None)
+                for name, info in templates.items()}
+
+    assert chat_template_of(sources(x=infos["a"], y=None)) == ChatTemplate.load(files["a"]).record()
+    assert chat_template_of(sources(x=None)) is None
+    assert chat_template_of(sources(x=infos["a"], y=infos["b"])) is None
+    assert "data.sources.x and data.sources.y were prepared with different chat templates" in caplog.text
+    files["a"].write_text("{{ messages }}")
+    assert chat_template_of(sources(x=infos["a"])) is None
+    assert f"data.sources.x was prepared with the chat template {files['a']}, which has changed since" in caplog.text

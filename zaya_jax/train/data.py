@@ -93,6 +93,8 @@ def synthetic_batch(seed: int, index: int, batch: int, seq_len: int, vocab: int,
 class SyntheticIterator(grain.DatasetIterator):
     """Synthetic global batches (this process's rows), without end; state: the next batch index."""
 
+    chat_template = None  # (DataPipeline's: the template of chat sources)
+
     def __init__(self, phase: PhaseInfo, vocab: int, seed: int, objective: str = "lm"):
         super().__init__()
         self.phase, self.vocab_size, self.objective = phase, vocab, objective

@@ -185,7 +185,8 @@ class Trainer:
         return self.checkpointer.restore(step, with_shardings(self.abstract_state, self.shardings), self.data)
 
     def save(self) -> int:
-        return self.checkpointer.save(self.state, self.data, config_json(self.config, self.data.phase.rope_theta))
+        return self.checkpointer.save(self.state, self.data, config_json(self.config, self.data.phase.rope_theta,
+                                                                       self.data.chat_template))
 
     # -- loop -------------------------------------------------------------------------------
     def run(self) -> TrainState:
