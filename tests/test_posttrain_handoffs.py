@@ -197,3 +197,18 @@ def test_no_template_is_recorded_when_sources_disagree_or_the_file_changed(tmp_p
     files["a"].write_text("{{ messages }}")
     assert chat_template_of(sources(x=infos["a"])) is None
     assert f"data.sources.x was prepared with the chat template {files['a']}, which has changed since" in caplog.text
+
+
+def test_messages_files_are_read_or_named(tmp_path):
+    from zaya_jax.infer.chat import read_messages
+    conversation = [{"role": "system", "content": "Be brief."}, question(2), answer("It is 4."), question(3)]
+    (tmp_path / "chat.json").write_text(json.dumps(conversation))
+    assert read_messages(messages_file=str(tmp_path / "chat.json")) == conversation
+    assert read_messages("hi") == [{"role": "user", "content": "hi"}]
+    for content, message in (("{", "not valid JSON"), (json.dumps([{"role": "bot", "content": "x"}]),
+                                                        r"messages\[0\]: role 'bot' is not one of")):
+        (tmp_path / "bad.json").write_text(content)
+        with pytest.raises(UserError, match=f"--messages {tmp_path / 'bad.json'}: .*{message}"):
+            read_messages(messages_file=str(tmp_path / "bad.json"))
+    with pytest.raises(UserError, match="cannot read it"):
+        read_messages(messages_file=str(tmp_path / "missing.json"))
