@@ -20,7 +20,8 @@ stops of a 2-process job. Writes benchmarks/results/chaos_cpu.json.
 3. Multi-host stops (2 processes x 1 CPU device, ZAYA_* environment as launch/local.sh sets):
    SIGTERM to one process, to both 0.3 s apart, twice 5 ms apart, SIGINT, SIGTERM during start-up.
    Each must end with both processes exiting 75 within 10 s of the (last) signal, having saved the
-   same step. Also timed: the per-step stop agreement (an all-gather of one int32) against the
+   same step (or, for a signal while the processes build their state, both saying they stop during
+   start-up, nothing saved). Also timed: the per-step stop agreement (an all-gather of one int32) against the
    step itself, from the same job's metrics (the machine was shared: ratios, not absolutes).
 """
 
@@ -164,6 +165,9 @@ def damage(root: str, reference_dir: str, steps: int, reference: dict[int, float
     return results
 
 
+STOP_IN_START_UP = "stopping during start-up, before training; nothing new to save"
+
+
 def stop_step(output: str) -> int | None:
     """The step a process says it stopped at ("saving step N" or "stopping at step N")."""
     found = re.search(r"(?:saving step|stopping at step) (\d+)", output)
@@ -193,11 +197,14 @@ def stops(root: str) -> dict:
         codes, seconds = job.finish(timeout=120)
         saved = [integrity.steps_in(os.path.join(workdir, "checkpoints"))]
         steps_named = [stop_step(job.output(i)) for i in range(2)]
+        in_start_up = [STOP_IN_START_UP in job.output(i) for i in range(2)]
         trained = "saving step" in job.output(0)  # else it stopped before its first step: nothing new to save
+        agreed = (all(in_start_up) and saved[0] == []
+                  or steps_named[0] == steps_named[1] is not None
+                  and saved[0][:1] == ([steps_named[0]] if trained else []))
         results[name] = {"exits": codes, "seconds_to_exit": round(seconds, 2), "saved_steps": saved[0],
-                         "step_named_by_each_process": steps_named,
-                         "ok": codes == [EXIT_PREEMPTED] * 2 and seconds < 10 and steps_named[0] == steps_named[1]
-                         is not None and saved[0][:1] == ([steps_named[0]] if trained else [])}
+                         "step_named_by_each_process": steps_named, "stopped_during_start_up": in_start_up,
+                         "ok": codes == [EXIT_PREEMPTED] * 2 and seconds < 10 and agreed}
     results["agreement_cost"] = agreement_cost(os.path.join(root, "stop_0"))  # a job that trained
     return results
 

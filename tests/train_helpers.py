@@ -11,10 +11,15 @@ per-step seam (Trainer._after_step) or Orbax's final rename, then runs the CLI's
   FSIZE_LIMIT_AT_STEP=n                        after step n, files of this process may not grow
                                                past 100 kB (RLIMIT_FSIZE: writes fail with EFBIG,
                                                as on a full disk)
+  READ_ONLY_AT_STEP=n                          after step n (once the checkpoints started so far
+                                               are on disk), WORKDIR/checkpoints gets mode 0555
+                                               (binding only without root's DAC override: run
+                                               with run_train(..., unprivileged=True))
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -36,6 +41,7 @@ from zaya_jax.train.__main__ import main
 
 kill_at, kill_in_save = int(os.environ.get("KILL_AT_STEP", -1)), os.environ.get("KILL_IN_SAVE")
 poison_from, fsize_at = int(os.environ.get("POISON_FROM_STEP", 1 << 30)), int(os.environ.get("FSIZE_LIMIT_AT_STEP", -1))
+read_only_at = int(os.environ.get("READ_ONLY_AT_STEP", -1))
 
 def after_step(self, step):
     if step == kill_at:
@@ -45,6 +51,9 @@ def after_step(self, step):
         self.state = self.state.replace(params=jax.tree.map(lambda x: x * jnp.nan, self.state.params))
     if step == fsize_at:
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+    if step == read_only_at:
+        self.checkpointer.wait()
+        os.chmod(self.checkpointer.directory, 0o555)
 loop.Trainer._after_step = after_step
 
 original_finalize = atomicity.AtomicRenameTemporaryPath.finalize
@@ -67,9 +76,22 @@ def cli_env() -> dict[str, str]:
     return env
 
 
+def without_dac_override() -> None:
+    """A subprocess's preexec_fn: when run by root, the child loses CAP_DAC_OVERRIDE and
+    CAP_DAC_READ_SEARCH (dropped from its capability bounding set, so the program it executes never
+    gains them), so that file modes bind it as they bind any other user; otherwise nothing."""
+    if os.geteuid() != 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH (linux/capability.h)
+        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
 def run_train(workdir, *overrides: str, config: str = "configs/tiny.py", faults: dict | None = None,
-              timeout: float = 300) -> subprocess.CompletedProcess:
-    """python -m zaya_jax.train (or the fault wrapper) on `config`; returns the finished process."""
+              timeout: float = 300, unprivileged: bool = False) -> subprocess.CompletedProcess:
+    """python -m zaya_jax.train (or the fault wrapper) on `config`; returns the finished process.
+    `unprivileged`: file modes bind the process even when it runs as root (without_dac_override)."""
     args = ["--config", os.path.join(REPO, config), "--workdir", str(workdir),
             "--config.monitor.progress_bar=False", *overrides]
     env = cli_env()
@@ -78,7 +100,8 @@ def run_train(workdir, *overrides: str, config: str = "configs/tiny.py", faults:
         command = [sys.executable, "-c", WRAPPER, *args]
     else:
         command = [sys.executable, "-m", "zaya_jax.train", *args]
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=without_dac_override if unprivileged else None)
 
 
 def train_losses(workdir) -> dict[int, float]:

@@ -9,6 +9,9 @@
 (the trainer's choice of checkpoint and its stop decision).
 `barrier(name)`: waits for every process through the coordination service, not a device collective
 (see its docstring: why the trainer calls it after each compilation).
+`post(key, value)` / `posted(directory)` / `wait_posted(key)` / `unpost(directory)`: a key-value board every process reads
+(jax.distributed's store; a dict in a single process), for decisions that must not wait in a
+collective (faults.py) and for what background threads exchange (checkpoint manifests).
 """
 
 from __future__ import annotations
@@ -136,6 +139,11 @@ BARRIER_TIMEOUT_S = 3600  # unless ZAYA_BARRIER_TIMEOUT_S says otherwise
 _barriers = 0
 
 
+def barrier_timeout_s() -> int:
+    """How long a process waits for the others (ZAYA_BARRIER_TIMEOUT_S, default an hour)."""
+    return _int_env(os.environ, "ZAYA_BARRIER_TIMEOUT_S") or BARRIER_TIMEOUT_S
+
+
 def barrier(name: str, timeout_s: int | None = None) -> None:
     """Returns once every process has called barrier() as often as this one (`name` says where, in errors).
 
@@ -150,6 +158,45 @@ def barrier(name: str, timeout_s: int | None = None) -> None:
     if jax.process_count() == 1:
         return
     from jax._src import distributed as jax_distributed  # the client jax.distributed.initialize started
-    timeout_s = timeout_s or _int_env(os.environ, "ZAYA_BARRIER_TIMEOUT_S") or BARRIER_TIMEOUT_S
+    timeout_s = timeout_s or barrier_timeout_s()
     _barriers += 1
     jax_distributed.global_state.client.wait_at_barrier(f"zaya {_barriers}: {name}", 1000 * timeout_s)
+
+
+_LOCAL_BOARD: dict[str, str] = {}  # the board of a single process
+
+
+def post(key: str, value: str) -> None:
+    """Sets `key` (once per job) on the board every process reads; returns without waiting for anyone."""
+    if jax.process_count() == 1:
+        _LOCAL_BOARD[key] = value
+        return
+    from jax._src import distributed as jax_distributed
+    jax_distributed.global_state.client.key_value_set(key, value)
+
+
+def wait_posted(key: str, timeout_s: int) -> str:
+    """The value of `key` once some process posted it (TimeoutError-like jax error after `timeout_s`)."""
+    if jax.process_count() == 1:
+        return _LOCAL_BOARD[key]
+    from jax._src import distributed as jax_distributed
+    return jax_distributed.global_state.client.blocking_key_value_get(key, 1000 * timeout_s)
+
+
+def unpost(directory: str) -> None:
+    """Removes every key under `directory` (ends with '/') from the board."""
+    if jax.process_count() == 1:
+        for key in [k for k in _LOCAL_BOARD if k.startswith(directory)]:
+            del _LOCAL_BOARD[key]
+        return
+    from jax._src import distributed as jax_distributed
+    jax_distributed.global_state.client.key_value_delete(directory.rstrip("/"))  # the key and all below it
+
+
+def posted(directory: str) -> dict[str, str]:
+    """{key relative to `directory`: value} of every key posted under `directory` (ends with '/') so far."""
+    if jax.process_count() == 1:
+        return {k[len(directory):]: v for k, v in _LOCAL_BOARD.items() if k.startswith(directory)}
+    from jax._src import distributed as jax_distributed
+    entries = jax_distributed.global_state.client.key_value_dir_get(directory)
+    return {k.rsplit("/", 1)[-1]: v for k, v in entries}

@@ -4,9 +4,11 @@
 
 Resumes from the newest whole checkpoint in WORKDIR/checkpoints when there is one. Writes
 WORKDIR/metrics.jsonl, WORKDIR/tensorboard/, WORKDIR/expert_load.png. SIGTERM / SIGINT (caught
-from the first line of main on) save a checkpoint and stop. Exit codes (zaya_jax.errors): 0 done,
-75 stopped by a signal after saving (requeue), 2 a bad input (one line), 1 failed. Compiled programs are cached in $JAX_COMPILATION_CACHE_DIR (default
-~/.cache/zaya_jax/jit), so a restart compiles nothing it has compiled before.
+from the first line of main on) save a checkpoint and stop; one that comes while the state is
+being built stops every process at once, saving nothing (nothing was trained). Exit codes
+(zaya_jax.errors): 0 done, 75 stopped by a signal (requeue), 2 a bad input (one line), 1 failed.
+Compiled programs are cached in $JAX_COMPILATION_CACHE_DIR (default ~/.cache/zaya_jax/jit), so a
+restart compiles nothing it has compiled before.
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ def main(argv):
     enable_compilation_cache()
     from zaya_jax.train.checkpoint import CheckpointWriteError
     from zaya_jax.train.loop import Trainer
-    trainer = Trainer(_CONFIG.value, _WORKDIR.value)  # a UserError here: cli.run prints it, exit 2
+    try:
+        trainer = Trainer(_CONFIG.value, _WORKDIR.value)  # a UserError here: cli.run prints it, exit 2
+    except faults.StoppedDuringStartup:  # logged; the state's build may still be compiling in its thread
+        faults.exit_at_once(errors.EXIT_PREEMPTED)
     failure = None
     try:
         trainer.run()

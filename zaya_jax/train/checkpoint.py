@@ -13,15 +13,17 @@ A step directory holds four items (five for a DPO run):
 directory starts from its weights with a fresh optimizer.
 
 Every finished step directory also holds `zaya_manifest.json` (integrity.py): the size and crc32
-of every file, written by process 0 in a background thread once Orbax has renamed the step into
-place (the loop checks for that at every step boundary; `save()` and `wait()` too; `wait()` also
-waits for the manifest). A step without a valid manifest is incomplete. Restores
-check the items they read against it and fall back to the newest step that passes, saying which
-steps they passed over and why: the trainer (`resume_point`) also moves the damaged newer steps
-to `<directory>.rejected/` (never deletes them) so that new saves cannot collide with them; the
-read-only loaders (`restore_model`, `read_config`, `load_checkpoint_model`) only read, create
-nothing, and raise `UserError` naming the directory when no step passes. A failed asynchronous
-write is raised by `poll()` at the next step boundary as one `CheckpointWriteError` line.
+of every file, written once Orbax has renamed the step into place (the loop checks for that at
+every step boundary; `save()` and `wait()` too; `wait()` also waits for the manifest). Every
+process checksums a share of the files in a background thread and posts it on jax.distributed's
+key-value store; process 0 gathers the shares and writes the manifest. A step without a valid
+manifest is incomplete. Restores check the items they read against it and fall back to the newest
+step that passes, saying which steps they passed over and why: the trainer (`resume_point`) also
+moves the damaged newer steps to `<directory>.rejected/` (never deletes them) so that new saves
+cannot collide with them; the read-only loaders (`restore_model`, `read_config`,
+`load_checkpoint_model`) only read, create nothing, and raise `UserError` naming the directory when
+no step passes. A failed asynchronous write is raised by `poll()` at the next step boundary as one
+`CheckpointWriteError` line.
 
 Saves are asynchronous (the loop blocks only while device arrays are copied to host; the write
 runs in a background thread) and atomic: Orbax writes into `<step>.orbax-checkpoint-tmp-*` and
@@ -41,12 +43,14 @@ import json
 import os
 import re
 import shutil
+import sys
+import tempfile
+import time
 from typing import Any, Callable
 
 import grain
 import jax
 import ml_collections
-from absl import logging
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -109,13 +113,17 @@ _OS_ERROR = re.compile(r"os_error_code='?(\d+)")  # how TensorStore reports an O
 _FAILED_FILE = re.compile(r'(?:Failed writing: |at local file )"([^"]+)"')
 
 
+def _os_error(e: OSError) -> str:
+    return f"{e.strerror} (errno {e.errno})"
+
+
 def _root_cause(error: BaseException) -> str:
     """The operating system's error (text, errno, file) behind a failed write, else the error's first line."""
     seen, e = [], error
     while e is not None and e not in seen:
         seen.append(e)
         if isinstance(e, OSError) and e.strerror:
-            return f"{e.strerror} (errno {e.errno}){f': {e.filename}' if e.filename else ''}"
+            return _os_error(e) + (f": {e.filename}" if e.filename else "")
         found, files = _OS_ERROR.search(str(e)), _FAILED_FILE.findall(str(e))
         if found:
             errno = int(found[1])
@@ -123,6 +131,20 @@ def _root_cause(error: BaseException) -> str:
         e = e.__cause__ or e.__context__
     lines = str(error).strip().splitlines() or [type(error).__name__]
     return f"{type(error).__name__}: {lines[0][:300]}"
+
+
+def unwritable(directory: str) -> str | None:
+    """Why no step directory can be made in `directory` now (the operating system's error), or None.
+
+    Orbax must not be the one to find out: when it cannot create a step's temporary directory, its
+    other save threads wait for a signal that never comes (the save hangs instead of failing), so
+    every save checks first.
+    """
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".zaya-write-check-", dir=directory))
+    except OSError as e:
+        return _os_error(e)
+    return None
 
 
 class _OrbaxErrorsOnOneLine(logging.logging.Filter):
@@ -139,6 +161,29 @@ class _OrbaxErrorsOnOneLine(logging.logging.Filter):
 logging.get_absl_logger().addFilter(_OrbaxErrorsOnOneLine())
 
 
+def _is_late_write_callback(unraisable) -> bool:
+    """RuntimeError('Event loop is closed') raised by asyncio's call_soon_threadsafe with no Python
+    caller: TensorStore completing a write whose save (and so its event loop) had already failed.
+    TensorStore reports each through sys.unraisablehook (a traceback apiece, tens of them around
+    the failure); the failure itself is raised as one line (CheckpointWriteError)."""
+    frames, tb = [], unraisable.exc_traceback
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return (unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed"
+            and frames == ["call_soon_threadsafe", "_check_closed"])
+
+
+def _without_late_write_callbacks(hook):
+    def unraisablehook(unraisable):
+        if not _is_late_write_callback(unraisable):
+            hook(unraisable)
+    return unraisablehook
+
+
+sys.unraisablehook = _without_late_write_callbacks(sys.unraisablehook)
+
+
 class Checkpointer:
     """Saves and restores TrainStates (plus data-iterator state and config) in `directory`."""
 
@@ -146,10 +191,19 @@ class Checkpointer:
         """reference: the states saved and restored carry a reference model (a DPO run)."""
         self.directory = os.path.abspath(directory)
         self.items = integrity.ITEMS["training"] + (("reference",) if reference else ())
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            problem = unwritable(self.directory)
+        except OSError as e:
+            problem = _os_error(e)
+        if problem:
+            raise UserError(f"checkpoint directory {self.directory} is not writable: {problem}; "
+                            "fix its permissions (or free the file system) or choose another --workdir")
         self._manager = _manager(self.directory, settings.max_to_keep, settings.async_save)
         self._unsealed: list[int] = []  # steps saved, not yet known to be on disk
         self._sealing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="manifest")
-        self._manifests: list[concurrent.futures.Future] = []  # manifests being written (process 0)
+        self._manifests: list[concurrent.futures.Future] = []  # shares of manifests being checksummed
+        self._sealed = 0  # steps whose manifest was started: the same count on every process
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -204,6 +258,9 @@ class Checkpointer:
         (and for the previous save, if it is still being written)."""
         step = int(jax.device_get(state.step))
         self._finish_save()  # (Orbax would wait for it too); its manifest may still be being written
+        problem = unwritable(self.directory)
+        if problem:
+            raise CheckpointWriteError(f"checkpoint {step} could not be written to {self.directory}: {problem}")
         args = ocp.args.Composite(
             model=ocp.args.StandardSave({"params": state.params, "biases": state.biases}),
             train=ocp.args.StandardSave({f: getattr(state, f) for f in TRAIN_FIELDS}),
@@ -268,13 +325,29 @@ class Checkpointer:
         except Exception as e:  # pylint: disable=broad-except
             raise CheckpointWriteError(f"checkpoint {steps[-1]} could not be written to {self.directory}: "
                                        f"{_root_cause(e)}") from None
-        if jax.process_index() == 0:
-            self._manifests += [self._sealing.submit(self._write_manifest, s) for s in steps]
+        for s in steps:
+            self._sealed += 1
+            self._manifests.append(self._sealing.submit(self._write_manifest, s, f"zaya_manifest_{self._sealed}"))
 
-    def _write_manifest(self, step: int) -> None:
+    def _write_manifest(self, step: int, board: str) -> None:
+        """Checksums this process's share of the step's files and posts them on `board`; process 0
+        gathers every share and writes the manifest (so each process reads 1/P of the bytes)."""
         step_dir = os.path.join(self.directory, str(step))
+        index, count = jax.process_index(), jax.process_count()
         try:
-            integrity.write_manifest(step_dir, "training")
+            if count == 1:
+                integrity.write_manifest(step_dir, "training")
+                return
+            for _ in range(600):  # process 0 renames the step into place: the others may get here first
+                if os.path.isdir(step_dir):
+                    break
+                time.sleep(0.1)
+            distributed.post(f"{board}/{index}", json.dumps(integrity.checksums(step_dir, index, count)))
+            if index == 0:
+                timeout = distributed.barrier_timeout_s()
+                parts = [json.loads(distributed.wait_posted(f"{board}/{k}", timeout)) for k in range(count)]
+                distributed.unpost(f"{board}/")
+                integrity.write_manifest(step_dir, "training", parts)
         except FileNotFoundError:
             if os.path.isdir(step_dir):
                 raise  # else max_to_keep removed the step meanwhile

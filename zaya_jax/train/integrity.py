@@ -1,9 +1,16 @@
 """Checksums of a checkpoint step directory, written once Orbax has finished it, checked before restoring.
 
-  write_manifest(step_dir, kind)   step_dir/zaya_manifest.json: {kind, items, files: {relative path:
-                                   [size, crc32]}} of every file Orbax wrote; written (atomically,
-                                   by renaming a temporary file) only after the step directory is
-                                   final, so a step without a valid manifest is incomplete
+  write_manifest(step_dir, kind, parts=None)
+                                   step_dir/zaya_manifest.json: {kind, items, files: {relative path:
+                                   [size, crc32]}, shares} of every file Orbax wrote; written
+                                   (atomically, by renaming a temporary file) only after the step
+                                   directory is final, so a step without a valid manifest is
+                                   incomplete. `parts`: the checksums of each process's share
+                                   (their union must be every file), else checksummed here
+  checksums(step_dir, index, count)
+                                   {relative path: [size, crc32]} of share `index` of `count`: the
+                                   step's files dealt out by size, so that every process of a job
+                                   reads about as many bytes (each lists the same files)
   problem(step_dir, items)         None if `items` of the step are whole, else why not (one line,
                                    naming the file): no or unreadable manifest, an item missing, a
                                    file missing, of another size, or with another crc32
@@ -45,17 +52,38 @@ def _files(step_dir: str) -> list[str]:
     return sorted(p for p in out if p != MANIFEST)
 
 
-def write_manifest(step_dir: str, kind: str) -> None:
-    """Records size and crc32 of every file under `step_dir` (a finished Orbax step directory)."""
+def _share(sizes: dict[str, int], index: int, count: int) -> list[str]:
+    """The files of share `index`: largest first, each to the share with the fewest bytes so far."""
+    loads, mine = [0] * count, []
+    for rel in sorted(sizes, key=lambda r: (-sizes[r], r)):
+        owner = loads.index(min(loads))
+        loads[owner] += sizes[rel]
+        if owner == index:
+            mine.append(rel)
+    return mine
+
+
+def checksums(step_dir: str, index: int = 0, count: int = 1) -> dict[str, list[int]]:
+    """{relative path: [size, crc32]} of share `index` of `count` of the files under `step_dir`."""
+    sizes = {rel: os.path.getsize(os.path.join(step_dir, rel)) for rel in _files(step_dir)}
+    return {rel: [sizes[rel], crc32(os.path.join(step_dir, rel))] for rel in _share(sizes, index, count)}
+
+
+def write_manifest(step_dir: str, kind: str, parts: list[dict[str, list[int]]] | None = None) -> None:
+    """Records size and crc32 of every file under `step_dir` (a finished Orbax step directory):
+    the union of `parts` (one per process: `checksums` of its share), or all checksummed here."""
     missing = [item for item in ITEMS[kind] if not os.path.isdir(os.path.join(step_dir, item))]
     if missing:
         raise RuntimeError(f"{step_dir}: Orbax finished the step without item(s) {', '.join(missing)}")
-    files = {p: [os.path.getsize(os.path.join(step_dir, p)), crc32(os.path.join(step_dir, p))]
-             for p in _files(step_dir)}
+    parts = parts if parts is not None else [checksums(step_dir)]
+    files = dict(sorted((rel, entry) for part in parts for rel, entry in part.items()))
+    if list(files) != _files(step_dir) or sum(map(len, parts)) != len(files):
+        raise RuntimeError(f"{step_dir}: the processes' checksums do not cover its files exactly once "
+                           f"({len(files)} checksummed of {len(_files(step_dir))})")
     items = list(ITEMS[kind]) + [item for item in OPTIONAL_ITEMS if os.path.isdir(os.path.join(step_dir, item))]
     tmp = os.path.join(step_dir, MANIFEST + ".tmp")
     with open(tmp, "w") as f:
-        json.dump({"kind": kind, "items": items, "files": files}, f)
+        json.dump({"kind": kind, "items": items, "files": files, "shares": [len(p) for p in parts]}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(step_dir, MANIFEST))

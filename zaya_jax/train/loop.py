@@ -133,8 +133,7 @@ class Trainer:
                                      s.monitor.profile_steps)
         self.monitor.log(f"topology: {distributed.topology()}; mesh {mesh_shape}")
         self._announce_extension(curriculum_extension(config, s))
-        with jax.set_mesh(self.mesh):
-            self.state, origin = self._initial_state()
+        self.state, origin = self._initial_state_unless_stopped()
         self.monitor.advance(int(self.state.step))
         self.monitor.log(f"start at step {int(self.state.step)}: {origin}")
         self._train_step, self._eval_step = program.train_step, program.eval_step
@@ -311,11 +310,31 @@ class Trainer:
     def _announce_stop(self, step: int, trained: bool) -> None:
         """A stop before any step of this session saves nothing: the state is the checkpoint it was
         restored from, or an initialisation that the next start makes again."""
-        message = (f"signal {self.stopped_by}: saving step {step} and stopping" if trained else
-                   f"signal {self.stopped_by}: stopping at step {step} before training; nothing new to save")
+        self._log_on_every_process(
+            f"signal {self.stopped_by}: saving step {step} and stopping" if trained else
+            f"signal {self.stopped_by}: stopping at step {step} before training; nothing new to save")
+
+    def _log_on_every_process(self, message: str) -> None:
         self.monitor.log(message)
         if not self.is_main:
             print(f"process {jax.process_index()}: {message}", flush=True)
+
+    def _initial_state_unless_stopped(self) -> tuple[TrainState, str]:
+        """_initial_state, unless a stop comes while any process builds it (faults.build_unless_stopped):
+        then the stop is logged, what start-up opened is closed, and StoppedDuringStartup raised."""
+        def build():
+            with jax.set_mesh(self.mesh):
+                return self._initial_state()
+        try:
+            return faults.build_unless_stopped(build)
+        except faults.StoppedDuringStartup as stop:
+            self.stopped_by = stop.signum
+            self._log_on_every_process(str(stop))
+            self.monitor.close()
+            self.data.close()
+            if self._lock is not None:
+                self._lock.release()
+            raise
 
     def _save_unless_nonfinite(self, streak: int, last_saved: int | None) -> int | None:
         """Saves the state unless its last step was non-finite (a rollback must never find such a state)."""

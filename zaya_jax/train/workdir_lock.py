@@ -21,7 +21,11 @@ LOCK_FILE = ".lock"
 class WorkdirLock:
     def __init__(self, workdir: str):
         self.path = os.path.join(workdir, LOCK_FILE)
-        self._file = open(self.path, "a+")  # pylint: disable=consider-using-with
+        try:
+            self._file = open(self.path, "a+")  # pylint: disable=consider-using-with
+        except OSError as e:
+            raise UserError(f"workdir {workdir} is not writable: {e.strerror} (errno {e.errno}); "
+                            "fix its permissions or choose another --workdir") from None
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
