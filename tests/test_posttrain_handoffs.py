@@ -41,7 +41,8 @@ from zaya_jax.config_files import load_config_file
 
 def get_config():
     config = load_config_file({tiny!r})
-    config.model.update(layout="native", router_norm_eps=config.model.rms_norm_eps, residual_in_fp32=True)  # transformers' schema
+    # what transformers' schema holds
+    config.model.update(layout="native", router_norm_eps=config.model.rms_norm_eps, residual_in_fp32=True)
     config.train.update(data="pipeline", steps=2, log_every_steps=1)
     config.optimizer.warmup_steps = 1
     config.checkpoint.every_steps = 0

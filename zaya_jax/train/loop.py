@@ -109,10 +109,6 @@ class Trainer:
         self._init_checkpoint = (checkpoint_to_start_from(s.train.init_from_checkpoint, s.model,
                                                           self.phases[0].rope_theta)
                                  if s.train.init_from_checkpoint and not resuming else None)
-        self._init_origin = "the given init_model's weights"
-        if init_model is None and s.train.init_from_hf and not resuming:  # read outside any mesh context
-            self._init_model = load_hf_matching(s.train.init_from_hf, s.model, "train.init_from_hf")
-            self._init_origin = f"HF weights {s.train.init_from_hf}"
         os.makedirs(self.workdir, exist_ok=True)
         self.is_main = jax.process_index() == 0
         self._lock = WorkdirLock(self.workdir) if self.is_main else None
@@ -120,6 +116,10 @@ class Trainer:
         self._rollbacks = 0
         self.data = open_training_data(config, s)
         self.eval_data = eval_batches(config, s) if s.eval.every_steps else {}
+        self._init_origin = "the given init_model's weights"
+        if init_model is None and s.train.init_from_hf and not resuming:  # after the cheap checks; outside any mesh
+            self._init_model = load_hf_matching(s.train.init_from_hf, s.model, "train.init_from_hf")
+            self._init_origin = f"HF weights {s.train.init_from_hf}"
 
         program = build_program(s, self.mesh)
         self.tx, self.controller, self.lr_schedule = program.tx, program.controller, program.lr_schedule
