@@ -213,3 +213,18 @@ def test_messages_files_are_read_or_named(tmp_path):
             read_messages(messages_file=str(tmp_path / "bad.json"))
     with pytest.raises(UserError, match="cannot read it"):
         read_messages(messages_file=str(tmp_path / "missing.json"))
+
+
+def test_train_steps_extends_a_curriculum_written_as_plain_dicts(tmp_path):
+    """`--config.train.steps=N` past the curriculum (training a finished run on) with phases written
+    as a tuple of dicts, as this test's config and most hand-written ones are."""
+    from zaya_jax.train.data import training_data_config
+    from zaya_jax.train.settings import settings_from_config
+    config_file = tmp_path / "posttrain.py"
+    config_file.write_text(CONFIG.format(tiny=os.path.join(REPO, "configs", "tiny.py"), chat="unused",
+                                         tokenizer="unused"))
+    config = load_config_file(config_file)
+    assert isinstance(config.data.phases[0], dict)
+    config.train.steps = 5  # the phase holds 2 batches of 8 x 64
+    data = training_data_config(config, settings_from_config(config))
+    assert data.phases[0]["token_budget"] == 5 * 8 * 64 and config.data.phases[0]["token_budget"] == 2 * 8 * 64

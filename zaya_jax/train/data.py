@@ -141,7 +141,7 @@ def training_data_config(config, settings: Settings):
     from zaya_jax.data.curriculum import parse_phases
     last = parse_phases(config.data, process_count=jax.process_count())[-1]
     data = copy.deepcopy(config.data)  # copy_and_resolve_references would share the phases tuple's dicts
-    data.phases[-1].token_budget = (last.num_batches + extra) * last.tokens_per_batch
+    data.phases[-1]["token_budget"] = (last.num_batches + extra) * last.tokens_per_batch  # a ConfigDict or a dict
     return data
 
 
