@@ -39,10 +39,12 @@ RUNS: dict[str, list[str]] = {
     "planner_flops_vs_xla_cpu": ["planner_flops_vs_xla.py"],
     "planner_predictions": ["planner_predictions.py"],
     "posttrain_demo_cpu": ["posttrain_demo.py"],
+    "xla_cpu_flags_cpu": ["xla_cpu_flags.py"],
     # model.moe_backend=auto picks the native CPU grouped matmul where the install built it
     # (zaya_jax.native); these files hold such runs and are only regenerated there
     "decode_cpu_torch1thread_native": ["decode.py", "--torch-threads", "1"],
     "train_step_cpu_native": ["train_step.py", "--muon"],
+    "allocator_cpu": ["allocator.py"],
 }
 NEEDS_NATIVE = {name for name in RUNS if name.endswith("_native")}
 WRITES_ITS_OWN_FILE = {"chaos_cpu"}  # prints only a summary; its file holds the whole campaign

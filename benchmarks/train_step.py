@@ -4,12 +4,14 @@ with torch.optim.AdamW, on the same CPU, same weights and tokens, timed alternat
   python benchmarks/train_step.py [--repeats 5] [--muon] [--versus-moe-backend tiles]
 
 One train step = forward, backward and an AdamW update on a batch of 8 x 256 tokens. Ours is the
-trainer's own jitted step (zaya_jax.train.step: chunked fused loss, router balancing controller,
+trainer's own jitted step, its state donated as the trainer donates it (zaya_jax.train.step: chunked fused loss, router balancing controller,
 global-norm clipping, non-finite check). The breakdown times each part on its own with the same
 shapes (attention and MoE: one layer's forward+backward, times the layer count; loss head:
 output projection + cross-entropy forward+backward; optimizer: the AdamW update), so the next
 bottleneck is visible; `other` is the step minus those parts. --muon adds our Muon step's time;
 --versus-moe-backend B times our step with MoE backend B alternately with the default one.
+The process starts with the train CLI's launch defaults (zaya_jax.launch_defaults), which torch's
+side shares.
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ import json
 import os
 import statistics
 import sys
+from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__":  # as the train CLI starts (both sides share the process's heap settings)
+    from zaya_jax import launch_defaults
+    launch_defaults.apply()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -87,15 +94,60 @@ def breakdown(model, settings, batch, tx, repeats: int) -> dict[str, float]:
 
 
 def jax_step_fn(model, settings, tx):
+    """-> (initial state, jitted step) as the trainer compiles it: the state is donated (updated in
+    place, as torch's optimizer updates its parameters), so each call needs the previous call's state."""
     parts = ModelParts(model)
     controller = balancing.make_controller(settings.balancing)
     params, biases = ModelParts.arrays(model)
-    state = initial_state(params, biases, tx, controller, settings.train.seed)
+    # a private copy of every leaf: donation must not reach the model's arrays or shared zeros
+    state = jax.tree.map(jnp.copy, initial_state(params, biases, tx, controller, settings.train.seed))
     step = jax.jit(functools.partial(
         train_step, parts=parts, tx=tx, controller=controller, lr_schedule=lambda count: 0.0,
         rope_theta=model.config.rope_theta, microbatches=1, loss_chunk=settings.train.loss_chunk_size,
-        balance=settings.balancing.enabled, include_skip=False, mesh=None))
+        balance=settings.balancing.enabled, include_skip=False, mesh=None), donate_argnums=0)
     return state, step
+
+
+def repeated_step(state, step, batch) -> Callable[[], dict]:
+    """-> a blocking call running `step` once more on its own previous state; returns its metrics."""
+    holder = {"state": state}
+
+    def run():
+        holder["state"], metrics = step(holder["state"], batch)
+        return jax.block_until_ready(metrics)
+    return run
+
+
+def hf_and_jax_steps(moe_backend: str = "auto"):
+    """bench_small's HF (transformers + torch AdamW) and zaya_jax (AdamW) train steps on the same
+    weights and tokens -> (jax_step, torch_step, context): blocking calls; context holds the
+    pieces main() reports on (model, settings, batch, optimizer, dropped/routed counters)."""
+    config, cfg = bench_small(moe_backend)
+    settings = settings_from_config(config)
+    batch_size, seq = settings.train.global_batch_size, settings.train.seq_len
+    hf, model = same_weights_pair(cfg, os.cpu_count())
+    hf_opt = torch.optim.AdamW(hf.parameters(), lr=settings.optimizer.learning_rate,
+                               betas=(settings.optimizer.b1, settings.optimizer.b2), eps=settings.optimizer.eps,
+                               weight_decay=settings.optimizer.weight_decay)
+    ids = np.random.default_rng(0).integers(3, cfg.vocab_size, (batch_size, seq + 1)).astype(np.int32)
+    batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "segment_ids": np.ones((batch_size, seq), np.int32),
+             "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), (batch_size, seq)).copy(),
+             "loss_mask": np.ones((batch_size, seq), np.float32)}
+    ids_t = torch.as_tensor(ids[:, :-1].astype(np.int64))  # HF shifts the labels itself (S-1 predictions)
+    adamw = make_optimizer(settings.optimizer, settings.train.steps)
+    run = repeated_step(*jax_step_fn(model, settings, adamw), jax.device_put(batch))
+    context = {"model": model, "settings": settings, "batch": batch, "optimizer": adamw, "dropped": 0, "routed": 0}
+
+    def jax_step():
+        metrics = run()
+        context["dropped"] += int(metrics["dropped"].sum())  # tokens a capacity backend dropped, all layers
+        context["routed"] += int(metrics["expert_counts"].sum())
+
+    def torch_step():
+        hf_opt.zero_grad(set_to_none=True)
+        hf(ids_t, labels=ids_t).loss.backward()
+        hf_opt.step()
+    return jax_step, torch_step, context
 
 
 def main():
@@ -105,43 +157,17 @@ def main():
     parser.add_argument("--versus-moe-backend", help="also time our step with this MoE backend, alternately")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]  # the CPU is shared: other jobs' load skews both sides, torch more
-    config, cfg = bench_small()
-    settings = settings_from_config(config)
-    batch_size, seq = settings.train.global_batch_size, settings.train.seq_len
-    hf, model = same_weights_pair(cfg, os.cpu_count())
-    hf_opt = torch.optim.AdamW(hf.parameters(), lr=settings.optimizer.learning_rate,
-                               betas=(settings.optimizer.b1, settings.optimizer.b2), eps=settings.optimizer.eps,
-                               weight_decay=settings.optimizer.weight_decay)
-
-    ids = np.random.default_rng(0).integers(3, cfg.vocab_size, (batch_size, seq + 1)).astype(np.int32)
-    batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "segment_ids": np.ones((batch_size, seq), np.int32),
-             "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), (batch_size, seq)).copy(),
-             "loss_mask": np.ones((batch_size, seq), np.float32)}
-    ids_t = torch.as_tensor(ids[:, :-1].astype(np.int64))  # HF shifts the labels itself (S-1 predictions)
-
-    adamw = make_optimizer(settings.optimizer, settings.train.steps)
-    state, step = jax_step_fn(model, settings, adamw)
-    holder = {"state": state, "dropped": 0, "routed": 0}
-
-    def jax_step():
-        holder["state"], metrics = step(holder["state"], batch)
-        holder["dropped"] += int(metrics["dropped"].sum())  # tokens a capacity backend dropped, all layers
-        holder["routed"] += int(metrics["expert_counts"].sum())
-
-    def torch_step():
-        hf_opt.zero_grad(set_to_none=True)
-        hf(ids_t, labels=ids_t).loss.backward()
-        hf_opt.step()
-
+    jax_step, torch_step, context = hf_and_jax_steps()
+    model, settings, batch, adamw = (context[k] for k in ("model", "settings", "batch", "optimizer"))
     jax_times, torch_times = alternate_times(jax_step, torch_step, args.repeats)
     jax_t, torch_t = statistics.median(jax_times), statistics.median(torch_times)
-    tokens = batch_size * seq
+    tokens = batch["inputs"].size
     parts = breakdown(model, settings, batch, adamw, args.repeats)
     parts["other_s"] = jax_t - sum(parts.values())
     result = {
         "config": "bench_small", "platform": jax.default_backend(), "tokens_per_step": tokens,
-        "optimizer": "adamw (both)", "moe_backend": resolve_moe_backend(cfg.moe_backend),
-        "drop_rate": holder["dropped"] / holder["routed"],
+        "optimizer": "adamw (both)", "moe_backend": resolve_moe_backend(model.config.moe_backend),
+        "drop_rate": context["dropped"] / context["routed"],
         "zaya_jax_s_per_step": round(jax_t, 4), "hf_torch_s_per_step": round(torch_t, 4),
         "zaya_jax_tokens_per_s": round(tokens / jax_t, 1), "hf_torch_tokens_per_s": round(tokens / torch_t, 1),
         "speedup_vs_hf": round(torch_t / jax_t, 3),
@@ -154,17 +180,15 @@ def main():
     if args.versus_moe_backend:
         other = nnx.clone(model)
         other.config = model.config.replace(moe_backend=args.versus_moe_backend)
-        other_state, other_step = jax_step_fn(other, settings, adamw)
-        ours, theirs = alternate_times(blocking(lambda: step(state, batch)[1]),
-                                       blocking(lambda: other_step(other_state, batch)[1]), args.repeats)
+        ours, theirs = alternate_times(jax_step, repeated_step(*jax_step_fn(other, settings, adamw), batch),
+                                       args.repeats)
         result[f"zaya_jax_s_per_step_{args.versus_moe_backend}_vs_{result['moe_backend']}"] = [
             round(statistics.median(theirs), 4), round(statistics.median(ours), 4)]
         result["load_average_1min_start_end"][1] = round(os.getloadavg()[0], 2)
     if args.muon:
         muon_settings = settings.optimizer.__class__(**{**vars(settings.optimizer), "name": "muon"})
-        muon_state, muon_step = jax_step_fn(model, settings, make_optimizer(muon_settings, settings.train.steps))
-        result["zaya_jax_muon_s_per_step"] = round(
-            median_time(blocking(lambda: muon_step(muon_state, batch)[1]), args.repeats), 4)
+        muon = repeated_step(*jax_step_fn(model, settings, make_optimizer(muon_settings, settings.train.steps)), batch)
+        result["zaya_jax_muon_s_per_step"] = round(median_time(muon, args.repeats), 4)
     print(json.dumps(result, indent=2))
 
 

@@ -6,8 +6,11 @@ optimizer) of a tiny model on an 8-device mesh is traced with the GPU kernels
 Triton lowering runs here and raises what it would raise on a GPU (bad block shapes, unsupported
 ops). In the lowered StableHLO every Triton custom call must sit inside a manual region
 (`sdy.manual_computation`, i.e. jax.shard_map): outside one, XLA's partitioner would gather the
-kernel's global operands onto every device. Lowering only; nothing compiles.
+kernel's global operands onto every device. Lowering only; nothing compiles. The DPO step (its
+frozen reference model's forward too) is lowered for one configuration.
 """
+
+import collections
 
 import jax
 import pytest
@@ -71,11 +74,12 @@ def triton_calls(module: ir.Module) -> list[tuple[str, bool]]:
     return [(kernel, manual or inside(function)) for kernel, function, manual in calls]
 
 
-def lowered_train_step(name: str, platform: str) -> ir.Module:
+def lowered_train_step(name: str, platform: str, objective: str = "lm") -> ir.Module:
     overrides, mesh_flag, optimizer = CONFIGS[name]
     config = load_config_file("configs/tiny.py")
     config.model.update(overrides)
     config.optimizer.name = optimizer
+    config.train.objective = objective
     settings = settings_from_config(config)
     mesh = make_mesh(parse_mesh_flag(mesh_flag))
     program = build_program(settings, mesh)
@@ -103,3 +107,19 @@ def test_train_step_lowers_with_kernels_inside_shard_map(name, platform):
         assert GMM_KERNELS <= kernels and "ragged_dot" not in text, kernels
     if name == "ragged_all_to_all":
         assert "ragged_all_to_all" in text
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_dpo_step_lowers_with_the_reference_forward_inside_shard_map(platform):
+    """A DPO step (train.objective=dpo) adds the frozen reference model's forward: the forward
+    kernels are called twice as often as in the LM step of the same config (the policy's forward
+    and the reference's), the backward kernels as often; every call inside a manual region."""
+    counts = {}
+    for objective in ("lm", "dpo"):
+        calls = triton_calls(lowered_train_step("pallas_fsdp_tensor", platform, objective))
+        assert all(manual for _, manual in calls), [k for k, manual in calls if not manual]
+        counts[objective] = collections.Counter(kernel for kernel, _ in calls)
+    for kernel in ("cca_flash_attention_fwd", "gmm"):
+        assert counts["dpo"][kernel] == 2 * counts["lm"][kernel] > 0, (kernel, counts)
+    for kernel in ("cca_flash_attention_dq", "cca_flash_attention_dkdv", "gmm_transposed_rhs", "tgmm"):
+        assert counts["dpo"][kernel] == counts["lm"][kernel] > 0, (kernel, counts)

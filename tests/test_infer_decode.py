@@ -7,6 +7,8 @@ import pytest
 from tests.hf_reference import jax_from_hf, make_hf_model
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.infer import cache_numbers_per_token, decode_step, prefill, quantize_model, state_shapes
+from zaya_jax.infer.decode import stacked_experts_dispatch
+from zaya_jax.native import grouped_matmul
 
 SEQ = 12
 # Prompts of different lengths, one of a single token. The tiny model has 4 experts: a decode batch of
@@ -41,19 +43,25 @@ def _decode_logits(model, ids: np.ndarray, lengths: np.ndarray) -> dict[tuple[in
     return out
 
 
-VARIANTS = {  # layout, scan over layers, compute dtype, decode batch
-    "native-scan-fp32-dispatched": ("native", True, "float32", DISPATCHED),
-    "base-loop-bf16-gathered": ("base", False, "bfloat16", GATHERED),
-    "int4-gathered": ("native", True, "float32", GATHERED),
+# layout, scan over layers, compute dtype, decode batch, MoE backend. With the native CPU grouped
+# matmul (auto), prefill and decode read each layer's experts in place from the stacked weights.
+VARIANTS = {
+    "native-scan-fp32-dispatched": ("native", True, "float32", DISPATCHED, "auto"),
+    "base-loop-bf16-gathered": ("base", False, "bfloat16", GATHERED, "auto"),
+    "tiles-loop-fp32-dispatched": ("native", False, "float32", DISPATCHED, "tiles"),
+    "tiles-scan-fp32-gathered": ("native", True, "float32", GATHERED, "tiles"),
+    "int4-gathered": ("native", True, "float32", GATHERED, "auto"),
 }
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_incremental_decode_matches_full_forward_at_every_position(hf_model, variant):
-    layout, scan, dtype, lengths = VARIANTS[variant]
-    model = jax_from_hf(hf_model, layout=layout, scan_layers=scan, dtype=dtype)
+    layout, scan, dtype, lengths, backend = VARIANTS[variant]
+    model = jax_from_hf(hf_model, layout=layout, scan_layers=scan, dtype=dtype, moe_backend=backend)
     if variant.startswith("int4"):  # the quantized model decodes exactly as its own full forward
         model = quantize_model(model, "int4", group_size=8)
+    in_place = backend == "auto" and not variant.startswith("int4")
+    assert (stacked_experts_dispatch(model) is not None) == (in_place and grouped_matmul.available())
     ids = np.random.default_rng(0).integers(3, hf_model.config.vocab_size, (len(lengths), SEQ))
     full = np.asarray(jax.jit(lambda m, x: m(x))(model, ids))  # float32 logits, also in bf16
     decoded = _decode_logits(model, ids, lengths)

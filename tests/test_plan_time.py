@@ -154,3 +154,26 @@ def test_search_leaves_out_context_parallel_meshes_for_the_flash_kernel():
     entry = result["phases"][0]
     assert entry["infeasible"]["the attention kernel cannot run it"] > 0
     assert entry["ranked"] and not any("context" in r["mesh"] for r in entry["ranked"])
+
+
+def test_a_dpo_step_also_moves_the_reference_models_bytes():
+    """The reference model's HBM traffic, against the model's own parameter count (fp32, replicated
+    over `data`) and the pass counts of the docstring: with remat 'none' an LM step's activation
+    traffic is 3 passes (forward, backward twice) and its logits 6; the reference runs 1 of each
+    and reads its parameters once per micro-batch."""
+    import dataclasses
+    import jax
+    from zaya_jax.model.build import abstract_model
+    from zaya_jax.train.state import ModelParts
+    cfg = model_config(load_config_file("configs/tiny.py"))
+    assert cfg.remat == "none"
+    mesh = resolve_mesh_shape({"data": 2}, 2)
+    lm_shape = StepShape(global_batch=8, seq_len=64, grad_accum=2, loss_chunk=32)
+    lm, dpo = (plan_phase(cfg, shape, mesh, PROFILES["mi300x"], 192.0)["prediction"]
+               for shape in (lm_shape, dataclasses.replace(lm_shape, objective="dpo")))
+    lm_bytes, dpo_bytes = lm["hbm_bytes_per_device"], dict(dpo["hbm_bytes_per_device"])
+    reference = dpo_bytes.pop("reference_model")
+    assert dpo_bytes == lm_bytes
+    numel = sum(math.prod(a.shape) for a in jax.tree.leaves(ModelParts.arrays(abstract_model(cfg))[0]))
+    assert reference == pytest.approx(2 * 4 * numel + lm_bytes["activations"] / 3 + lm_bytes["loss_logits"] / 6 * 2)
+    assert dpo["memory_s"] == pytest.approx(lm["memory_s"] + reference / PROFILES["mi300x"].achieved()["hbm_bytes"])

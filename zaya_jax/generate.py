@@ -4,6 +4,8 @@
   python -m zaya_jax.generate --hf DIR --tokenizer tokenizer.json --prompt "Once upon a time" \\
       --max_new_tokens 64 [--temperature 0.8 --top_k 50 --top_p 0.95 --seed 0] [--quantize int8|int4]
   python -m zaya_jax.generate --hf DIR --prompt_ids 2,651,1234 --max_new_tokens 16   # prints ids
+  python -m zaya_jax.generate --checkpoint runs/sft --chat "What is 2+3?"    # prints the assistant's reply
+  python -m zaya_jax.generate --checkpoint runs/sft --messages chat.json [--chat_template FILE]
 
 (Every flag may also be spelled with dashes: --max-new-tokens, --prompt-ids.)
 --checkpoint reads a training run (its WORKDIR or checkpoints/ directory, or a `convert to_orbax`
@@ -13,6 +15,10 @@ phase); --prompt then uses the tokenizer the run was trained with (the saved con
 data.tokenizer; `demo:tokenizer` is the demo corpus's tokenizer.json) unless --tokenizer is given.
 --hf reads an HF ZAYA checkpoint (zaya_jax.load_hf) and needs --tokenizer for --prompt. Timing
 goes to stderr, generated text or ids to stdout.
+--chat (one user turn) or --messages (a JSON list of {role, content}) renders the conversation with
+the chat template and its generation prompt (zaya_jax.infer.chat): --chat_template, else the one a
+run trained on chat or preference data recorded, else (--hf) DIR/tokenizer_config.json's; the
+reply stops at eos.
 
 `zaya_jax.generate` is also the generate function (zaya_jax/__init__.py); importing this module
 would shadow it with the module, so the module itself is made callable as that function.
@@ -29,6 +35,7 @@ from absl import app, flags
 
 from zaya_jax import cli
 from zaya_jax.errors import UserError
+from zaya_jax.infer.chat import chat_template_for, read_messages
 from zaya_jax.infer.generate import generate
 from zaya_jax.infer.loading import checkpoint_tokenizer_path, load_checkpoint, load_hf
 from zaya_jax.infer.quantize import MODES
@@ -38,6 +45,11 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training run WORKDIR, its
                                                       "`convert to_orbax` output (Orbax).")
 _PROMPT = flags.DEFINE_string("prompt", None, "Prompt text (tokenized with --tokenizer or the checkpoint's).")
 _PROMPT_IDS = flags.DEFINE_string("prompt_ids", None, "Comma-separated prompt token ids, e.g. 2,17,5.")
+_CHAT = flags.DEFINE_string("chat", None, "A user message, rendered with the chat template; prints the reply.")
+_MESSAGES = flags.DEFINE_string("messages", None, "A JSON file: a list of {role, content} messages (system, user, "
+                                                  "assistant), rendered with the chat template.")
+_CHAT_TEMPLATE = flags.DEFINE_string("chat_template", None, "Chat template for --chat / --messages: a .jinja file "
+                                                            "or a tokenizer_config.json (default: the run's).")
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "tokenizer.json (default for --checkpoint: the one the run "
                                                     "was trained with).")
 _NO_BOS = flags.DEFINE_bool("no_bos", False, "Do not prepend the model's bos id to an encoded --prompt.")
@@ -56,8 +68,8 @@ _GROUP_SIZE = flags.DEFINE_integer("group_size", 64, "Quantization group along t
 def check_flags() -> None:
     if (_HF.value is None) == (_CHECKPOINT.value is None):
         raise app.UsageError("give exactly one of --checkpoint and --hf")
-    if (_PROMPT.value is None) == (_PROMPT_IDS.value is None):
-        raise app.UsageError("give exactly one of --prompt and --prompt_ids")
+    if sum(f.value is not None for f in (_PROMPT, _PROMPT_IDS, _CHAT, _MESSAGES)) != 1:
+        raise app.UsageError("give exactly one of --prompt, --prompt_ids, --chat and --messages")
 
 
 def load_model():
@@ -122,11 +134,21 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     check_flags()
-    tokenizer = load_tokenizer(tokenizer_file()) if _PROMPT.value is not None else None
+    chat = _CHAT.value is not None or _MESSAGES.value is not None
+    path = tokenizer_file() if _PROMPT.value is not None or chat else None
+    tokenizer = None if path is None else load_tokenizer(path)
+    if chat:
+        messages = read_messages(_CHAT.value, _MESSAGES.value)
+        template = chat_template_for(checkpoint=_CHECKPOINT.value, hf=_HF.value, override=_CHAT_TEMPLATE.value)
     start = time.perf_counter()
     model = load_model()
     cfg = model.config
-    if _PROMPT.value is not None:
+    if chat:
+        from zaya_jax.data.chat_template import encode_prompt
+        from zaya_jax.data.tokenizer import Tokenizer
+        ids = encode_prompt(template, Tokenizer(path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id,
+                                                pad_id=cfg.pad_token_id), messages).tolist()
+    elif _PROMPT.value is not None:
         ids = tokenizer.encode(_PROMPT.value).ids
         if not _NO_BOS.value and ids[:1] != [cfg.bos_token_id]:
             ids = [cfg.bos_token_id] + ids

@@ -142,6 +142,20 @@ class ChatTemplate:
         _compile(template.source, path)  # a syntax error is named now
         return template
 
+    def record(self) -> dict:
+        """What a checkpoint keeps of the template its run was trained with (JSON): the text itself,
+        so that generation renders prompts as training did even once the file is gone."""
+        return {"path": self.path, "sha256": self.sha256, "source": self.source, "bos_token": self.bos_token,
+                "eos_token": self.eos_token}
+
+    @classmethod
+    def from_record(cls, record: dict) -> ChatTemplate:
+        """The template of `record()` (compiled now: a damaged record is named)."""
+        template = cls(record["source"], record["path"], record.get("bos_token", cls.bos_token),
+                       record.get("eos_token", cls.eos_token))
+        _compile(template.source, template.path)
+        return template
+
     @property
     def sha256(self) -> str:
         """Of the template text (what a manifest records)."""

@@ -155,16 +155,18 @@ class DataPipeline(grain.DatasetIterator):
         pairs of each source's training split the phase's seq_len truncates or drops (see
         preference_rows.py; independent of processes, counted once per pair, not per epoch; also
         logged as a warning when the pipeline is built); text and chat: {}.
+      chat_template: the chat template the sources were prepared with, as
+        ChatTemplate.record() (sources.chat_template_of); None for text sources.
     Raises StopIteration once the last phase's budget is spent. Call close() when done (it stops
     worker processes).
     """
 
     def __init__(self, phases: Sequence[PhaseInfo], make_phase: Callable[[PhaseInfo], grain.IterDataset],
                  layout: dict[str, Any], vocab_size: int, *, kind: str = "text",
-                 statistics: dict[str, Any] | None = None):
+                 statistics: dict[str, Any] | None = None, chat_template: dict | None = None):
         super().__init__()
         self.phases, self.vocab_size = tuple(phases), vocab_size
-        self.kind, self.statistics = kind, statistics or {}
+        self.kind, self.statistics, self.chat_template = kind, statistics or {}, chat_template
         self._make_phase, self._layout = make_phase, layout
         self._index, self._batches, self._returned = 0, 0, 0
         self._iter: list[grain.DatasetIterator] = []  # the current phase's iterator, once made
@@ -262,4 +264,4 @@ def build_pipeline(data_config, *, global_batch_size: int | None = None, process
               "worker_count": data_config.worker_count, "packing_bins": data_config.packing_bins,
               "phases": [[p.name, p.global_batch_size, p.seq_len] for p in phases]}
     return DataPipeline(phases, make_phase, layout, sources_lib.vocab_size(opened), kind=kind,
-                        statistics=statistics)
+                        statistics=statistics, chat_template=sources_lib.chat_template_of(opened))

@@ -19,10 +19,12 @@ import os
 from collections.abc import Mapping
 
 import numpy as np
+from absl import logging
 
 from zaya_jax.config import ConfigError
 from zaya_jax.data import records
-from zaya_jax.errors import MissingInputError
+from zaya_jax.data.chat_template import ChatTemplate
+from zaya_jax.errors import MissingInputError, UserError
 
 MANIFEST = "manifest.json"
 DEMO_PREFIX = "demo:"
@@ -166,6 +168,33 @@ def open_sources(data_config, names: list[str] | None = None) -> dict[str, Prepa
             raise ConfigError(f"data.sources.{source.name} ({source.path}) and data.sources.{first.name} "
                              f"({first.path}) were prepared with different tokenizers")
     return opened
+
+
+def chat_template_of(sources: Mapping[str, PreparedSource]) -> dict | None:
+    """The chat template the sources were prepared with (their manifests' "chat_template"), as
+    ChatTemplate.record() (its text, read now), for the run's checkpoints; None when no source
+    recorded one (text, or preference pairs of plain strings). None and a warning when two sources
+    name different templates or the file no longer holds the text it was prepared with."""
+    infos = {name: s.manifest.get("chat_template") for name, s in sources.items() if s.manifest.get("chat_template")}
+    if not infos:
+        return None
+    (first, info), *others = infos.items()
+    for name, other in others:
+        if other["sha256"] != info["sha256"]:
+            logging.warning("data.sources.%s and data.sources.%s were prepared with different chat templates (%s, "
+                            "%s): the checkpoints record none; generate --chat then needs --chat_template",
+                            first, name, info["path"], other["path"])
+            return None
+    try:
+        template = ChatTemplate.load(info["path"])
+        problem = None if template.sha256 == info["sha256"] else "has changed since"
+    except UserError as e:
+        problem = f"cannot be read ({e})"
+    if problem:
+        logging.warning("data.sources.%s was prepared with the chat template %s, which %s: the checkpoints record "
+                        "none; generate --chat then needs --chat_template", first, info["path"], problem)
+        return None
+    return template.record()
 
 
 def vocab_size(sources: Mapping[str, PreparedSource]) -> int:

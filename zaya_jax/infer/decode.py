@@ -15,6 +15,11 @@ Both walk the same stacked layers as ZayaLM._run_layers (lax.scan, or a Python l
                When the batch has no more tokens than there are experts, each token's expert
                weights are gathered (rows of integers, for a quantized model) instead of
                running the dispatch backend over every expert.
+
+On the native CPU grouped matmul (float weights, one device), both read each layer's experts in
+place from the stacked [L,E,K,N] weights (`stacked_experts_dispatch`): on CPU, XLA copies every
+slice, and slicing a layer's experts out copies 3 x E x D x I weights per layer (bench_small:
+48 MB per layer, more than the prefill's own work) and a gathered expert 3 x D x I per token.
 """
 
 from __future__ import annotations
@@ -26,9 +31,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from zaya_jax.infer.cache import DecodeState, cached_attention
-from zaya_jax.infer.quantize import rows
-from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn
+from zaya_jax.infer.quantize import QuantizedArray, rows
+from zaya_jax.model import moe_dispatch
+from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn, resolve_moe_backend
 from zaya_jax.model.moe import MoE
+from zaya_jax.model.moe_dispatch import ExpertWeights
+from zaya_jax.native.grouped_matmul import grouped_matmul
+from zaya_jax.parallel.context import current_mesh_shape
 from zaya_jax.model.rope import rope_cos_sin
 from zaya_jax.model.zaya import ZayaLM
 
@@ -49,6 +58,28 @@ def _embed(model: ZayaLM, ids: jax.Array) -> jax.Array:
     emb = jnp.take(model.embed[...], ids, axis=0)
     stream_dtype = jnp.float32 if model.config.residual_in_fp32 else jnp.dtype(model.config.dtype)
     return ((emb + model.input_bias[...]) * model.input_scale[...]).astype(stream_dtype)
+
+
+def stacked_experts_dispatch(model: ZayaLM) -> Callable[[jax.Array], Callable] | None:
+    """-> layer index [] -> a MoE dispatch (moe_dispatch's signature) whose grouped matmuls read
+    that layer's experts in place from the stacked weights, viewed as [L*E,K,N] (a free reshape);
+    the layer's own sliced expert weights then go unused and XLA drops them. None unless the MoE
+    runs on the native CPU grouped matmul, on one device, with float (unquantized) weights."""
+    cfg, moe = model.config, model.layers.moe
+    stacked = (moe.gate, moe.up, moe.down)
+    if (resolve_moe_backend(cfg.moe_backend) != "native" or any(n > 1 for n in current_mesh_shape().values())
+            or any(isinstance(p.get_value(), QuantizedArray) for p in stacked)):
+        return None
+    dtype = jnp.dtype(cfg.dtype)
+    flat = ExpertWeights(*(p[...].reshape(-1, *p.shape[2:]).astype(dtype) for p in stacked))
+    num_experts = moe.gate.shape[1]
+
+    def for_layer(index: jax.Array) -> Callable:
+        def dispatch(x, expert, _layer_weights):
+            return moe_dispatch.ragged(x, expert, flat, matmul=grouped_matmul, num_experts=num_experts,
+                                       first_group=index * num_experts)
+        return dispatch
+    return for_layer
 
 
 def gathered_moe(moe: MoE, x: jax.Array, router_state: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -80,21 +111,25 @@ def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int
     continues = jnp.broadcast_to(jnp.arange(s) > 0, (b, s))
     token_mask = jnp.arange(s)[None, :] < lengths[:, None]
     attention, dispatch = attention_fn(cfg), moe_dispatch_fn(cfg)
+    in_place = stacked_experts_dispatch(model)
     last = lengths - 1
     graphdef, layer_states = nnx.split(model.layers)
 
-    def body(carry, layer_state):
+    def body(carry, xs):
         stream, router_state = carry
+        layer_state, index = xs
         layer = nnx.merge(graphdef, layer_state)
         q, k, v, cca_carry = layer.attention.qkv(layer.input_norm(stream, dtype), cos, sin, continues)
         a = layer.attention.output(attention(q, k, v, None))
         stream = layer.attention_residual(a, stream, stream_dtype)
-        m, router_state, _ = layer.moe(layer.post_attention_norm(stream, dtype), router_state, token_mask, dispatch)
+        m, router_state, _ = layer.moe(layer.post_attention_norm(stream, dtype), router_state, token_mask,
+                                       dispatch if in_place is None else in_place(index))
         stream = layer.moe_residual(m, stream, stream_dtype)
         return (stream, router_state), (k, v, jax.tree.map(lambda x: x[jnp.arange(b), last], cca_carry))
 
     router_state = jnp.zeros((b, s, cfg.router_hidden_size), jnp.float32)  # fp32 router
-    (stream, _), (keys, values, carry) = _over_layers(body, (_embed(model, ids), router_state), layer_states,
+    (stream, _), (keys, values, carry) = _over_layers(body, (_embed(model, ids), router_state),
+                                                      (layer_states, jnp.arange(cfg.num_layers)),
                                                       cfg.num_layers, cfg.scan_layers)
     pad = [(0, 0), (0, 0), (0, cache_size - s), (0, 0), (0, 0)]
     state = DecodeState(jnp.pad(keys, pad), jnp.pad(values, pad), carry, lengths.astype(jnp.int32))
@@ -114,6 +149,7 @@ def decode_step(model: ZayaLM, state: DecodeState, tokens: jax.Array) -> tuple[j
     continues = jnp.ones((b, 1), bool)
     few_tokens = b <= cfg.num_experts
     dispatch = moe_dispatch_fn(cfg)
+    in_place = stacked_experts_dispatch(model)
     graphdef, layer_states = nnx.split(model.layers)
     batch = jnp.arange(b)
 
@@ -127,7 +163,9 @@ def decode_step(model: ZayaLM, state: DecodeState, tokens: jax.Array) -> tuple[j
         o = cached_attention(q, keys[index], values[index], positions)
         stream = layer.attention_residual(layer.attention.output(o), stream, stream_dtype)
         x = layer.post_attention_norm(stream, dtype)
-        if few_tokens:
+        if in_place is not None:
+            m, router_state, _ = layer.moe(x, router_state, jnp.ones((b, 1), bool), in_place(index))
+        elif few_tokens:
             m, router_state = gathered_moe(layer.moe, x, router_state)
         else:
             m, router_state, _ = layer.moe(x, router_state, jnp.ones((b, 1), bool), dispatch)

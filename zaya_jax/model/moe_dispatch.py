@@ -89,11 +89,19 @@ def capacity(x: jax.Array, expert: jax.Array, w: ExpertWeights, *, capacity_fact
 
 
 def ragged(x: jax.Array, expert: jax.Array, w: ExpertWeights, *,
-           matmul: Callable = jax.lax.ragged_dot) -> tuple[jax.Array, jax.Array]:
-    """`matmul(lhs [T,K], rhs [E,K,N], group_sizes [E]) -> [T,N]` with ragged_dot semantics."""
-    num_experts = w.gate.shape[0]
+           matmul: Callable = jax.lax.ragged_dot, num_experts: int | None = None,
+           first_group: int | jax.Array = 0) -> tuple[jax.Array, jax.Array]:
+    """`matmul(lhs [T,K], rhs [G,K,N], group_sizes [G]) -> [T,N]` with ragged_dot semantics.
+
+    w holds G groups: the E = num_experts experts (default G), or more, e.g. every layer's experts
+    viewed as [L*E,K,N] (a free reshape of the stacked weights): expert e then multiplies group
+    first_group + e and the other groups get no rows, so no layer's weights are sliced out."""
+    groups = w.gate.shape[0]
+    num_experts = groups if num_experts is None else num_experts
     s = sort_by_expert(expert, num_experts)
     sizes = s.group_sizes[:num_experts]
+    if num_experts != groups:
+        sizes = jax.lax.dynamic_update_slice(jnp.zeros((groups,), sizes.dtype), sizes, (first_group,))
     xs = x[s.order]
     hidden = jax.nn.silu(matmul(xs, w.gate, sizes)) * matmul(xs, w.up, sizes)
     return unsort(matmul(hidden, w.down, sizes), s.order), jnp.int32(0)

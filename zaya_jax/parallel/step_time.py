@@ -9,6 +9,10 @@
                 loss head: the fp32 logits of each chunk, written and read forward, recomputed, backward
                 optimizer: the update reads and writes its shard of parameters and optimizer state
                   and reads the gradient; gradients accumulate once per micro-batch
+                reference model (objective 'dpo'; step_flops counts its forward as one pass of every
+                  layer op and of the loss head): its fp32 parameter shard read once per micro-batch,
+                  each layer op's activation traffic once (forward only: no backward, no recompute)
+                  and the loss head's fp32 logits written and read once
               matmul operands are assumed hidden in the matmul time (large GEMMs are compute-bound)
   collective  bytes per device over the link its mesh axis crosses (link_of) / achieved bus bandwidth
 
@@ -68,17 +72,21 @@ def hbm_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_res
     tokens = plan_result["tokens_per_device_per_microbatch"] * shape.grad_accum
     backend = expert_backend(cfg, mesh, shape.platform)
     rows = expert_rows_per_token(cfg, backend, max(1, int(plan_result["tokens_per_device_per_microbatch"])))
-    activations = sum(op.activation_bytes * (1 + 2 + recomputed(op, cfg.remat)) / (mesh["tensor"] if op.tensor_split
-                                                                                   else 1)
-                      for op in layer_matmuls(cfg, shape.seq_len, backend, rows))
+    ops = layer_matmuls(cfg, shape.seq_len, backend, rows)
+    per_pass = {op.name: tokens * cfg.num_layers * op.activation_bytes / (mesh["tensor"] if op.tensor_split else 1)
+                for op in ops}  # one pass (forward) of every layer op
+    logits = tokens * cfg.vocab_size / mesh["tensor"] * 4  # fp32 logits of every position, once
     mem = plan_result["bytes_per_device"]
     opt_fraction = 1 / mesh["data"] if shape.shard_optimizer_over_data else 1.0
-    return {
-        "activations": tokens * activations * cfg.num_layers,
-        "loss_logits": tokens * cfg.vocab_size / mesh["tensor"] * 4 * 6,
+    traffic = {
+        "activations": sum(per_pass[op.name] * (1 + 2 + recomputed(op, cfg.remat)) for op in ops),
+        "loss_logits": logits * 6,
         "optimizer": opt_fraction * (2 * mem["params"] + mem["grads"]) + 2 * mem["optimizer_state"]
                      + mem["grads"] * shape.grad_accum,
     }
+    if shape.objective == "dpo":
+        traffic["reference_model"] = mem["reference_model"] * shape.grad_accum + sum(per_pass.values()) + 2 * logits
+    return traffic
 
 
 def matmul_flops(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, parameters: list) -> dict[str, float]:

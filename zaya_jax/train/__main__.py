@@ -13,8 +13,10 @@ restart compiles nothing it has compiled before.
 
 from __future__ import annotations
 
+from zaya_jax import launch_defaults
 from zaya_jax.train import faults
 
+launch_defaults.apply()  # the heap settings, before jax allocates anything
 faults.install()  # before anything slow: a signal during start-up (imports, distributed init, compilation) is kept
 
 import os  # noqa: E402

@@ -78,13 +78,18 @@ finally:
 TRAIN_FIELDS = ("step", "opt_state", "controller_state", "rng", "skipped_steps", "nonfinite_streak")
 
 
-def config_json(config: ml_collections.ConfigDict, rope_theta: float | None = None) -> dict:
+def config_json(config: ml_collections.ConfigDict, rope_theta: float | None = None,
+                chat_template: dict | None = None) -> dict:
     """The run config as JSON. `rope_theta` (the RoPE base of the curriculum phase being trained)
     replaces model.rope_theta, so that the saved model section rebuilds the model as it was at
-    that step (generate, convert and zaya_jax.infer.load_checkpoint read only that section)."""
+    that step (generate, convert and zaya_jax.infer.load_checkpoint read only that section).
+    `chat_template` (ChatTemplate.record() of the template the chat / preference sources were
+    prepared with) is kept as the top-level "chat_template" (what `generate --chat` renders with)."""
     saved = json.loads(config.to_json_best_effort())
     if rope_theta is not None:
         saved["model"]["rope_theta"] = float(rope_theta)
+    if chat_template is not None:
+        saved["chat_template"] = chat_template
     return saved
 
 

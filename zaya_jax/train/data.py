@@ -93,6 +93,8 @@ def synthetic_batch(seed: int, index: int, batch: int, seq_len: int, vocab: int,
 class SyntheticIterator(grain.DatasetIterator):
     """Synthetic global batches (this process's rows), without end; state: the next batch index."""
 
+    chat_template = None  # (DataPipeline's: the template of chat sources)
+
     def __init__(self, phase: PhaseInfo, vocab: int, seed: int, objective: str = "lm"):
         super().__init__()
         self.phase, self.vocab_size, self.objective = phase, vocab, objective
@@ -139,7 +141,7 @@ def training_data_config(config, settings: Settings):
     from zaya_jax.data.curriculum import parse_phases
     last = parse_phases(config.data, process_count=jax.process_count())[-1]
     data = copy.deepcopy(config.data)  # copy_and_resolve_references would share the phases tuple's dicts
-    data.phases[-1].token_budget = (last.num_batches + extra) * last.tokens_per_batch
+    data.phases[-1]["token_budget"] = (last.num_batches + extra) * last.tokens_per_batch  # a ConfigDict or a dict
     return data
 
 

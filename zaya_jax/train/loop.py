@@ -124,6 +124,10 @@ class Trainer:
         self._rollbacks = 0
         self.data = open_training_data(config, s)
         self.eval_data = eval_batches(config, s) if s.eval.every_steps else {}
+        self._init_origin = "the given init_model's weights"
+        if init_model is None and s.train.init_from_hf and not resuming:  # after the cheap checks; outside any mesh
+            self._init_model = load_hf_matching(s.train.init_from_hf, s.model, "train.init_from_hf")
+            self._init_origin = f"HF weights {s.train.init_from_hf}"
 
         program = build_program(s, self.mesh)
         self.tx, self.controller, self.lr_schedule = program.tx, program.controller, program.lr_schedule
@@ -170,16 +174,12 @@ class Trainer:
             directory, step = self._init_checkpoint
             return self._fresh(*self._restored_model(directory, step)), \
                 f"weights of checkpoint {step} in {directory} (train.init_from_checkpoint), a fresh optimizer"
-        path = self.settings.train.init_from_hf
-        if self._init_model is None and not path:
+        if self._init_model is None:
             return self._fresh(None, None), "fresh initialisation"
-        if self._init_model is not None:
-            model, source = self._init_model, "the given init_model's weights"
-        else:
-            model, source = load_hf_matching(path, self.settings.model, "train.init_from_hf"), f"HF weights {path}"
-        params, biases = ModelParts.arrays(model)
+        params, biases = ModelParts.arrays(self._init_model)
+        self._init_model = None  # the state holds the weights now
         return self._fresh(jax.device_put(params, self.shardings.params),
-                           jax.device_put(biases, self.shardings.biases)), source
+                           jax.device_put(biases, self.shardings.biases)), self._init_origin
 
     def _restored_model(self, directory: str, step: int) -> tuple[dict, jax.Array]:
         """(params, biases) of the `model` item of `step` in `directory`, on this run's shardings."""
@@ -192,7 +192,8 @@ class Trainer:
         return self.checkpointer.restore(step, with_shardings(self.abstract_state, self.shardings), self.data)
 
     def save(self) -> int:
-        return self.checkpointer.save(self.state, self.data, config_json(self.config, self.data.phase.rope_theta))
+        return self.checkpointer.save(self.state, self.data, config_json(self.config, self.data.phase.rope_theta,
+                                                                       self.data.chat_template))
 
     # -- loop -------------------------------------------------------------------------------
     def run(self) -> TrainState:
