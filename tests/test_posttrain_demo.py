@@ -135,6 +135,10 @@ def _check_pairs_cli_and_write_pairs(tmp_path, pairs, cache):
         ids, part = split.train[i]
         assert tok.decode(ids[part == 1]) == task.answer
         assert tok.decode(ids[part == 2]) == ("1000" if i % 3 == 0 else task.wrong)
+    again = _run(["zaya_jax.preference_pairs", "--checkpoint", str(tmp_path / "demo_sft"), "--output", str(pairs)],
+                 tmp_path)  # pairs are never overwritten
+    assert again.returncode == 2 and again.stderr.strip().splitlines()[-1] == (
+        f"error: --output {pairs} already exists; delete it or choose another directory")
 
 
 def test_pretrain_sft_dpo_and_accuracy_end_to_end(cache, tmp_path):
