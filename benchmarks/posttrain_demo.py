@@ -4,12 +4,15 @@
 
 Runs the README's commands as a user would, each in its own process: the pretraining demo
 (configs/demo.py; or reuses --pretrained, a finished run of it), then configs/demo_sft.py from
-it, then configs/demo_dpo.py from the SFT run, and after each stage
-`python -m zaya_jax.evaluate_tasks` (exact-match accuracy by greedy generation on the 500
+it, then `python -m zaya_jax.preference_pairs` (the SFT model's own wrong answers to the training
+questions as DPO pairs), then configs/demo_dpo.py from the SFT run on those pairs, and for each
+model `python -m zaya_jax.evaluate_tasks` (exact-match accuracy by greedy generation on the 500
 held-out generated questions). Reports each stage's wall time (including compilation and, for
-a first run, building the demo data), the accuracies overall and per kind, the final held-out
-SFT loss and the DPO metrics (loss, reward margin and preference accuracy, train and held-out),
-with the load average at start and end: the 2 CPU cores may be shared with other jobs.
+a first run, building the demo data), the accuracies overall and per kind, the pairs made, the
+final held-out SFT loss and the DPO metrics (loss, reward margin and preference accuracy, train
+and on the validation pairs), and the same for configs/demo_dpo.py with dpo.rpo_alpha=0 (DPO's
+loss alone, the ablation), with the load average at start and end: the 2 CPU cores may be
+shared with other jobs.
 """
 
 from __future__ import annotations
@@ -39,11 +42,19 @@ def run(args: list[str]) -> tuple[str, float]:
     return done.stdout, time.perf_counter() - start
 
 
-def train(config: str, workdir: str, init_from: str | None) -> float:
-    overrides = [f"--config.train.init_from_checkpoint={init_from}"] if init_from else []
+def train(config: str, workdir: str, init_from: str | None, *overrides: str) -> float:
+    start = [f"--config.train.init_from_checkpoint={init_from}"] if init_from else []
     _, wall = run(["zaya_jax.train", "--config", os.path.join(REPO, "configs", config), "--workdir", workdir,
-                   "--config.monitor.progress_bar=False", "--config.monitor.tensorboard=False", *overrides])
+                   "--config.monitor.progress_bar=False", "--config.monitor.tensorboard=False", *start, *overrides])
     return round(wall, 1)
+
+
+def make_pairs(checkpoint: str, output: str) -> dict:
+    """The DPO pairs of the README's command -> its summary with the wall time."""
+    stdout, wall = run(["zaya_jax.preference_pairs", "--checkpoint", checkpoint, "--output", output])
+    summary = json_output(stdout)
+    return {k: summary[k] for k in ("questions", "train_accuracy", "wrong_by_kind", "near_miss_for_correct",
+                                    "pairs")} | {"wall_s": round(wall, 1)}
 
 
 def accuracy(workdir: str) -> dict:
@@ -71,7 +82,7 @@ def main():
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         root = os.path.abspath(args.workdir or tmp)
-        runs = {name: os.path.join(root, name) for name in ("demo", "demo_sft", "demo_dpo")}
+        runs = {name: os.path.join(root, name) for name in ("demo", "demo_sft", "demo_sft_pairs", "demo_dpo")}
         if args.pretrained:
             runs["demo"], pretrain_wall = os.path.abspath(args.pretrained), None
         else:
@@ -79,8 +90,15 @@ def main():
         before = accuracy(runs["demo"])
         sft_wall = train("demo_sft.py", runs["demo_sft"], runs["demo"])
         after_sft = accuracy(runs["demo_sft"])
-        dpo_wall = train("demo_dpo.py", runs["demo_dpo"], runs["demo_sft"])
+        pairs = make_pairs(runs["demo_sft"], runs["demo_sft_pairs"])
+        dpo_wall = train("demo_dpo.py", runs["demo_dpo"], runs["demo_sft"],
+                         f"--config.data.sources.preference={runs['demo_sft_pairs']}")
         after_dpo = accuracy(runs["demo_dpo"])
+        without_rpo = os.path.join(root, "demo_dpo_without_rpo")  # the ablation: DPO's loss alone
+        without_rpo_wall = train("demo_dpo.py", without_rpo, runs["demo_sft"], "--config.dpo.rpo_alpha=0.0",
+                                 f"--config.data.sources.preference={runs['demo_sft_pairs']}")
+        ablation = {"rpo_alpha": 0.0, **accuracy(without_rpo), "wall_s": without_rpo_wall,
+                    "dpo_final": final_metrics(without_rpo)}
         sft_metrics, dpo_metrics = final_metrics(runs["demo_sft"]), final_metrics(runs["demo_dpo"])
     print(json.dumps({
         "accuracy": {"before_sft": before["accuracy"], "after_sft": after_sft["accuracy"],
@@ -89,8 +107,10 @@ def main():
                              "after_dpo": after_dpo["accuracy_by_kind"]},
         "heldout_questions": before["questions"],
         "steps": {"pretrain": before["step"], "sft": after_sft["step"], "dpo": after_dpo["step"]},
-        "wall_s_including_compile": {"pretrain": pretrain_wall, "sft": sft_wall, "dpo": dpo_wall,
-                                     "accuracy_each": after_dpo["wall_s"]},
+        "wall_s_including_compile": {"pretrain": pretrain_wall, "sft": sft_wall, "pairs": pairs["wall_s"],
+                                     "dpo": dpo_wall, "accuracy_each": after_dpo["wall_s"]},
+        "dpo_pairs": {k: v for k, v in pairs.items() if k != "wall_s"},
+        "dpo_without_rpo": {k: v for k, v in ablation.items() if k not in ("questions", "step")},
         "pretrain_reused": bool(args.pretrained),
         "sft_final": sft_metrics, "dpo_final": dpo_metrics,
         "cpu_count": os.cpu_count(), "machine": "shared with other jobs; timings are indicative",

@@ -14,6 +14,7 @@ from tests.train_helpers import REPO
 from zaya_jax.data import chat_template, demo_posttrain, instruction_tasks
 from zaya_jax.data.sources import heldout_count, open_sources, tokenizer_path
 from zaya_jax.data.tokenizer import Tokenizer
+from zaya_jax.preference_pairs import onpolicy_records, write_pairs
 
 DEMO = {"cache_dir": "", "max_docs": 40, "vocab_size": 4096, "seed": 0}
 TINY_MODEL = ["--config.model.hidden_size=32", "--config.model.num_layers=1", "--config.model.num_q_heads=4",
@@ -84,6 +85,18 @@ def test_the_corpus_cache_entry_is_unchanged_and_the_posttrain_one_beside_it(cac
     assert names[1].startswith(names[0] + "-posttrain-v") and len(names) == 2
 
 
+def test_onpolicy_pairs_reject_the_models_own_wrong_answers():
+    tasks = instruction_tasks.tasks("train", 1)  # add, max, index, variable, length
+    completions = [tasks[0].answer + ".", "1000", "", tasks[3].answer, " 77 \n"]
+    only_wrong = onpolicy_records(tasks, completions, near_miss_for_correct=False)
+    assert [(r["prompt"][0]["content"], r["chosen"][0]["content"], r["rejected"][0]["content"]) for r in only_wrong] == [
+        (tasks[1].question, tasks[1].answer, "1000"), (tasks[4].question, tasks[4].answer, "77")]
+    assert tasks[4].answer != "77"
+    topped_up = onpolicy_records(tasks, completions, near_miss_for_correct=True)
+    assert [r["rejected"][0]["content"] for r in topped_up] == [tasks[0].wrong, "1000", tasks[3].wrong, "77"]
+    assert all(r["chosen"][0]["content"] != r["rejected"][0]["content"] for r in topped_up)
+
+
 def _run(args, cwd):
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": REPO, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
@@ -98,6 +111,36 @@ def test_missing_start_checkpoint_names_the_command_that_makes_it(tmp_path):
         "python -m zaya_jax.train --config configs/demo_sft.py --workdir runs/demo_sft")
 
 
+def _check_pairs_cli_and_write_pairs(tmp_path, pairs, cache):
+    """The pairs CLI on the 2-step SFT model, whose answers are all blank (its turn is only newlines),
+    so it makes no pair and says so; then `pairs` written by its library half from given answers."""
+    done = _run(["zaya_jax.preference_pairs", "--checkpoint", str(tmp_path / "demo_sft"), "--output", str(pairs),
+                 "--per_kind", "4", "--max_new_tokens", "3"], tmp_path)
+    assert done.returncode == 2 and not pairs.exists(), done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "no pairs from its answers to 20 training questions (every wrong answer was blank); train it further")
+    tasks = instruction_tasks.tasks("train", 4)
+    completions = [t.answer if i % 3 else "1000" for i, t in enumerate(tasks)]  # a third wrong
+    records = onpolicy_records(tasks, completions, near_miss_for_correct=True)
+    tok_path = tokenizer_path(_data_config("chat", cache))
+    manifest = write_pairs(str(pairs), records, tokenizer_path=tok_path, template_path=chat_template.PLAIN,
+                           ids=(2, 1, 0), made_from={"pairs": len(records)})
+    assert manifest["num_pairs"] == len(tasks) == 20 and not os.path.exists(f"{pairs}.tmp")
+    config = _data_config("preference", cache)
+    config.sources.preference = str(pairs)
+    prepared = open_sources(config)
+    tok = Tokenizer(tok_path, bos_id=2, eos_id=1, pad_id=0)
+    split = prepared["preference"]
+    for i, task in enumerate(tasks[:len(split.train)]):
+        ids, part = split.train[i]
+        assert tok.decode(ids[part == 1]) == task.answer
+        assert tok.decode(ids[part == 2]) == ("1000" if i % 3 == 0 else task.wrong)
+    again = _run(["zaya_jax.preference_pairs", "--checkpoint", str(tmp_path / "demo_sft"), "--output", str(pairs)],
+                 tmp_path)  # pairs are never overwritten
+    assert again.returncode == 2 and again.stderr.strip().splitlines()[-1] == (
+        f"error: --output {pairs} already exists; delete it or choose another directory")
+
+
 def test_pretrain_sft_dpo_and_accuracy_end_to_end(cache, tmp_path):
     """The README's commands, every model shrunk and every stage 2 steps long."""
     common = [*TINY_MODEL, f"--config.data.demo.cache_dir={cache}", f"--config.data.demo.max_docs={DEMO['max_docs']}",
@@ -106,9 +149,12 @@ def test_pretrain_sft_dpo_and_accuracy_end_to_end(cache, tmp_path):
     # 2 pretraining steps stay in the first phase (RoPE base 1e4): the later stages start there too
     later = ["--config.data.phases[0].rope_theta=10000.0",
              "--config.eval.every_steps=2", "--config.eval.max_batches=1"]
+    pairs = tmp_path / "demo_sft_pairs"
     stages = [("demo.py", "demo", None, []), ("demo_sft.py", "demo_sft", "demo", later),
-              ("demo_dpo.py", "demo_dpo", "demo_sft", later)]
+              ("demo_dpo.py", "demo_dpo", "demo_sft", [*later, f"--config.data.sources.preference={pairs}"])]
     for config, workdir, previous, extra in stages:
+        if config == "demo_dpo.py":
+            _check_pairs_cli_and_write_pairs(tmp_path, pairs, cache)
         start = [f"--config.train.init_from_checkpoint={tmp_path / previous}"] if previous else []
         done = _run(["zaya_jax.train", "--config", os.path.join(REPO, "configs", config), "--workdir",
                      str(tmp_path / workdir), *common, *extra, *start], tmp_path)

@@ -98,16 +98,17 @@ def test_demo_run_figures_are_the_results_file():
 
 def test_posttrain_demo_figures_are_the_results_file():
     run = _load("posttrain_demo_cpu")
-    rows = []
-    for label, stage, steps in (("pretrained (`runs/demo`)", "before_sft", "pretrain"),
-                                ("after SFT (`runs/demo_sft`)", "after_sft", "sft"),
-                                ("after DPO (`runs/demo_dpo`)", "after_dpo", "dpo")):
-        by_kind = run["accuracy_by_kind"][stage]
-        rows.append(f"| {label} | {run['steps'][steps]} | {run['wall_s_including_compile'][steps]:.0f} s | "
-                    f"{100 * run['accuracy'][stage]:.1f}% | " + " | ".join(f"{100 * v:.0f}%" for v in by_kind.values())
-                    + " |")
+    wall, ablation = run["wall_s_including_compile"], run["dpo_without_rpo"]
+    row = lambda label, steps, seconds, accuracy, by_kind: (
+        f"| {label} | {steps} | {seconds:.0f} s | {100 * accuracy:.1f}% | "
+        + " | ".join(f"{100 * v:.0f}%" for v in by_kind.values()) + " |")
+    rows = [row(label, run["steps"][steps], wall[steps], run["accuracy"][stage], run["accuracy_by_kind"][stage])
+            for label, stage, steps in (("pretrained (`runs/demo`)", "before_sft", "pretrain"),
+                                        ("after SFT (`runs/demo_sft`)", "after_sft", "sft"),
+                                        ("after DPO (`runs/demo_dpo`)", "after_dpo", "dpo"))]
+    rows.append(row("DPO without RPO (`dpo.rpo_alpha=0`)", ablation["dpo_final"]["train"]["step"], ablation["wall_s"],
+                    ablation["accuracy"], ablation["accuracy_by_kind"]))
     header = "| model | steps | wall time | exact match | " + " | ".join(run["accuracy_by_kind"]["before_sft"]) + " |"
-    dpo = run["dpo_final"]["eval"]
     with open(os.path.join(REPO, "README.md")) as f:
         readme = f.read()
     doc = _doc("posttraining.md")
@@ -115,12 +116,23 @@ def test_posttrain_demo_figures_are_the_results_file():
         assert header in text and all(row in text for row in rows), rows
         assert f"{run['heldout_questions']} held-out" in text
     flat = " ".join(doc.split())
-    assert f"preference accuracy {100 * dpo['eval/preference/reward_accuracy']:.1f}%, reward margin " \
-           f"{dpo['eval/preference/reward_margin']:.3f} (chosen reward {dpo['eval/preference/chosen_reward']:.3f}, " \
-           f"rejected reward {dpo['eval/preference/rejected_reward']:.3f})" in flat
+    reported = lambda m: (f"preference accuracy {100 * m['eval/preference/reward_accuracy']:.1f}%, reward margin "
+                          f"{m['eval/preference/reward_margin']:.3f} (chosen reward "
+                          f"{m['eval/preference/chosen_reward']:.3f}, rejected reward "
+                          f"{m['eval/preference/rejected_reward']:.3f})")
+    dpo = run["dpo_final"]["eval"]
+    assert f"validation pairs at step {dpo['step']}: {reported(dpo)}; without RPO: " \
+           f"{reported(ablation['dpo_final']['eval'])}" in flat
     assert f"held-out loss on the answers: {run['sft_final']['eval']['eval/chat/loss']:.3f}" in flat
-    drop = 100 * (run["accuracy"]["after_sft"] - run["accuracy"]["after_dpo"])
-    assert f"lowered exact match by {drop:.1f} points" in flat
+    pairs = run["dpo_pairs"]
+    wrong = sum(pairs["wrong_by_kind"].values())
+    assert (f"answered {100 * pairs['train_accuracy']:.1f}% of the {pairs['questions']} training questions right; "
+            f"its {wrong} wrong answers and {pairs['pairs'] - wrong} near misses made {pairs['pairs']} pairs in "
+            f"{wall['pairs']:.0f} s") in flat
+    drop, drop_alone = (100 * (run["accuracy"]["after_sft"] - a) for a in (run["accuracy"]["after_dpo"],
+                                                                         ablation["accuracy"]))
+    assert f"with RPO it lowered exact match by {drop:.1f} points" in flat
+    assert f"DPO's loss alone lowered it by {drop_alone:.1f} points" in flat
     assert f"preference accuracy of {100 * dpo['eval/preference/reward_accuracy']:.1f}% (reward margin " \
            f"{dpo['eval/preference/reward_margin']:.3f})" in " ".join(readme.split())
 

@@ -25,7 +25,7 @@ from zaya_jax.train import balancing
 from zaya_jax.train.checkpoint import config_json, load_checkpoint_model, save_model
 from zaya_jax.train.data import open_training_data, synthetic_batch
 from zaya_jax.train.loop import Trainer
-from zaya_jax.train.objectives import DPOObjective, TokenObjective
+from zaya_jax.train.objectives import DPOObjective, TokenObjective, make_objective
 from zaya_jax.train.optimizer import make_optimizer, schedule
 from zaya_jax.train.settings import BalancingSettings, settings_from_config
 from zaya_jax.train.state import ModelParts, initial_state
@@ -71,8 +71,9 @@ def test_sft_loss_is_the_masked_token_mean_by_hand():
     assert int(metrics["tokens"]) == int(mask.sum())
 
 
-def _numpy_dpo(policy_logits, reference_logits, batch, beta, ls):
-    """(loss, margin, accuracy, pairs, dL/dpolicy_logits [B,S,V]): DPO written out from the paper (float64)."""
+def _numpy_dpo(policy_logits, reference_logits, batch, beta, ls, rpo_alpha=0.0):
+    """(loss, margin, accuracy, pairs, dL/dpolicy_logits [B,S,V]): DPO written out from the paper
+    (float64), plus rpo_alpha times the chosen completion's token-mean nll (RPO, TRL's rpo_alpha)."""
     mask, segments, targets = batch["loss_mask"], batch["segment_ids"], batch["targets"]
     logp, ref_logp = _np_target_logp(policy_logits, targets), _np_target_logp(reference_logits, targets)
     grad_seq = np.zeros((B, S + 1))  # dL / d(sequence log-prob) per segment
@@ -86,13 +87,15 @@ def _numpy_dpo(policy_logits, reference_logits, batch, beta, ls):
             rc, rr = (ref_logp[r] * mask[r])[c].sum(), (ref_logp[r] * mask[r])[rj].sum()
             z = beta * ((pc - rc) - (pr - rr))
             sig = 1 / (1 + np.exp(-z))
-            losses.append(-(1 - ls) * np.log(sig) - ls * np.log(1 - sig))
+            chosen_tokens = mask[r][c].sum()
+            losses.append(-(1 - ls) * np.log(sig) - ls * np.log(1 - sig) - rpo_alpha * pc / chosen_tokens)
             margins.append(z)
             wins.append(z > 0)
-            terms.append((r, 2 * j - 1, 2 * j, -(1 - ls) * (1 - sig) + ls * sig))  # dloss/dz
+            terms.append((r, 2 * j - 1, 2 * j, -(1 - ls) * (1 - sig) + ls * sig,  # dloss/dz
+                          -rpo_alpha / chosen_tokens))  # dloss/dpc of the nll term
     n = len(losses)
-    for r, kc, kr, dz in terms:
-        grad_seq[r, kc] += dz * beta / n
+    for r, kc, kr, dz, dnll in terms:
+        grad_seq[r, kc] += (dz * beta + dnll) / n
         grad_seq[r, kr] -= dz * beta / n
     probs = np.exp(_np_log_softmax(policy_logits))
     onehot = np.eye(probs.shape[-1])[targets]
@@ -101,19 +104,20 @@ def _numpy_dpo(policy_logits, reference_logits, batch, beta, ls):
     return np.mean(losses), np.mean(margins), np.mean(wins), n, grad_logits
 
 
-def test_dpo_loss_and_gradients_equal_numpy():
+@pytest.mark.parametrize("rpo_alpha", [0.0, 1.5])
+def test_dpo_loss_and_gradients_equal_numpy(rpo_alpha):
     batch = synthetic_batch(0, 0, B, S, TINY.vocab_size, slice(None), "dpo")
     params, biases = ModelParts.arrays(tiny_model())
     ref_params, _ = ModelParts.arrays(create_model(TINY, seed=1))
     ref_biases = 0.1 * jax.random.normal(jax.random.key(3), biases.shape)  # the reference's own biases are used
     state = initial_state(params, biases, SGD, CONTROLLER, 0).replace(
         reference={"params": ref_params, "biases": ref_biases})
-    objective = DPOObjective(beta=0.5, label_smoothing=0.1)
+    objective = DPOObjective(beta=0.5, label_smoothing=0.1, rpo_alpha=rpo_alpha)
     new, metrics = _step(objective)(state, batch)
 
     logits = jax.jit(_logits)(params, biases, batch)
     loss, margin, accuracy, pairs, grad_logits = _numpy_dpo(
-        logits, jax.jit(_logits)(ref_params, ref_biases, batch), batch, 0.5, 0.1)
+        logits, jax.jit(_logits)(ref_params, ref_biases, batch), batch, 0.5, 0.1, rpo_alpha)
     assert pairs >= B and 0 < accuracy < 1
     np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)
     np.testing.assert_allclose(metrics["reward_margin"], margin, rtol=1e-4, atol=1e-6)
@@ -148,8 +152,7 @@ def _one_device_states(config, steps):
     """The state after `steps` pure train steps on jax.devices()[0], from _initial_model()."""
     s = settings_from_config(config)
     tx, controller = make_optimizer(s.optimizer, s.train.steps), balancing.make_controller(s.balancing)
-    objective = DPOObjective(s.dpo.beta, s.dpo.label_smoothing) if s.train.objective == "dpo" else TokenObjective(
-        s.train.objective)
+    objective = make_objective(s.train.objective, s.dpo.beta, s.dpo.label_smoothing, s.dpo.rpo_alpha)
     step = jax.jit(functools.partial(
         train_step, parts=ModelParts(_initial_model()), tx=tx, controller=controller,
         lr_schedule=schedule(s.optimizer, s.train.steps, s.optimizer.learning_rate), microbatches=1,
@@ -227,8 +230,12 @@ def test_bad_objective_settings_are_named(tmp_path, monkeypatch, train, message)
         Trainer(config, str(tmp_path))
 
 
-def test_dpo_label_smoothing_is_checked():
+def test_dpo_label_smoothing_and_rpo_alpha_are_checked():
     config = _objective_config("dpo", "data=8")
+    config.dpo.rpo_alpha = -1.0
+    with pytest.raises(ConfigError, match=r"dpo.rpo_alpha must be >= 0"):
+        settings_from_config(config)
+    config.dpo.rpo_alpha = 0.0
     config.dpo.label_smoothing = 0.5
     with pytest.raises(ConfigError, match=r"dpo.label_smoothing must lie in \[0, 0.5\)"):
         settings_from_config(config)

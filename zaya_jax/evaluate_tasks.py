@@ -75,23 +75,37 @@ def score(tasks: list[instruction_tasks.Task], completions: list[str]) -> dict:
             "questions": sum(total.values()), "examples": dict(examples)}
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def load_checkpoint(checkpoint: str, step: int | None, tokenizer_path: str | None = None):
+    """(model, step, tokenizer) of a training run's checkpoint; the tokenizer is the one the run was
+    trained with unless `tokenizer_path` is given."""
     from zaya_jax.data.tokenizer import Tokenizer
     from zaya_jax.infer.loading import checkpoint_tokenizer_path
     from zaya_jax.train.checkpoint import load_checkpoint_model
 
+    model, step = load_checkpoint_model(checkpoint, step)
+    cfg = model.config
+    tokenizer = Tokenizer(tokenizer_path or checkpoint_tokenizer_path(checkpoint)[0],
+                          bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
+    return model, step, tokenizer
+
+
+def answer_tasks(model, tokenizer, template, tasks: list[instruction_tasks.Task], max_new_tokens: int,
+                 batch_size: int) -> list[str]:
+    """The model's greedy completion of each task's question, rendered as a user turn with the
+    template's generation prompt."""
+    prompts = [chat_template.encode_prompt(template, tokenizer, task.prompt_messages()) for task in tasks]
+    return generate_completions(model, tokenizer, prompts, max_new_tokens, batch_size)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     f = flags.FLAGS
     start = time.perf_counter()
-    model, step = load_checkpoint_model(f.checkpoint, f.step)
-    cfg = model.config
-    tokenizer = Tokenizer(f.tokenizer or checkpoint_tokenizer_path(f.checkpoint)[0],
-                          bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
+    model, step, tokenizer = load_checkpoint(f.checkpoint, f.step, f.tokenizer)
     template = chat_template.ChatTemplate.load(f.chat_template)
     tasks = instruction_tasks.tasks("heldout", f.per_kind, f.seed)
-    prompts = [chat_template.encode_prompt(template, tokenizer, task.prompt_messages()) for task in tasks]
-    completions = generate_completions(model, tokenizer, prompts, f.max_new_tokens, f.batch_size)
+    completions = answer_tasks(model, tokenizer, template, tasks, f.max_new_tokens, f.batch_size)
     result = score(tasks, completions)
     print(f"[{len(tasks)} questions in {time.perf_counter() - start:.1f}s including loading and compilation]",
           file=sys.stderr)

@@ -87,12 +87,14 @@ def source_paths(names: set[str], demo_settings: dict) -> dict[str, pathlib.Path
     return {name: paths[name] for name in names}
 
 
-def data_config(source: str, steps: int, *, batch: int = 16, seq_len: int = 128, rope_theta: float = 1e5):
+def data_config(source: str, steps: int, *, path: str = "", batch: int = 16, seq_len: int = 128,
+                rope_theta: float = 1e5):
     """The demo data config (curriculum.demo_data_config: tokenizer, demo settings) reduced to one
-    phase of `steps` batches [batch, seq_len] on `demo:<source>`, evaluated on all its held-out
-    examples (the held-out questions)."""
+    phase of `steps` batches [batch, seq_len] on the source `source` (at `path`, default
+    `demo:<source>`), evaluated on all its held-out examples (the trailing HELDOUT_FRACTION: for
+    demo sources, the held-out questions)."""
     config = curriculum.demo_data_config()
-    config.sources = ml_collections.ConfigDict({source: f"demo:{source}"})
+    config.sources = ml_collections.ConfigDict({source: path or f"demo:{source}"})
     config.heldout_fraction = HELDOUT_FRACTION
     config.phases = (ml_collections.ConfigDict(dict(
         name=source, token_budget=steps * batch * seq_len, seq_len=seq_len, rope_theta=rope_theta,
@@ -102,12 +104,12 @@ def data_config(source: str, steps: int, *, batch: int = 16, seq_len: int = 128,
 
 
 def stage_config(config, source: str, steps: int, *, objective: str, init_from: str, made_by: str,
-                 learning_rate: float):
+                 learning_rate: float, path: str = ""):
     """A full config (configs/demo.py's model and trainer) turned into one post-training stage:
-    `steps` batches of `demo:<source>` (data_config) with `objective`, starting from the run
+    `steps` batches of `source` (data_config, at `path`) with `objective`, starting from the run
     `init_from` (trained by the command `made_by`, '{}' its path) with a fresh cosine schedule
     peaking at `learning_rate`; one checkpoint at the end, two evaluations on all held-out data."""
-    config.data = data_config(source, steps)
+    config.data = data_config(source, steps, path=path)
     config.train.update(steps=steps, objective=objective, init_from_checkpoint=init_from,
                         init_from_checkpoint_made_by=made_by)
     config.optimizer.update(learning_rate=learning_rate, schedule="cosine", warmup_steps=10, min_lr_ratio=0.1)

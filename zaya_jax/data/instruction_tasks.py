@@ -3,7 +3,8 @@
 Short questions in the demo corpus's two technical domains (small-number arithmetic, as in its
 math worksheets, and one-line Python, as in its standard-library code), each with one exact
 answer a small model can learn to produce (one number), and a plausible wrong answer of the same
-form (DPO's rejected completion): a near miss, the answer off by one or two (by one for a length).
+form (a rejected completion for DPO: demo:preference's, and zaya_jax.preference_pairs' for the
+questions the model answers right): a near miss, the answer off by one or two (by one for a length).
 
   add       What is 17 + 25?                                        42
   max       What does `print(max(17, 42))` print?                   42

@@ -13,6 +13,9 @@ micro-batches give exactly the loss and gradient of one big batch).
             supervised tokens (loss_mask > 0)
             h = (logp_c - ref_c) - (logp_r - ref_r)
             loss_pair = -(1 - ls) * log_sigmoid(beta * h) - ls * log_sigmoid(-beta * h)
+            with dpo.rpo_alpha = a > 0 (RPO, Pang et al. 2024, as TRL's rpo_alpha): loss_pair +=
+            a * nll_c, nll_c = -logp_c / (supervised tokens of the chosen completion), which keeps
+            the chosen answers likely while DPO separates them from the rejected ones
             value = sum over valid pairs of loss_pair; count = valid pairs
             rewards: chosen beta * (logp_c - ref_c), rejected beta * (logp_r - ref_r); reported as
             means over pairs: chosen_reward, rejected_reward, reward_margin (chosen - rejected)
@@ -59,6 +62,7 @@ class DPOObjective:
     """Direct preference optimisation against a frozen reference model."""
     beta: float = 0.1
     label_smoothing: float = 0.0
+    rpo_alpha: float = 0.0
     name: str = "dpo"
     needs_reference = True
     sum_keys = ("loss", "chosen_reward", "rejected_reward", "correct", "pairs")
@@ -77,6 +81,8 @@ class DPOObjective:
         h = chosen_reward - rejected_reward
         losses = (-(1 - self.label_smoothing) * jax.nn.log_sigmoid(h)
                   - self.label_smoothing * jax.nn.log_sigmoid(-h))
+        if self.rpo_alpha:
+            losses = losses - self.rpo_alpha * chosen / jnp.maximum(sup_chosen, 1.0)
         value = jnp.sum(losses * valid)
         return value, {"loss": value, "chosen_reward": jnp.sum(chosen_reward * valid),
                        "rejected_reward": jnp.sum(rejected_reward * valid),
@@ -107,10 +113,10 @@ def pair_slices(per_segment: jax.Array) -> tuple[jax.Array, jax.Array]:
     return per_segment[:, 1:2 * pairs:2], per_segment[:, 2:2 * pairs + 1:2]
 
 
-def make_objective(name: str, beta: float = 0.1, label_smoothing: float = 0.0):
+def make_objective(name: str, beta: float = 0.1, label_smoothing: float = 0.0, rpo_alpha: float = 0.0):
     """train.objective (and the dpo section) -> its objective."""
     if name == "dpo":
-        return DPOObjective(beta=beta, label_smoothing=label_smoothing)
+        return DPOObjective(beta=beta, label_smoothing=label_smoothing, rpo_alpha=rpo_alpha)
     return TokenObjective(name=name)
 
 

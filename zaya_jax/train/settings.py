@@ -15,7 +15,9 @@ below, and every error names the offending `section.field`):
               never), max_rollbacks (a run needing one rollback more than this stops with an
               error, exit 1), objective ('lm' | 'sft' | 'dpo': zaya_jax.train.objectives)
   dpo         beta (the KL strength), label_smoothing (in [0, 0.5): the assumed fraction of flipped
-              preference labels, TRL's robust/cDPO loss); read when train.objective == 'dpo'
+              preference labels, TRL's robust/cDPO loss), rpo_alpha (>= 0: adds alpha times the chosen
+              completion's token-mean nll to each pair's loss, TRL's rpo_alpha); read when
+              train.objective == 'dpo'
   optimizer   name ('muon' | 'adamw'), learning_rate, adam_learning_rate (0: learning_rate),
               schedule ('cosine' | 'wsd' | 'constant'), warmup_steps, decay_fraction (WSD),
               min_lr_ratio, b1, b2, eps, weight_decay, decay_embedding, grad_clip_norm (0: off),
@@ -67,6 +69,7 @@ class TrainSettings:
 class DPOSettings:
     beta: float = 0.1
     label_smoothing: float = 0.0
+    rpo_alpha: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +216,8 @@ def settings_from_config(config) -> Settings:
         raise ConfigError("train.init_from_hf and train.init_from_checkpoint are both set: give one starting point")
     if not 0 <= s.dpo.label_smoothing < 0.5:
         raise ConfigError(f"dpo.label_smoothing must lie in [0, 0.5), got {s.dpo.label_smoothing!r}")
+    if s.dpo.rpo_alpha < 0:
+        raise ConfigError(f"dpo.rpo_alpha must be >= 0, got {s.dpo.rpo_alpha!r}")
     if s.train.steps <= s.optimizer.warmup_steps and s.optimizer.schedule != "constant":
         raise ConfigError(f"optimizer.warmup_steps ({s.optimizer.warmup_steps}) must be below "
                           f"train.steps ({s.train.steps}): lower --config.optimizer.warmup_steps or raise "

@@ -1,0 +1,131 @@
+"""On-policy DPO pairs: the model's own wrong answers to the training questions. Prints JSON.
+
+  python -m zaya_jax.preference_pairs --checkpoint runs/demo_sft --output runs/demo_sft_pairs
+
+The checkpoint's model (the SFT demo's) answers the TRAINING questions of
+zaya_jax.data.instruction_tasks (`--per_kind` of each kind: those demo:chat trains on; never a
+held-out one) by greedy generation, exactly as evaluate_tasks scores it. Each question it gets
+wrong becomes a pair: chosen = the correct answer, rejected = the model's own completion (what
+greedy decoding actually produces, so DPO pushes down the mistakes the model makes rather than
+synthetic ones). A question it answers right gives a pair whose rejected answer is the task's
+near miss (off by one or two) unless `--nonear_miss_for_correct`.
+
+The pairs are written as TRL's conversational preference records to OUTPUT/pairs.jsonl and
+prepared there as a preference dataset (`zaya_jax.data.prepare --kind preference`, with the
+run's tokenizer and the chat template), in the order of the questions, so a data config's
+`heldout_fraction` makes its trailing pairs a validation split of training questions. OUTPUT is
+built beside itself and renamed into place (whole or absent); OUTPUT/pairs_made_from.json
+records the checkpoint, its step and the counts.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import sys
+import time
+
+from absl import app, flags
+
+from zaya_jax import cli
+from zaya_jax.data import chat_template, demo_posttrain, instruction_tasks, prepare
+from zaya_jax.errors import UserError
+from zaya_jax.evaluate_tasks import answer_tasks, load_checkpoint
+
+MADE_FROM = "pairs_made_from.json"
+
+
+def define_flags() -> None:
+    """The CLI's flags, defined only when this module runs as the CLI."""
+    flags.DEFINE_string("checkpoint", None, "Training run WORKDIR or its checkpoints/ directory.", required=True)
+    flags.DEFINE_string("output", None, "Directory to create: pairs.jsonl and the prepared dataset.", required=True)
+    flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest whole one).")
+    flags.DEFINE_string("tokenizer", None, "tokenizer.json (default: the one the run was trained with).")
+    flags.DEFINE_string("chat_template", chat_template.PLAIN,
+                        "Chat template: a .jinja file or a tokenizer_config.json with chat_template.")
+    flags.DEFINE_integer("per_kind", demo_posttrain.task_counts()[0],
+                         "Training questions of each kind (default: all those demo:chat holds).", lower_bound=1)
+    flags.DEFINE_integer("seed", 0, "Task generation seed (the demo data's is 0).")
+    flags.DEFINE_bool("near_miss_for_correct", True,
+                      "Also a pair for each question answered right, rejected = its near miss.")
+    flags.DEFINE_integer("max_new_tokens", 8, "Token cap of a completion.", lower_bound=1)
+    flags.DEFINE_integer("batch_size", 250, "Questions generated together.", lower_bound=1)
+
+
+def onpolicy_records(tasks: list[instruction_tasks.Task], completions: list[str],
+                     near_miss_for_correct: bool) -> list[dict]:
+    """Preference records in task order: a wrong (non-empty) completion is the rejected answer;
+    a right one gives the near miss instead if `near_miss_for_correct`, else no pair; a blank
+    completion (the turn ended at once, or only whitespace) none, as a chat turn has content."""
+    records = []
+    for task, completion in zip(tasks, completions, strict=True):
+        rejected = completion.strip()
+        if instruction_tasks.is_correct(task, completion):
+            if not near_miss_for_correct:
+                continue
+            rejected = task.wrong
+        if rejected:
+            records.append({"prompt": task.prompt_messages(),
+                            "chosen": [{"role": "assistant", "content": task.answer}],
+                            "rejected": [{"role": "assistant", "content": rejected}]})
+    return records
+
+
+def write_pairs(output: str, records: list[dict], *, tokenizer_path: str, template_path: str, ids: tuple,
+                made_from: dict) -> dict:
+    """OUTPUT/pairs.jsonl prepared as a preference dataset in OUTPUT (built in OUTPUT.tmp, then
+    renamed) -> its manifest."""
+    work = output.rstrip("/") + ".tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    raw = os.path.join(work, "pairs.jsonl")
+    with open(raw, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    bos, eos, pad = ids
+    manifest = prepare.prepare_dataset(raw, "jsonl", tokenizer_path, work, kind="preference",
+                                       chat_template=template_path, bos_id=bos, eos_id=eos, pad_id=pad,
+                                       progress=False)
+    prepare.write_json_atomic(os.path.join(work, MADE_FROM), made_from)
+    for path in (os.path.join(work, name) for name in os.listdir(work) if name.endswith(".json")):
+        with open(path) as f:  # recorded paths must name OUTPUT, not the temporary dir
+            text = f.read()
+        with open(path, "w") as f:
+            f.write(text.replace(os.path.abspath(work), os.path.abspath(output)))
+    os.rename(work, output)
+    return manifest
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    f = flags.FLAGS
+    if os.path.exists(f.output):
+        raise UserError(f"--output {f.output} already exists; delete it or choose another directory")
+    start = time.perf_counter()
+    model, step, tokenizer = load_checkpoint(f.checkpoint, f.step, f.tokenizer)
+    template = chat_template.ChatTemplate.load(f.chat_template)
+    tasks = instruction_tasks.tasks("train", f.per_kind, f.seed)
+    completions = answer_tasks(model, tokenizer, template, tasks, f.max_new_tokens, f.batch_size)
+    records = onpolicy_records(tasks, completions, f.near_miss_for_correct)
+    if not records:
+        raise UserError(f"--checkpoint {f.checkpoint}: no pairs from its answers to {len(tasks)} training questions "
+                        "(every wrong answer was blank" + (", and --nonear_miss_for_correct); drop that flag"
+                                                           if not f.near_miss_for_correct else "); train it further"))
+    wrong = collections.Counter(t.kind for t, c in zip(tasks, completions) if not instruction_tasks.is_correct(t, c))
+    made_from = {"checkpoint": os.path.abspath(f.checkpoint), "step": step, "questions": len(tasks),
+                 "wrong_by_kind": {k: wrong[k] for k in instruction_tasks.KINDS},
+                 "train_accuracy": round(1 - sum(wrong.values()) / len(tasks), 4),
+                 "near_miss_for_correct": f.near_miss_for_correct, "pairs": len(records)}
+    cfg = model.config
+    write_pairs(f.output, records, tokenizer_path=tokenizer.path, template_path=template.path,
+                ids=(cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id), made_from=made_from)
+    print(f"[{len(tasks)} questions answered and {len(records)} pairs prepared in "
+          f"{time.perf_counter() - start:.1f}s]", file=sys.stderr)
+    print(json.dumps({"output": f.output, **made_from}, indent=2))
+
+
+if __name__ == "__main__":
+    define_flags()
+    cli.run(main)
