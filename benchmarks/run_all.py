@@ -43,6 +43,7 @@ RUNS: dict[str, list[str]] = {
     # model.moe_backend=auto picks the native CPU grouped matmul where the install built it
     # (zaya_jax.native); these files hold such runs and are only regenerated there
     "decode_cpu_torch1thread_native": ["decode.py", "--torch-threads", "1"],
+    "decode_cpu_torch2threads_native": ["decode.py", "--torch-threads", "2"],
     "train_step_cpu_native": ["train_step.py", "--muon"],
     "allocator_cpu": ["allocator.py"],
 }
