@@ -152,7 +152,7 @@ def _one_device_states(config, steps):
     """The state after `steps` pure train steps on jax.devices()[0], from _initial_model()."""
     s = settings_from_config(config)
     tx, controller = make_optimizer(s.optimizer, s.train.steps), balancing.make_controller(s.balancing)
-    objective = make_objective(s.train.objective, s.dpo.beta, s.dpo.label_smoothing, s.dpo.rpo_alpha)
+    objective = make_objective(s)
     step = jax.jit(functools.partial(
         train_step, parts=ModelParts(_initial_model()), tx=tx, controller=controller,
         lr_schedule=schedule(s.optimizer, s.train.steps, s.optimizer.learning_rate), microbatches=1,

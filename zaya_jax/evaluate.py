@@ -73,8 +73,7 @@ def main(argv):
         raise UserError(f"--checkpoint {_CHECKPOINT.value}: a model-only checkpoint (convert to_orbax) names no "
                         "evaluation data; pass --config FILE, e.g. --config configs/demo.py")
     settings = settings_from_config(config)
-    objective = make_objective(settings.train.objective, settings.dpo.beta, settings.dpo.label_smoothing,
-                               settings.dpo.rpo_alpha)
+    objective = make_objective(settings)
     if objective.needs_reference and _HF.value:
         raise UserError("--hf with train.objective=dpo: HF weights hold no reference model; evaluate the DPO "
                         "run's --checkpoint, or pass --config.train.objective=lm for the held-out nll")

@@ -113,11 +113,13 @@ def pair_slices(per_segment: jax.Array) -> tuple[jax.Array, jax.Array]:
     return per_segment[:, 1:2 * pairs:2], per_segment[:, 2:2 * pairs + 1:2]
 
 
-def make_objective(name: str, beta: float = 0.1, label_smoothing: float = 0.0, rpo_alpha: float = 0.0):
-    """train.objective (and the dpo section) -> its objective."""
-    if name == "dpo":
-        return DPOObjective(beta=beta, label_smoothing=label_smoothing, rpo_alpha=rpo_alpha)
-    return TokenObjective(name=name)
+def make_objective(settings):
+    """The objective a run's validated settings (zaya_jax.train.settings.Settings) name: train.objective, with
+    the dpo section's beta, label_smoothing and rpo_alpha for dpo."""
+    if settings.train.objective == "dpo":
+        d = settings.dpo
+        return DPOObjective(beta=d.beta, label_smoothing=d.label_smoothing, rpo_alpha=d.rpo_alpha)
+    return TokenObjective(name=settings.train.objective)
 
 
 def zero_sums(objective) -> dict:

@@ -45,7 +45,7 @@ def build_program(s: Settings, mesh: Mesh) -> TrainProgram:
     abstract_model = nnx.eval_shape(lambda: ZayaLM(s.model, rngs=nnx.Rngs(s.train.seed)))
     parts = ModelParts(abstract_model)
     params_abs, biases_abs = ModelParts.arrays(abstract_model)
-    objective = make_objective(s.train.objective, s.dpo.beta, s.dpo.label_smoothing, s.dpo.rpo_alpha)
+    objective = make_objective(s)
     abstract_state = jax.eval_shape(
         lambda p, b: initial_state(p, b, tx, controller, s.train.seed, objective.needs_reference),
         params_abs, biases_abs)
