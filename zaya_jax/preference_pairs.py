@@ -88,12 +88,7 @@ def write_pairs(output: str, records: list[dict], *, tokenizer_path: str, templa
                                        chat_template=template_path, bos_id=bos, eos_id=eos, pad_id=pad,
                                        progress=False)
     prepare.write_json_atomic(os.path.join(work, MADE_FROM), made_from)
-    for path in (os.path.join(work, name) for name in os.listdir(work) if name.endswith(".json")):
-        with open(path) as f:  # recorded paths must name OUTPUT, not the temporary dir
-            text = f.read()
-        with open(path, "w") as f:
-            f.write(text.replace(os.path.abspath(work), os.path.abspath(output)))
-    os.rename(work, output)
+    prepare.publish(work, output)
     return manifest
 
 

@@ -286,8 +286,7 @@ def encode_preference(template: ChatTemplate | None, tokenizer, prompt, chosen, 
         for name in ("chosen", "rejected"):
             if not values[name].strip():
                 raise ConversationError(f"empty {name}")
-        prompt_piece, chosen_piece = tokenizer.encode_pieces([prompt, chosen])
-        rejected_piece = tokenizer.encode_pieces([prompt, rejected])[1]
+        prompt_piece, chosen_piece, rejected_piece = tokenizer.encode_pieces([prompt, chosen, rejected])
         return (np.asarray([tokenizer.bos_id, *prompt_piece], np.int32),
                 np.asarray([*chosen_piece, tokenizer.eos_id], np.int32),
                 np.asarray([*rejected_piece, tokenizer.eos_id], np.int32))

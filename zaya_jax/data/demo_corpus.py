@@ -195,12 +195,9 @@ def build_once(root: pathlib.Path, key: str, build: Callable[[pathlib.Path], dic
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         stats = build(work)
-        for path in work.rglob("*.json"):  # recorded paths must not point into the temporary dir
-            if path.name != "tokenizer.json":
-                path.write_text(path.read_text().replace(str(work), str(final)))
         prepare.write_json_atomic(str(work / "complete.json"), {"key": key, "sources": stats})
         shutil.rmtree(final, ignore_errors=True)
-        os.rename(work, final)
+        prepare.publish(work, final)
     return final
 
 

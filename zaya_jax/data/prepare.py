@@ -36,6 +36,7 @@ import functools
 import json
 import multiprocessing
 import os
+import pathlib
 import queue
 from collections.abc import Callable, Sequence
 
@@ -83,6 +84,17 @@ def write_json_atomic(path: str, value) -> None:
     with open(tmp, "w") as f:
         json.dump(value, f, indent=1)
     os.replace(tmp, path)
+
+
+def publish(work: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Renames a directory built in `work` (prepared datasets in it or below) to `final`, once the
+    paths its JSON files record (manifests and plans name their inputs and shards) name `final`
+    instead; tokenizer.json files are left as they are."""
+    work, final = os.path.abspath(work), os.path.abspath(final)
+    for path in pathlib.Path(work).rglob("*.json"):
+        if path.name != "tokenizer.json":
+            path.write_text(path.read_text().replace(work, final))
+    os.rename(work, final)
 
 
 def _load_tokenizer(path: str, special_ids: tuple[int, int, int]) -> Tokenizer:
