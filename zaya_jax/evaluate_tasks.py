@@ -28,17 +28,23 @@ from zaya_jax.data import chat_template, instruction_tasks
 EXAMPLES_PER_KIND = 2
 
 
-def define_flags() -> None:
-    """The CLI's flags, defined only when this module runs as the CLI (its functions are a library)."""
+def define_answering_flags(*, per_kind: int, per_kind_help: str, batch_size: int) -> None:
+    """The flags of a command that answers generated tasks with a checkpoint's model (this one and
+    zaya_jax.preference_pairs), with their defaults of per_kind and batch_size."""
     flags.DEFINE_string("checkpoint", None, "Training run WORKDIR or its checkpoints/ directory.", required=True)
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest whole one).")
     flags.DEFINE_string("tokenizer", None, "tokenizer.json (default: the one the run was trained with).")
     flags.DEFINE_string("chat_template", chat_template.PLAIN,
                         "Chat template: a .jinja file or a tokenizer_config.json with chat_template.")
-    flags.DEFINE_integer("per_kind", 100, "Held-out questions of each kind.", lower_bound=1)
+    flags.DEFINE_integer("per_kind", per_kind, per_kind_help, lower_bound=1)
     flags.DEFINE_integer("seed", 0, "Task generation seed (the demo data's is 0).")
     flags.DEFINE_integer("max_new_tokens", 8, "Token cap of a completion.", lower_bound=1)
-    flags.DEFINE_integer("batch_size", 100, "Questions generated together.", lower_bound=1)
+    flags.DEFINE_integer("batch_size", batch_size, "Questions generated together.", lower_bound=1)
+
+
+def define_flags() -> None:
+    """The CLI's flags, defined only when this module runs as the CLI (its functions are a library)."""
+    define_answering_flags(per_kind=100, per_kind_help="Held-out questions of each kind.", batch_size=100)
 
 
 def generate_completions(model, tokenizer, prompts: list[np.ndarray], max_new_tokens: int,

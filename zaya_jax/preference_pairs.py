@@ -29,29 +29,23 @@ import time
 
 from absl import app, flags
 
-from zaya_jax import cli
+from zaya_jax import cli, evaluate_tasks
 from zaya_jax.data import chat_template, demo_posttrain, instruction_tasks, prepare
 from zaya_jax.errors import UserError
-from zaya_jax.evaluate_tasks import answer_tasks, load_checkpoint
+from zaya_jax.evaluate_tasks import answer_tasks, define_answering_flags, load_checkpoint
 
 MADE_FROM = "pairs_made_from.json"
 
 
 def define_flags() -> None:
     """The CLI's flags, defined only when this module runs as the CLI."""
-    flags.DEFINE_string("checkpoint", None, "Training run WORKDIR or its checkpoints/ directory.", required=True)
+    define_answering_flags(per_kind=demo_posttrain.task_counts()[0],
+                           per_kind_help="Training questions of each kind (default: all those demo:chat holds).",
+                           batch_size=250)
+    flags.adopt_module_key_flags(evaluate_tasks)  # --help lists them as this command's own
     flags.DEFINE_string("output", None, "Directory to create: pairs.jsonl and the prepared dataset.", required=True)
-    flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest whole one).")
-    flags.DEFINE_string("tokenizer", None, "tokenizer.json (default: the one the run was trained with).")
-    flags.DEFINE_string("chat_template", chat_template.PLAIN,
-                        "Chat template: a .jinja file or a tokenizer_config.json with chat_template.")
-    flags.DEFINE_integer("per_kind", demo_posttrain.task_counts()[0],
-                         "Training questions of each kind (default: all those demo:chat holds).", lower_bound=1)
-    flags.DEFINE_integer("seed", 0, "Task generation seed (the demo data's is 0).")
     flags.DEFINE_bool("near_miss_for_correct", True,
                       "Also a pair for each question answered right, rejected = its near miss.")
-    flags.DEFINE_integer("max_new_tokens", 8, "Token cap of a completion.", lower_bound=1)
-    flags.DEFINE_integer("batch_size", 250, "Questions generated together.", lower_bound=1)
 
 
 def onpolicy_records(tasks: list[instruction_tasks.Task], completions: list[str],
