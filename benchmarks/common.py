@@ -42,6 +42,22 @@ def alternate_medians(fn_a: Callable[[], object], fn_b: Callable[[], object], re
     return statistics.median(a), statistics.median(b)
 
 
+def matmul_peak_gflops(sizes: tuple[int, ...] = (512, 1024, 2048), repeats: int = 10) -> float:
+    """This machine's float32 matmul peak as XLA reaches it on all its cores: GFLOP/s of the fastest
+    of `repeats` jitted [n, n] x [n, n] dots, over the sizes n (the rate peaks at a size that fits
+    the caches; on the project's 2-core CPU near 1024, at its cores' FMA peak)."""
+    import jax
+    import jax.numpy as jnp
+    dot = jax.jit(jnp.matmul)
+    best = 0.0
+    for n in sizes:
+        a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+        run = lambda: dot(a, a).block_until_ready()  # noqa: E731
+        run()
+        best = max(best, 2 * n ** 3 / min(wall_time(run) for _ in range(repeats)) / 1e9)
+    return best
+
+
 def print_and_save(result: dict, filename: str) -> None:
     """Prints `result` as JSON and writes it to benchmarks/results/<filename>."""
     text = json.dumps(result, indent=2)

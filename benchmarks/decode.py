@@ -8,6 +8,11 @@ For each side: prefill_s = generate(max_new_tokens=1) (the prompt pass and one t
 generate(max_new_tokens=N) with eos ignored (HF: min_new_tokens=N), decode tokens/s =
 B * (N - 1) / (total_s - prefill_s). Weights: HF's random init of the bench_small shape (the
 same tensors converted into zaya_jax); the work does not depend on the values.
+Against the machine: prefill's and decoding's matmul FLOPs (2 per active weight per token, the
+attention scores and values over the keys, the output head once per sequence in prefill) over
+their times, as fractions of the float32 matmul peak measured in the same process
+(common.matmul_peak_gflops); decoding also reports the bytes of the weights one step reads at
+least (every non-embedding weight a token uses and the output head) and the rate it reads them.
 """
 
 from __future__ import annotations
@@ -23,9 +28,35 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.common import wall_time  # noqa: E402
+from benchmarks.common import matmul_peak_gflops, wall_time  # noqa: E402
 from benchmarks.hf_pair import bench_small, same_weights_pair  # noqa: E402
 from zaya_jax.infer import generate  # noqa: E402
+from zaya_jax.model.accounting import model_summary  # noqa: E402
+
+
+def matmul_gflop(cfg, tokens: int, key_sum: float, head_rows: int) -> float:
+    """Forward matmul GFLOP of `tokens` tokens of one sequence that attend to `key_sum` keys in all,
+    with the output head on `head_rows` of them."""
+    weights = model_summary(cfg)["params_active_non_embedding"]
+    attention = 2 * 2 * cfg.num_q_heads * cfg.head_dim * key_sum * cfg.num_layers
+    return (2 * weights * tokens + attention + 2 * cfg.hidden_size * cfg.vocab_size * head_rows) / 1e9
+
+
+def against_matmul_peak(cfg, row: dict, peak: float) -> dict:
+    """Prefill (the prompt, causal; the head on its last token) and one decoding step (one token
+    per sequence attending to the prompt and half the new tokens, on average) against the peak."""
+    b, s, n = row["batch"], row["prompt_len"], row["new_tokens"]
+    prefill = b * matmul_gflop(cfg, s, s * (s + 1) / 2, 1)
+    step = b * matmul_gflop(cfg, 1, s + n / 2, 1)
+    steps_per_s = row["zaya_jax_decode_tokens_per_s"] / b
+    weight_mb = 4 * (model_summary(cfg)["params_active_non_embedding"] + cfg.hidden_size * cfg.vocab_size) / 1e6
+    return {"matmul_peak_gflops": round(peak, 1), "prefill_matmul_gflop": round(prefill, 3),
+            "zaya_jax_prefill_fraction_of_peak": round(prefill / row["zaya_jax_prefill_s"] / peak, 3),
+            "hf_torch_prefill_fraction_of_peak": round(prefill / row["hf_torch_prefill_s"] / peak, 3),
+            "decode_step_matmul_gflop": round(step, 4),
+            "zaya_jax_decode_fraction_of_peak": round(step * steps_per_s / peak, 3),
+            "decode_step_weight_mb_at_least": round(weight_mb, 1),
+            "zaya_jax_decode_weight_gb_per_s": round(weight_mb * steps_per_s / 1e3, 1)}
 
 
 def measure(model, hf, vocab_size: int, batch: int, prompt_len: int, n: int, repeats: int) -> dict:
@@ -76,6 +107,8 @@ def main():
     hf.eval()
     results = [measure(model, hf, cfg.vocab_size, int(b), args.prompt_len, args.new_tokens, args.repeats)
                for b in args.batch.split(",")]
+    peak = matmul_peak_gflops()
+    results = [{**row, **against_matmul_peak(model.config, row, peak)} for row in results]
     print(json.dumps({
         "config": "bench_small", "weights": "HF random init (same tensors on both sides)",
         "platform": jax.default_backend(), "cpu_count": os.cpu_count(),

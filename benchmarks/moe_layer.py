@@ -2,6 +2,9 @@
 all tokens, i.e. exactly the top-1 FLOPs; timed alternately with each backend, median and
 best ratio), with drop rates. `native` is `ragged` on the native CPU grouped matmul
 (zaya_jax.native.grouped_matmul). Prints JSON (benchmarks/results/moe_layer_cpu.json).
+The process starts with the train CLI's launch defaults (zaya_jax.launch_defaults): the layer is
+timed under the heap the trainer runs it with (the backends' weight gradients, E times the
+ideal's, are then not faulted in afresh on every call); the ideal shares it.
 
   python benchmarks/moe_layer.py [--tokens 2048 --hidden 512 --ffn 1024 --experts 16]
 """
@@ -17,11 +20,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+if __name__ == "__main__":  # as the train CLI starts (the ideal and every backend share the heap)
+    from zaya_jax import launch_defaults
+    HEAP_DEFAULTS = launch_defaults.apply()
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.common import alternate_times  # noqa: E402
+from benchmarks.common import alternate_times, matmul_peak_gflops  # noqa: E402
 from zaya_jax.model import moe_dispatch  # noqa: E402
 from zaya_jax.model.kernels import resolve_moe_backend  # noqa: E402
 from zaya_jax.model.moe_dispatch import ExpertWeights  # noqa: E402
@@ -68,8 +75,12 @@ def main():
     ideal_step = jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(moe_dispatch._swiglu(
         x[None], w.gate, w.up, w.down, "ecd,edi->eci") ** 2), argnums=(0, 1)))
     ideal = lambda: jax.block_until_ready(ideal_step(x, one))  # noqa: E731
+    gflop = 18 * t * d * f / 1e9
+    peak = matmul_peak_gflops()
     result = {"platform": jax.default_backend(), "tokens": t, "hidden": d, "ffn": f, "experts": e,
-              "auto_backend": resolve_moe_backend("auto"), "load_average_1min_start": os.getloadavg()[0],
+              "auto_backend": resolve_moe_backend("auto"), "heap_launch_defaults": HEAP_DEFAULTS,
+              "matmul_peak_gflops": round(peak, 1), "expert_gflop": round(gflop, 3),
+              "load_average_1min_start": os.getloadavg()[0],
               "routings": {}}
     for rname, expert in routings.items():
         rows = {}
@@ -80,7 +91,9 @@ def main():
                            "ideal_s": round(statistics.median(ideal_times), 5),
                            "x_ideal": round(statistics.median(times) / statistics.median(ideal_times), 3),
                            "x_ideal_best": round(min(times) / min(ideal_times), 3),
-                           "drop_rate": round(dropped / t, 4)}
+                           "drop_rate": round(dropped / t, 4),
+                           "fraction_of_peak": round(gflop / statistics.median(times) / peak, 3),
+                           "ideal_fraction_of_peak": round(gflop / statistics.median(ideal_times) / peak, 3)}
         result["routings"][rname] = rows
     result["load_average_1min_end"] = os.getloadavg()[0]
     print(json.dumps(result, indent=2))

@@ -10,6 +10,11 @@ shapes (attention and MoE: one layer's forward+backward, times the layer count; 
 output projection + cross-entropy forward+backward; optimizer: the AdamW update), so the next
 bottleneck is visible; `other` is the step minus those parts. --muon adds our Muon step's time;
 --versus-moe-backend B times our step with MoE backend B alternately with the default one.
+What stays between each side and the machine: the step's matmul FLOPs (the planner's count,
+zaya_jax.parallel.step_flops, within 7% of XLA's own count in planner_flops_vs_xla_cpu.json) over
+its time, against the float32 matmul peak measured in the same process (common.matmul_peak_gflops);
+`step_s_at_matmul_peak` is the step's matmuls alone at that peak, and
+`max_speedup_vs_hf_at_matmul_peak` what HF's time over it allows.
 The process starts with the train CLI's launch defaults (zaya_jax.launch_defaults), which torch's
 side shares.
 """
@@ -37,10 +42,11 @@ import optax  # noqa: E402
 import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from benchmarks.common import alternate_times, median_time  # noqa: E402
+from benchmarks.common import alternate_times, matmul_peak_gflops, median_time  # noqa: E402
 from benchmarks.hf_pair import bench_small, same_weights_pair  # noqa: E402
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn, resolve_moe_backend  # noqa: E402
 from zaya_jax.model.rope import rope_cos_sin  # noqa: E402
+from zaya_jax.parallel.step_flops import step_flops  # noqa: E402
 from zaya_jax.train import balancing  # noqa: E402
 from zaya_jax.train.loss import chunked_nll_sum  # noqa: E402
 from zaya_jax.train.optimizer import make_optimizer  # noqa: E402
@@ -150,6 +156,25 @@ def hf_and_jax_steps(moe_backend: str = "auto"):
     return jax_step, torch_step, context
 
 
+def matmul_gflop_per_step(settings) -> float:
+    """The AdamW step's forward and backward matmul GFLOP on one device (the planner's count)."""
+    single = dict(data=1, fsdp=1, expert=1, tensor=1, context=1)
+    flops = step_flops(settings.model, single, global_batch=settings.train.global_batch_size,
+                       seq_len=settings.train.seq_len, microbatches=1, platform="cpu", optimizer_matrices=[],
+                       ns_steps=settings.optimizer.muon_ns_steps, loss_chunk=settings.train.loss_chunk_size)
+    return sum(flops.values()) / 1e9
+
+
+def against_matmul_peak(gflop: float, jax_s: float, torch_s: float) -> dict[str, float]:
+    peak = matmul_peak_gflops()
+    return {"matmul_peak_gflops": round(peak, 1), "step_matmul_gflop": round(gflop, 2),
+            "zaya_jax_matmul_gflops": round(gflop / jax_s, 1), "hf_torch_matmul_gflops": round(gflop / torch_s, 1),
+            "zaya_jax_fraction_of_peak": round(gflop / jax_s / peak, 3),
+            "hf_torch_fraction_of_peak": round(gflop / torch_s / peak, 3),
+            "step_s_at_matmul_peak": round(gflop / peak, 4),
+            "max_speedup_vs_hf_at_matmul_peak": round(torch_s / (gflop / peak), 3)}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
@@ -174,6 +199,7 @@ def main():
         "zaya_jax_best_s": round(min(jax_times), 4), "hf_torch_best_s": round(min(torch_times), 4),
         "speedup_vs_hf_best": round(min(torch_times) / min(jax_times), 3),
         "zaya_jax_breakdown_s": {k: round(v, 4) for k, v in parts.items()},
+        **against_matmul_peak(matmul_gflop_per_step(settings), jax_t, torch_t),
         "torch_threads": torch.get_num_threads(),
         "load_average_1min_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }

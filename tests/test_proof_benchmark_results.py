@@ -147,3 +147,48 @@ def test_chaos_stop_figures_are_the_results_file():
     assert start_up["ok"] and f"exited 75 on both processes in {start_up['seconds_to_exit']:.2f} s" in text
     assert (f"cost {1e3 * cost['allgather_seconds_per_step']:.1f} ms against a {1e3 * cost['step_seconds']:.0f} ms "
             f"tiny step ({100 * cost['ratio_to_step']:.1f}%)") in text
+
+
+def test_cpu_mfu_peak_is_the_measured_matmul_peak():
+    from zaya_jax.train.metrics import CPU_PEAK_FLOPS
+    measured = _load("train_step_cpu_native")["matmul_peak_gflops"] * 1e9
+    assert abs(CPU_PEAK_FLOPS / measured - 1) < 0.05, (CPU_PEAK_FLOPS, measured)
+
+
+def test_train_step_figures_are_the_results_file():
+    r = _load("train_step_cpu_native")
+    text = " ".join(_doc("training.md").split())
+    assert (f"{r['zaya_jax_s_per_step']:.2f} s per step against HF's {r['hf_torch_s_per_step']:.2f} s "
+            f"(**{r['speedup_vs_hf']:.2f}x**") in text
+    assert f"the step is {r['step_matmul_gflop']:.1f} GFLOP of matmuls" in text
+    assert f"is {r['matmul_peak_gflops']:.1f} GFLOP/s" in text
+    assert f"by more than {r['max_speedup_vs_hf_at_matmul_peak']:.2f}x here" in text
+    assert (f"{100 * r['zaya_jax_fraction_of_peak']:.1f}% of the peak and HF at "
+            f"{100 * r['hf_torch_fraction_of_peak']:.1f}%") in text
+
+
+def test_decode_table_is_the_results_files():
+    table = _doc("inference.md")
+    for name, threads in (("decode_cpu_torch1thread_native", 1), ("decode_cpu_torch2threads_native", 2)):
+        for r in _load(name)["results"]:
+            row = (f"| {r['batch']} | {threads} | {r['zaya_jax_prefill_s']:.3f} / {r['hf_torch_prefill_s']:.3f} | "
+                   f"{r['prefill_speedup_vs_hf']:.2f}x | {100 * r['zaya_jax_prefill_fraction_of_peak']:.1f}% / "
+                   f"{100 * r['hf_torch_prefill_fraction_of_peak']:.1f}% | {r['zaya_jax_decode_tokens_per_s']:.1f} / "
+                   f"{r['hf_torch_decode_tokens_per_s']:.1f} | {r['decode_speedup_vs_hf']:.2f}x | "
+                   f"{100 * r['zaya_jax_decode_fraction_of_peak']:.1f}% |")
+            assert row in table, row
+
+
+MOE_BACKEND_LABELS = {"dense": "dense", "capacity_1.0": "capacity 1.0", "capacity_1.25": "capacity 1.25",
+                      "ragged": "ragged (ragged_dot)", "tiles_32": "tiles 32", "tiles_64": "tiles 64",
+                      "tiles_128": "tiles 128", "native": "native (default)"}
+
+
+def test_moe_layer_table_is_the_results_file():
+    routings = _load("moe_layer_cpu")["routings"]
+    table = _doc("model.md")
+    for backend, label in MOE_BACKEND_LABELS.items():
+        cells = [f"{v['x_ideal']:.2f}x / {v['x_ideal_best']:.2f}x, {100 * v['fraction_of_peak']:.0f}% of peak, "
+                 f"drops {100 * v['drop_rate']:.1f}%" for v in (routings["uniform"][backend], routings["skewed"][backend])]
+        row = f"| {label} | " + " | ".join(cells) + " |"
+        assert row in table, row
