@@ -21,7 +21,7 @@ import tokenizers
 import zaya_jax
 from tests.train_helpers import REPO, cli_env, run_train
 from zaya_jax.config_files import load_config_file, model_config
-from zaya_jax.data.chat_template import encode_prompt
+from zaya_jax.data.chat_template import encode_conversation, encode_prompt
 from zaya_jax.data.tokenizer import Tokenizer
 from zaya_jax.errors import UserError
 from zaya_jax.infer.chat import chat_template_for
@@ -128,6 +128,33 @@ def test_sft_then_dpo_then_export_loads_in_transformers(pipeline):
     start = zaya_jax.load_hf(pipeline["start_hf"])
     for earlier in (sft, start):
         assert np.abs(np.asarray(earlier(ids)) - np.asarray(dpo(ids))).max() > 1e-4
+
+
+def test_export_carries_the_tokenizer_and_chat_template_transformers_encodes_with(pipeline):
+    from transformers import AutoTokenizer
+    hf = AutoTokenizer.from_pretrained(pipeline["dpo_hf"])
+    ours = Tokenizer(pipeline["tokenizer"] / "tokenizer.json", bos_id=2, eos_id=1, pad_id=0)
+    template = chat_template_for(hf=pipeline["tokenizer"])
+    assert (hf.bos_token_id, hf.eos_token_id, hf.pad_token_id) == (2, 1, 0)
+    text = "What is 12 plus 12? It is 24."
+    assert hf.encode(text, add_special_tokens=False) == ours.encode_pieces([text])[0]
+    # the ids training saw and `generate --chat` sends: bos first, though the template renders none
+    prompt = [question(12)]
+    assert hf.apply_chat_template(prompt, add_generation_prompt=True)["input_ids"] == \
+        encode_prompt(template, ours, prompt).tolist()
+    conversation = [question(12), answer("It is 24.")]
+    assert hf.apply_chat_template(conversation)["input_ids"] == encode_conversation(template, ours, conversation)[0].tolist()
+
+
+def test_export_of_a_run_without_a_tokenizer_says_so(tmp_path):
+    cfg = model_config(load_config_file(os.path.join(REPO, "configs", "tiny.py")))
+    model = create_model(cfg.replace(layout="native", router_norm_eps=cfg.rms_norm_eps, residual_in_fp32=True), seed=0)
+    zaya_jax.save_hf(model, tmp_path / "hf")
+    assert cli("zaya_jax.convert", "to_orbax", "--hf", tmp_path / "hf", "--out", tmp_path / "orbax").returncode == 0
+    done = cli("zaya_jax.convert", "to_hf", "--checkpoint", tmp_path / "orbax", "--out", tmp_path / "again")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "note: no tokenizer written" in done.stderr and "pass --tokenizer FILE" in done.stderr
+    assert not (tmp_path / "again" / "tokenizer.json").exists()
 
 
 def test_runs_record_the_chat_template_of_their_sources(pipeline):

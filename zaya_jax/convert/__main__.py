@@ -2,6 +2,7 @@
 
   python -m zaya_jax.convert to_orbax --hf HF_DIR --out CKPT_DIR [--dtype bfloat16]
   python -m zaya_jax.convert to_hf --checkpoint runs/demo --out HF_DIR [--step N] [--schema native|original]
+                                   [--tokenizer FILE]
 
 to_orbax writes a model-only checkpoint (params, balancing biases and the model config, step 0)
 in the trainer's layout: point `python -m zaya_jax.evaluate --checkpoint` at it, or copy it to
@@ -15,6 +16,11 @@ compared with the checkpoint's on a probe batch before the directory appears. A 
 model (skip slot passes p * x; transformers outputs 0 there) is written as native only when no
 token can reach its skip slot; otherwise to_hf refuses and says why. `--schema original` writes
 Zyphra's ZAYA1-base names instead (zaya_jax.load_hf reads them; transformers cannot).
+Beside the weights, to_hf writes the run's tokenizer (its data.tokenizer, or --tokenizer FILE) as
+tokenizer.json + tokenizer_config.json, with the chat template a chat or preference run recorded
+(zaya_jax.convert.hf_tokenizer), so that transformers' AutoTokenizer encodes and renders chats as
+the run did; a run without one (synthetic data, a to_orbax output) or with a SentencePiece model
+exports the weights alone and says so.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ _STEP = flags.DEFINE_integer("step", None, "to_hf: the checkpoint step (default:
 _SCHEMA = flags.DEFINE_enum("schema", None, ["native", "original"],
                             "to_hf: native (transformers; the default) or original (Zyphra's ZAYA1-base names, "
                             "which transformers cannot load).")
+_TOKENIZER = flags.DEFINE_string("tokenizer", None, "to_hf: the tokenizer.json to write beside the weights "
+                                 "(default: the one the run was trained with).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "to_orbax: the compute dtype recorded.")
 
 
@@ -53,9 +61,31 @@ def to_orbax(hf_dir: str, out_dir: str, dtype: str = "float32") -> str:
     return out_dir
 
 
-def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | None = None) -> str:
-    """Writes the checkpoint's model (fp32) as an HF directory; `schema` None: native, which
-    transformers loads, refused (UserError) when it would change what the model computes."""
+def export_tokenizer(checkpoint: str, cfg, tokenizer_path: str | None) -> tuple[dict[str, str], str]:
+    """-> (the tokenizer files to write beside the weights, a line saying what they are or why
+    there are none)."""
+    from zaya_jax.convert.hf_tokenizer import tokenizer_files
+    from zaya_jax.data.tokenizer import Tokenizer
+    from zaya_jax.infer.chat import checkpoint_chat_template
+    from zaya_jax.infer.loading import checkpoint_tokenizer_path
+    if tokenizer_path is None:
+        try:
+            tokenizer_path, _ = checkpoint_tokenizer_path(checkpoint)
+        except UserError as err:
+            return {}, f"note: no tokenizer written ({err})"
+    tokenizer = Tokenizer(tokenizer_path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
+    if tokenizer.kind != "hf":
+        return {}, (f"note: no tokenizer written: {tokenizer_path} is a SentencePiece model; copy it with the "
+                    "tokenizer_config.json of its model family")
+    template = checkpoint_chat_template(checkpoint)
+    chat = f", chat template {template.path}" if template else ""
+    return tokenizer_files(tokenizer, cfg, template), f"tokenizer: {tokenizer_path}{chat}"
+
+
+def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | None = None,
+          tokenizer_path: str | None = None) -> str:
+    """Writes the checkpoint's model (fp32) and its tokenizer as an HF directory; `schema` None:
+    native, which transformers loads, refused (UserError) when it would change what the model computes."""
     import zaya_jax
     model, _ = load_checkpoint_model(checkpoint, step, dtype="float32")
     if schema is None:
@@ -65,7 +95,9 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
                             "--config.model.layout=native, or pass --schema original for Zyphra's original names "
                             "(zaya_jax.load_hf reads them; transformers cannot).")
         schema = "native"
-    zaya_jax.save_hf(model, out_dir, schema=schema)
+    files, told = export_tokenizer(checkpoint, model.config, tokenizer_path)
+    zaya_jax.save_hf(model, out_dir, schema=schema, extra_files=files)
+    print(told, file=sys.stderr)
     if schema == "original":
         print("note: the original schema holds Zyphra's ZAYA1-base names: zaya_jax.load_hf reads it, "
               "transformers' ZayaForCausalLM cannot", file=sys.stderr)
@@ -85,7 +117,7 @@ def main(argv):
     else:
         if not _CHECKPOINT.value:
             raise app.UsageError("to_hf needs --checkpoint")
-        print(f"wrote {to_hf(_CHECKPOINT.value, _OUT.value, _STEP.value, _SCHEMA.value)}")
+        print(f"wrote {to_hf(_CHECKPOINT.value, _OUT.value, _STEP.value, _SCHEMA.value, _TOKENIZER.value)}")
 
 
 if __name__ == "__main__":

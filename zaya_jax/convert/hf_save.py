@@ -47,14 +47,15 @@ def hf_tensors(model: ZayaLM, schema: str):
 
 
 def save_hf(model: ZayaLM, directory: str | os.PathLike, schema: str | None = None,
-            max_shard_bytes: int = 5 * 2**30) -> Path:
+            max_shard_bytes: int = 5 * 2**30, extra_files: dict[str, str] | None = None) -> Path:
     """Writes config.json + safetensors that `transformers.ZayaForCausalLM.from_pretrained` loads.
 
     schema: "native" (transformers names) or "original" (Zyphra's ZAYA1-base names); by default
     it follows the model's layout. The written files are read back and must compute the same
     model (zaya_jax.convert.export_check); otherwise nothing is written and ExportMismatch says
     why. The directory appears whole or not at all (written to a temporary sibling, checked,
-    then renamed); an existing non-empty directory is refused.
+    then renamed); an existing non-empty directory is refused. extra_files: {file name: text}
+    written beside them (the tokenizer files, zaya_jax.convert.hf_tokenizer).
     """
     cfg = model.config
     schema = schema or ("original" if cfg.layout == "base" else "native")
@@ -70,6 +71,8 @@ def save_hf(model: ZayaLM, directory: str | os.PathLike, schema: str | None = No
         write_sharded(staging, hf_tensors(model, schema), max_shard_bytes)
         config = {**hf_config_from_model(cfg, schema), "torch_dtype": "float32"}
         (staging / "config.json").write_text(json.dumps(config, indent=2))
+        for name, text in (extra_files or {}).items():
+            (staging / name).write_text(text, encoding="utf-8")
         verify_export(model, staging, schema)
         group_readable(staging)
         if target.exists():

@@ -165,6 +165,13 @@ class ChatTemplate:
     def has_generation_tags(self) -> bool:
         return bool(_GENERATION_TAG.search(self.source))
 
+    def transformers_source(self) -> str:
+        """The template as transformers' `apply_chat_template` should run it to give this template's
+        ids: with `{{ bos_token }}` first when the template does not render bos itself (every
+        sequence here starts with one bos; transformers adds none to a chat)."""
+        first_turn = self._render_marked([{"role": "user", "content": "x"}], add_generation_prompt=True)
+        return self.source if first_turn.startswith(BOS) else "{{ bos_token }}" + self.source
+
     def render(self, messages: Messages, add_generation_prompt: bool = False) -> str:
         """The conversation as text, as `apply_chat_template(..., tokenize=False)` renders it."""
         marked = self._render_marked(messages, add_generation_prompt)

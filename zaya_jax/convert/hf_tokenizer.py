@@ -1,0 +1,36 @@
+"""The tokenizer files of an HF export, so that `transformers.AutoTokenizer.from_pretrained(DIR)`
+encodes as the run did:
+
+  tokenizer.json          the run's HF `tokenizers` file, copied
+  tokenizer_config.json   PreTrainedTokenizerFast; bos / eos / pad are the tokens of the model
+                          config's ids; `chat_template`: the template the run recorded (a chat or
+                          preference run), with `{{ bos_token }}` first when it renders no bos
+                          itself, so that `apply_chat_template` gives the ids training and
+                          `generate --chat` use (ChatTemplate.transformers_source)
+
+A SentencePiece `.model` has no tokenizer class that does not depend on the model family, so it is
+not written (`convert to_hf` says so).
+"""
+
+from __future__ import annotations
+
+import json
+
+from zaya_jax.config import ModelConfig
+from zaya_jax.data.chat_template import ChatTemplate
+from zaya_jax.data.tokenizer import Tokenizer
+
+
+def tokenizer_files(tokenizer: Tokenizer, cfg: ModelConfig, template: ChatTemplate | None) -> dict[str, str]:
+    """{file name: text} for an HF export directory; `tokenizer` must be an HF `tokenizers` file."""
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    if tokenizer.kind != "hf":
+        raise ValueError(f"{tokenizer.path}: only HF tokenizer.json files are exported")
+    hf = tokenizers.Tokenizer.from_file(tokenizer.path)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+              "bos_token": hf.id_to_token(cfg.bos_token_id), "eos_token": hf.id_to_token(cfg.eos_token_id),
+              "pad_token": hf.id_to_token(cfg.pad_token_id)}
+    if template is not None:
+        config["chat_template"] = template.transformers_source()
+    with open(tokenizer.path, encoding="utf-8") as f:
+        return {"tokenizer.json": f.read(), "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False)}
