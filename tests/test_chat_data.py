@@ -108,6 +108,28 @@ def test_generation_tags_render_as_transformers_does(tmp_path, tok):
         ct.encode_conversation(template, tok, [CHAT[1], CHAT[3], CHAT[2]])
 
 
+CHATML_NO_EOS = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+                 "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_end_of_turn_is_the_special_token_after_the_assistant_content(plain, tmp_path, tok_path, tok):
+    assert ct.end_of_turn_ids(plain, tok) == [tok.eos_id]                      # the answer ends with eos
+    gemma = gemma_template(tmp_path)
+    assert ct.end_of_turn_ids(gemma, tok) == tok.encode("<end_of_turn>")       # a special token, not eos
+    assert tok.is_special(tok.encode("<end_of_turn>")[0]) and len(tok.encode("<end_of_turn>")) == 1
+    hf = tokenizers.Tokenizer.from_file(tok_path)
+    hf.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    hf.save(str(tmp_path / "chatml.json"))
+    chatml_tok = tokenizer.Tokenizer(tmp_path / "chatml.json", bos_id=2, eos_id=1, pad_id=0)
+    (tmp_path / "chatml.jinja").write_text(CHATML_NO_EOS)
+    chatml = ct.ChatTemplate.load(tmp_path / "chatml.jinja")
+    assert ct.end_of_turn_ids(chatml, chatml_tok) == [hf.token_to_id("<|im_end|>")]
+    # without <|im_end|> as a special token, the turn ends in plain text: no stop token but eos
+    assert ct.end_of_turn_ids(chatml, tok) == []
+    (tmp_path / "newline.jinja").write_text(CHATML_NO_EOS.replace("<|im_end|>", ""))
+    assert ct.end_of_turn_ids(ct.ChatTemplate.load(tmp_path / "newline.jinja"), chatml_tok) == []
+
+
 def test_prefix_derived_mask_agrees_with_generation_tags(plain, tmp_path, tok):
     untagged = ct.ChatTemplate(re.sub(r"\{%-?\s*(end)?generation\s*-?%\}", "", plain.source), "untagged.jinja")
     assert plain.has_generation_tags and not untagged.has_generation_tags

@@ -81,6 +81,20 @@ def test_eos_stops_a_sequence_and_pads_the_rest(hf_model, model):
     np.testing.assert_array_equal(free, zaya_jax.generate(model, PROMPTS, NEW))
 
 
+def test_stop_ids_end_a_sequence_as_eos_does(model):
+    free = zaya_jax.generate(model, PROMPTS, NEW)
+    first = int(free[0, 0])
+    assert first != model.config.eos_token_id and (free[0, 1:] != model.config.pad_token_id).any()  # runs on freely
+    out = zaya_jax.generate(model, PROMPTS, NEW, stop_ids=[first])
+    np.testing.assert_array_equal(out[0], [first] + [model.config.pad_token_id] * (NEW - 1))
+    for row, unstopped in zip(out, free):  # every row is the free run up to its first stop id
+        hit = np.flatnonzero(unstopped == first)
+        end = hit[0] + 1 if hit.size else NEW
+        np.testing.assert_array_equal(row[:end], unstopped[:end])
+        assert (row[end:] == model.config.pad_token_id).all()
+    np.testing.assert_array_equal(zaya_jax.generate(model, PROMPTS, NEW, stop_ids=[first], stop_at_eos=False), free)
+
+
 def test_on_token_streams_every_column_in_order(model):
     seen = []
     out = zaya_jax.generate(model, PROMPTS, NEW, on_token=lambda step, tokens: seen.append((int(step), list(tokens))))

@@ -18,7 +18,8 @@ goes to stderr, generated text or ids to stdout.
 --chat (one user turn) or --messages (a JSON list of {role, content}) renders the conversation with
 the chat template and its generation prompt (zaya_jax.infer.chat): --chat_template, else the one a
 run trained on chat or preference data recorded, else (--hf) DIR/tokenizer_config.json's; the
-reply stops at eos.
+reply stops at eos or at the template's end-of-turn token (ChatML's <|im_end|>:
+chat_template.end_of_turn_ids).
 
 `zaya_jax.generate` is also the generate function (zaya_jax/__init__.py); importing this module
 would shadow it with the module, so the module itself is made callable as that function.
@@ -58,7 +59,7 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 =
 _TOP_K = flags.DEFINE_integer("top_k", None, "Sample among the k most likely tokens.", lower_bound=1)
 _TOP_P = flags.DEFINE_float("top_p", None, "Nucleus sampling mass.", lower_bound=0.0, upper_bound=1.0)
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
-_IGNORE_EOS = flags.DEFINE_bool("ignore_eos", False, "Keep generating after the eos id.")
+_IGNORE_EOS = flags.DEFINE_bool("ignore_eos", False, "Keep generating after eos (and, with --chat, the end-of-turn token).")
 _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
                            "Compute dtype (default: float32 for --hf, the saved config's for --checkpoint).")
 _QUANTIZE = flags.DEFINE_enum("quantize", None, sorted(MODES), "Weight-only quantization.")
@@ -108,8 +109,8 @@ def load_tokenizer(path: str):
 class TextStream:
     """Prints each new token as it arrives: decoded text with a tokenizer, else ids."""
 
-    def __init__(self, tokenizer, eos_id: int | None):
-        self.tokenizer, self.eos_id = tokenizer, eos_id
+    def __init__(self, tokenizer, stop_ids: set[int]):
+        self.tokenizer, self.stop_ids = tokenizer, stop_ids
         self.ids: list[int] = []
         self.printed = ""
         self.stopped = False
@@ -119,7 +120,7 @@ class TextStream:
             return
         token = int(np.asarray(tokens)[0])
         self.ids.append(token)
-        self.stopped = token == self.eos_id
+        self.stopped = token in self.stop_ids
         if self.tokenizer is None:
             sys.stdout.write(f"{token} ")
         else:
@@ -143,11 +144,13 @@ def main(argv: list[str]) -> None:
     start = time.perf_counter()
     model = load_model()
     cfg = model.config
+    end_of_turn = []
     if chat:
-        from zaya_jax.data.chat_template import encode_prompt
+        from zaya_jax.data.chat_template import encode_prompt, end_of_turn_ids
         from zaya_jax.data.tokenizer import Tokenizer
-        ids = encode_prompt(template, Tokenizer(path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id,
-                                                pad_id=cfg.pad_token_id), messages).tolist()
+        chat_tokenizer = Tokenizer(path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
+        ids = encode_prompt(template, chat_tokenizer, messages).tolist()
+        end_of_turn = end_of_turn_ids(template, chat_tokenizer)
     elif _PROMPT.value is not None:
         ids = tokenizer.encode(_PROMPT.value).ids
         if not _NO_BOS.value and ids[:1] != [cfg.bos_token_id]:
@@ -158,9 +161,9 @@ def main(argv: list[str]) -> None:
         except ValueError as err:
             raise UserError(f"--prompt_ids {_PROMPT_IDS.value!r}: not comma-separated integers") from err
     loaded = time.perf_counter()
-    stream = TextStream(tokenizer, None if _IGNORE_EOS.value else cfg.eos_token_id)
+    stream = TextStream(tokenizer, set() if _IGNORE_EOS.value else {cfg.eos_token_id, *end_of_turn})
     generate(model, [ids], _MAX_NEW.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
-             seed=_SEED.value, stop_at_eos=not _IGNORE_EOS.value, on_token=stream)
+             seed=_SEED.value, stop_at_eos=not _IGNORE_EOS.value, stop_ids=end_of_turn, on_token=stream)
     sys.stdout.write("\n")
     done = time.perf_counter()
     print(f"[loaded in {loaded - start:.1f}s; {len(stream.ids)} tokens in {done - loaded:.1f}s "

@@ -7,6 +7,9 @@ encodes as the run did:
                           preference run), with `{{ bos_token }}` first when it renders no bos
                           itself, so that `apply_chat_template` gives the ids training and
                           `generate --chat` use (ChatTemplate.transformers_source)
+  generation_config.json  when the template ends a turn with a special token other than eos
+                          (ChatML's <|im_end|>, chat_template.end_of_turn_ids): eos_token_id lists
+                          both, so transformers' `generate` stops where `generate --chat` does
 
 A SentencePiece `.model` has no tokenizer class that does not depend on the model family, so it is
 not written (`convert to_hf` says so).
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 
 from zaya_jax.config import ModelConfig
-from zaya_jax.data.chat_template import ChatTemplate
+from zaya_jax.data.chat_template import ChatTemplate, end_of_turn_ids
 from zaya_jax.data.tokenizer import Tokenizer
 
 
@@ -30,7 +33,13 @@ def tokenizer_files(tokenizer: Tokenizer, cfg: ModelConfig, template: ChatTempla
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
               "bos_token": hf.id_to_token(cfg.bos_token_id), "eos_token": hf.id_to_token(cfg.eos_token_id),
               "pad_token": hf.id_to_token(cfg.pad_token_id)}
+    with open(tokenizer.path, encoding="utf-8") as f:
+        files = {"tokenizer.json": f.read()}
     if template is not None:
         config["chat_template"] = template.transformers_source()
-    with open(tokenizer.path, encoding="utf-8") as f:
-        return {"tokenizer.json": f.read(), "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False)}
+        stops = sorted({cfg.eos_token_id, *end_of_turn_ids(template, tokenizer)})
+        if len(stops) > 1:
+            files["generation_config.json"] = json.dumps({
+                "bos_token_id": cfg.bos_token_id, "eos_token_id": stops, "pad_token_id": cfg.pad_token_id}, indent=2)
+    files["tokenizer_config.json"] = json.dumps(config, indent=2, ensure_ascii=False)
+    return files

@@ -229,6 +229,26 @@ class ChatTemplate:
         return [(text, supervised) for text, supervised in spans if text]
 
 
+END_OF_TURN_PROBE = "zaya end of turn probe"
+
+
+def end_of_turn_ids(template: ChatTemplate, tokenizer) -> list[int]:
+    """The ids that end an assistant turn in `template`: the first token of the text it writes
+    after an assistant message's content when that token is eos or a special token of
+    `tokenizer` (ChatML's <|im_end|>), else none (a turn that ends in plain text, a newline say,
+    has no stop token but eos). Generation stops at them as at eos."""
+    conversation = [{"role": "user", "content": "x"}, {"role": "assistant", "content": END_OF_TURN_PROBE}]
+    assistant = "".join(text for text, supervised in template.spans(conversation) if supervised)
+    after = assistant.partition(END_OF_TURN_PROBE)[2]
+    first = next((piece for piece in _SPECIAL_SPLIT.split(after) if piece.strip()), None)
+    if first is None or first == BOS:
+        return []
+    if first == EOS:
+        return [tokenizer.eos_id]
+    ids = tokenizer.encode(first)
+    return ids[:1] if ids and tokenizer.is_special(ids[0]) else []
+
+
 def tokenize_spans(tokenizer, spans: Sequence[tuple[str, bool]]) -> tuple[np.ndarray, np.ndarray]:
     """Spans (sentinels for bos/eos) -> (ids int32 [n], mask uint8 [n]), one bos first.
 

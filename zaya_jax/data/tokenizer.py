@@ -103,6 +103,14 @@ class Tokenizer:
     def encode_document(self, text: str) -> np.ndarray:
         return self.encode_documents([text])[0]
 
+    def is_special(self, token_id: int) -> bool:
+        """Whether `token_id` is a special token of the file (an HF added special token, a
+        SentencePiece control or user-defined symbol), not a piece of text."""
+        if self.kind == "hf":
+            added = self._hf.get_added_tokens_decoder().get(int(token_id))
+            return added is not None and added.special
+        return self._sp.is_control(int(token_id)) or self._sp.is_user_defined(int(token_id))
+
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         special = {self.bos_id, self.eos_id, self.pad_id} if skip_special else set()
         ids = [int(i) for i in ids if int(i) not in special]

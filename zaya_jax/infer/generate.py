@@ -75,9 +75,9 @@ def _prefill(graphdef, params, ids, lengths, cache_size: int) -> tuple[jax.Array
 
 
 @functools.partial(jax.jit, static_argnums=(0,),
-                   static_argnames=("max_new_tokens", "sampler", "eos_id", "pad_id", "stream"))
+                   static_argnames=("max_new_tokens", "sampler", "stop_ids", "pad_id", "stream"))
 def _decode(graphdef, params, state: DecodeState, logits: jax.Array, key: jax.Array, listener: jax.Array, *,
-            max_new_tokens: int, sampler: Sampler, eos_id: int | None, pad_id: int, stream: bool) -> jax.Array:
+            max_new_tokens: int, sampler: Sampler, stop_ids: tuple[int, ...], pad_id: int, stream: bool) -> jax.Array:
     """logits: [B,V] of the last prompt tokens -> new tokens [B, max_new_tokens] int32.
 
     With `stream`, every new column goes to the host hook registered as `listener` (a traced id,
@@ -92,7 +92,8 @@ def _decode(graphdef, params, state: DecodeState, logits: jax.Array, key: jax.Ar
     first = sample(logits, jax.random.fold_in(key, 0), sampler)
     emit(0, first)
     tokens = jnp.full((b, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(first)
-    done = first == eos_id if eos_id is not None else jnp.zeros((b,), bool)
+    stops = jnp.asarray(stop_ids, jnp.int32)
+    done = jnp.isin(first, stops)
 
     def cond(carry):
         step, _, _, done = carry
@@ -103,8 +104,7 @@ def _decode(graphdef, params, state: DecodeState, logits: jax.Array, key: jax.Ar
         logits, state = decode_step(model, state, tokens[:, step - 1])
         new = jnp.where(done, pad_id, sample(logits, jax.random.fold_in(key, step), sampler))
         emit(step, new)
-        if eos_id is not None:
-            done = done | (new == eos_id)
+        done = done | jnp.isin(new, stops)
         return step + 1, tokens.at[:, step].set(new), state, done
 
     return jax.lax.while_loop(cond, body, (jnp.int32(1), tokens, state, done))[1]
@@ -112,7 +112,7 @@ def _decode(graphdef, params, state: DecodeState, logits: jax.Array, key: jax.Ar
 
 def generate(model: ZayaLM, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-             lengths: Sequence[int] | None = None, stop_at_eos: bool = True,
+             lengths: Sequence[int] | None = None, stop_at_eos: bool = True, stop_ids: Sequence[int] = (),
              on_token: Callable[[np.ndarray, np.ndarray], None] | None = None) -> np.ndarray:
     """Generates up to `max_new_tokens` tokens after each prompt -> int32 [B, max_new_tokens].
 
@@ -122,6 +122,8 @@ def generate(model: ZayaLM, prompt_ids, max_new_tokens: int, *, temperature: flo
       stream is fixed by `seed`.
     stop_at_eos: once a sequence emits model.config.eos_token_id (kept in the output), its later
       slots hold pad_token_id; decoding ends when every sequence has stopped.
+    stop_ids: more ids that end a sequence as eos does (a chat template's end of turn,
+      chat_template.end_of_turn_ids); like eos, ignored when stop_at_eos is False.
     on_token(step, tokens [B]): called from inside the compiled loop, in order, for each new
       column (a streaming hook); every generate call with a hook shares one compiled loop.
     """
@@ -142,7 +144,8 @@ def generate(model: ZayaLM, prompt_ids, max_new_tokens: int, *, temperature: flo
     try:
         tokens = _decode(graphdef, params, state, logits, jax.random.key(seed), jnp.int32(listener),
                          max_new_tokens=max_new_tokens, sampler=sampler,
-                         eos_id=cfg.eos_token_id if stop_at_eos else None, pad_id=cfg.pad_token_id,
+                         stop_ids=tuple(sorted({cfg.eos_token_id, *map(int, stop_ids)})) if stop_at_eos else (),
+                         pad_id=cfg.pad_token_id,
                          stream=on_token is not None)
         tokens = np.asarray(tokens)
         if on_token is not None:
