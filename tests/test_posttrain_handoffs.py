@@ -160,6 +160,24 @@ def test_export_of_a_run_without_a_tokenizer_says_so(tmp_path):
     assert not (tmp_path / "again" / "tokenizer.json").exists()
 
 
+def test_task_answering_renders_with_the_recorded_template(pipeline, tmp_path, monkeypatch):
+    from zaya_jax.data.chat_template import PLAIN
+    from zaya_jax.evaluate_tasks import run_template
+    from zaya_jax.preference_pairs import template_file
+    assert run_template(str(pipeline["dpo"]), None).source == CHATML
+    assert template_file(str(pipeline["dpo"]), None).path == str(pipeline["tokenizer"] / "tokenizer_config.json")
+    assert run_template(str(pipeline["dpo"]), PLAIN).path == PLAIN  # --chat_template overrides
+    moved = tmp_path / "tok"
+    moved.mkdir()
+    (moved / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML + " "}))
+    record = read_config(checkpoint_dir(str(pipeline["dpo"]))).chat_template.to_dict()
+    record["path"] = str(moved / "tokenizer_config.json")  # a run whose template file changed since
+    from zaya_jax.data.chat_template import ChatTemplate
+    monkeypatch.setattr("zaya_jax.infer.chat.checkpoint_chat_template", lambda _: ChatTemplate.from_record(record))
+    with pytest.raises(UserError, match="is gone or changed since; pass --chat_template FILE"):
+        template_file(str(pipeline["dpo"]), None)
+
+
 def test_runs_record_the_chat_template_of_their_sources(pipeline):
     for run in ("sft", "dpo"):
         record = read_config(checkpoint_dir(str(pipeline[run]))).chat_template

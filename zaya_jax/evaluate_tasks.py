@@ -8,7 +8,9 @@ and its generation prompt (chat_template.encode_prompt, the tokens a chat user w
 the checkpoint's model generates greedily (zaya_jax.infer.generate) until eos or
 `--max_new_tokens`. The completion's first line is its answer (instruction_tasks.extract_answer),
 compared exactly with the task's answer. The tokenizer is the one the run was trained with
-(--tokenizer overrides). The JSON gives the accuracy overall and per kind and the first
+(--tokenizer overrides), the chat template the one it recorded (a run on chat or preference data),
+else plain.jinja (--chat_template overrides); generation also stops at the template's end of turn
+(chat_template.end_of_turn_ids). The JSON gives the accuracy overall and per kind and the first
 completions of each kind.
 """
 
@@ -34,8 +36,9 @@ def define_answering_flags(*, per_kind: int, per_kind_help: str, batch_size: int
     flags.DEFINE_string("checkpoint", None, "Training run WORKDIR or its checkpoints/ directory.", required=True)
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest whole one).")
     flags.DEFINE_string("tokenizer", None, "tokenizer.json (default: the one the run was trained with).")
-    flags.DEFINE_string("chat_template", chat_template.PLAIN,
-                        "Chat template: a .jinja file or a tokenizer_config.json with chat_template.")
+    flags.DEFINE_string("chat_template", None,
+                        "Chat template: a .jinja file or a tokenizer_config.json with chat_template (default: the "
+                        "one the run recorded, else zaya_jax/data/chat_templates/plain.jinja).")
     flags.DEFINE_integer("per_kind", per_kind, per_kind_help, lower_bound=1)
     flags.DEFINE_integer("seed", 0, "Task generation seed (the demo data's is 0).")
     flags.DEFINE_integer("max_new_tokens", 8, "Token cap of a completion.", lower_bound=1)
@@ -48,21 +51,22 @@ def define_flags() -> None:
 
 
 def generate_completions(model, tokenizer, prompts: list[np.ndarray], max_new_tokens: int,
-                         batch_size: int) -> list[str]:
-    """Greedy completions of `prompts` (int32 [n_i] each), decoded up to the first eos.
+                         batch_size: int, stop_ids: tuple[int, ...] = ()) -> list[str]:
+    """Greedy completions of `prompts` (int32 [n_i] each), decoded up to the first eos or stop id.
 
     Batches are filled up to `batch_size` with the last prompt, so every batch of one prompt
     width reuses one compiled program."""
     from zaya_jax.infer.generate import generate
-    eos = model.config.eos_token_id
+    stops = {model.config.eos_token_id, *stop_ids}
     texts = []
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
         padded = batch + [batch[-1]] * (batch_size - len(batch))
-        new = generate(model, [list(p) for p in padded], max_new_tokens)
+        new = generate(model, [list(p) for p in padded], max_new_tokens, stop_ids=stop_ids)
         for row in new[:len(batch)]:
             ids = row.tolist()
-            texts.append(tokenizer.decode(ids[:ids.index(eos)] if eos in ids else ids))
+            end = next((i for i, token in enumerate(ids) if token in stops), len(ids))
+            texts.append(tokenizer.decode(ids[:end]))
     return texts
 
 
@@ -95,12 +99,21 @@ def load_checkpoint(checkpoint: str, step: int | None, tokenizer_path: str | Non
     return model, step, tokenizer
 
 
+def run_template(checkpoint: str, path: str | None) -> chat_template.ChatTemplate:
+    """`path` (--chat_template), else the template the run recorded, else plain.jinja."""
+    from zaya_jax.infer.chat import checkpoint_chat_template
+    if path is not None:
+        return chat_template.ChatTemplate.load(path)
+    return checkpoint_chat_template(checkpoint) or chat_template.ChatTemplate.load(chat_template.PLAIN)
+
+
 def answer_tasks(model, tokenizer, template, tasks: list[instruction_tasks.Task], max_new_tokens: int,
                  batch_size: int) -> list[str]:
     """The model's greedy completion of each task's question, rendered as a user turn with the
-    template's generation prompt."""
+    template's generation prompt, up to eos or the template's end of turn."""
     prompts = [chat_template.encode_prompt(template, tokenizer, task.prompt_messages()) for task in tasks]
-    return generate_completions(model, tokenizer, prompts, max_new_tokens, batch_size)
+    return generate_completions(model, tokenizer, prompts, max_new_tokens, batch_size,
+                                tuple(chat_template.end_of_turn_ids(template, tokenizer)))
 
 
 def main(argv: list[str]) -> None:
@@ -108,14 +121,14 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     f = flags.FLAGS
     start = time.perf_counter()
+    template = run_template(f.checkpoint, f.chat_template)
     model, step, tokenizer = load_checkpoint(f.checkpoint, f.step, f.tokenizer)
-    template = chat_template.ChatTemplate.load(f.chat_template)
     tasks = instruction_tasks.tasks("heldout", f.per_kind, f.seed)
     completions = answer_tasks(model, tokenizer, template, tasks, f.max_new_tokens, f.batch_size)
     result = score(tasks, completions)
     print(f"[{len(tasks)} questions in {time.perf_counter() - start:.1f}s including loading and compilation]",
           file=sys.stderr)
-    print(json.dumps({"checkpoint": f.checkpoint, "step": step, "chat_template": f.chat_template,
+    print(json.dumps({"checkpoint": f.checkpoint, "step": step, "chat_template": template.path,
                       "max_new_tokens": f.max_new_tokens, **result}, indent=2))
 
 

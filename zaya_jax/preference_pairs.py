@@ -32,7 +32,7 @@ from absl import app, flags
 from zaya_jax import cli, evaluate_tasks
 from zaya_jax.data import chat_template, demo_posttrain, instruction_tasks, prepare
 from zaya_jax.errors import UserError
-from zaya_jax.evaluate_tasks import answer_tasks, define_answering_flags, load_checkpoint
+from zaya_jax.evaluate_tasks import answer_tasks, define_answering_flags, load_checkpoint, run_template
 
 MADE_FROM = "pairs_made_from.json"
 
@@ -86,6 +86,16 @@ def write_pairs(output: str, records: list[dict], *, tokenizer_path: str, templa
     return manifest
 
 
+def template_file(checkpoint: str, path: str | None) -> chat_template.ChatTemplate:
+    """evaluate_tasks.run_template, whose file must still hold its text: the pairs are prepared
+    from the file (UserError naming it and the fix otherwise)."""
+    template = run_template(checkpoint, path)
+    if not (os.path.isfile(template.path) and chat_template.ChatTemplate.load(template.path).sha256 == template.sha256):
+        raise UserError(f"--checkpoint {checkpoint}: the chat template it recorded, {template.path}, is gone or "
+                        "changed since; pass --chat_template FILE to prepare the pairs with")
+    return template
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -93,8 +103,8 @@ def main(argv: list[str]) -> None:
     if os.path.exists(f.output):
         raise UserError(f"--output {f.output} already exists; delete it or choose another directory")
     start = time.perf_counter()
+    template = template_file(f.checkpoint, f.chat_template)
     model, step, tokenizer = load_checkpoint(f.checkpoint, f.step, f.tokenizer)
-    template = chat_template.ChatTemplate.load(f.chat_template)
     tasks = instruction_tasks.tasks("train", f.per_kind, f.seed)
     completions = answer_tasks(model, tokenizer, template, tasks, f.max_new_tokens, f.batch_size)
     records = onpolicy_records(tasks, completions, f.near_miss_for_correct)
