@@ -128,6 +128,24 @@ def test_end_of_turn_is_the_special_token_after_the_assistant_content(plain, tmp
     assert ct.end_of_turn_ids(chatml, tok) == []
     (tmp_path / "newline.jinja").write_text(CHATML_NO_EOS.replace("<|im_end|>", ""))
     assert ct.end_of_turn_ids(ct.ChatTemplate.load(tmp_path / "newline.jinja"), chatml_tok) == []
+    # a template whose assistant text cannot be found (not prefix-consistent, no generation tags)
+    # still generates: no stop token but eos
+    (tmp_path / "counting.jinja").write_text("{{ messages | length }}:" + CHATML_NO_EOS)
+    counting = ct.ChatTemplate.load(tmp_path / "counting.jinja")
+    with pytest.raises(ct.TemplateError, match="not prefix-consistent"):
+        counting.spans([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}])
+    assert ct.end_of_turn_ids(counting, chatml_tok) == []
+
+
+
+def test_transformers_source_puts_bos_first_only_where_the_template_renders_none(plain, tmp_path):
+    assert plain.transformers_source() == "{{ bos_token }}" + plain.source
+    gemma = gemma_template(tmp_path)  # renders bos itself
+    assert gemma.transformers_source() == gemma.source
+    (tmp_path / "strict.jinja").write_text("{% if messages[0]['role'] != 'system' %}{{ raise_exception('system "
+                                          "first') }}{% endif %}" + CHATML_NO_EOS)
+    strict = ct.ChatTemplate.load(tmp_path / "strict.jinja")  # refuses a lone user turn: left as it is
+    assert strict.transformers_source() == strict.source
 
 
 def test_prefix_derived_mask_agrees_with_generation_tags(plain, tmp_path, tok):

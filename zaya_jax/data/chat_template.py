@@ -169,7 +169,10 @@ class ChatTemplate:
         """The template as transformers' `apply_chat_template` should run it to give this template's
         ids: with `{{ bos_token }}` first when the template does not render bos itself (every
         sequence here starts with one bos; transformers adds none to a chat)."""
-        first_turn = self._render_marked([{"role": "user", "content": "x"}], add_generation_prompt=True)
+        try:
+            first_turn = self._render_marked([{"role": "user", "content": "x"}], add_generation_prompt=True)
+        except ConversationError:  # a template that refuses a lone user turn: kept as it is
+            return self.source
         return self.source if first_turn.startswith(BOS) else "{{ bos_token }}" + self.source
 
     def render(self, messages: Messages, add_generation_prompt: bool = False) -> str:
@@ -236,9 +239,13 @@ def end_of_turn_ids(template: ChatTemplate, tokenizer) -> list[int]:
     """The ids that end an assistant turn in `template`: the first token of the text it writes
     after an assistant message's content when that token is eos or a special token of
     `tokenizer` (ChatML's <|im_end|>), else none (a turn that ends in plain text, a newline say,
-    has no stop token but eos). Generation stops at them as at eos."""
+    has no stop token but eos, and so has a template whose assistant text cannot be found: one
+    without generation tags that is not prefix-consistent). Generation stops at them as at eos."""
     conversation = [{"role": "user", "content": "x"}, {"role": "assistant", "content": END_OF_TURN_PROBE}]
-    assistant = "".join(text for text, supervised in template.spans(conversation) if supervised)
+    try:
+        assistant = "".join(text for text, supervised in template.spans(conversation) if supervised)
+    except TemplateError:
+        return []
     after = assistant.partition(END_OF_TURN_PROBE)[2]
     first = next((piece for piece in _SPECIAL_SPLIT.split(after) if piece.strip()), None)
     if first is None or first == BOS:
