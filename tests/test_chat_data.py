@@ -185,6 +185,26 @@ def test_sentencepiece_spans_continue_without_a_dummy_prefix(plain, tmp_path):
     prompt = ct.encode_prompt(plain, sp, CHAT[:2])
     np.testing.assert_array_equal(ids[:len(prompt)], prompt)
     assert sp.encode_pieces(["a b", "c"]) == [sp.encode("a b"), sp.encode("a bc")[len(sp.encode("a b")):]]
+    # vocabulary entries and special symbols as SentencePiece defines them (ids 0-2 <unk> <s> </s>)
+    assert [sp.id_to_token(i) for i in range(3)] == ["<unk>", "<s>", "</s>"]
+    newline, = sp.encode_pieces(["a", "\n"])[1]  # a user-defined symbol (no dummy-prefix space before it)
+    assert sp.is_special(1) and sp.is_special(newline) and not sp.is_special(sp.encode("a")[-1])
+
+
+def test_end_of_turn_of_a_sentencepiece_model_is_its_user_defined_symbol(tmp_path):
+    import sentencepiece as spm
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(CORPUS * 5), model_prefix=str(tmp_path / "sp"),
+                                   vocab_size=90, minloglevel=2, remove_extra_whitespaces=False,
+                                   normalization_rule_name="identity",
+                                   user_defined_symbols=["\n", "<start_of_turn>", "<end_of_turn>"])
+    sp = tokenizer.Tokenizer(tmp_path / "sp.model", bos_id=1, eos_id=2, pad_id=0)
+    end_of_turn, = sp.encode_pieces(["a", "<end_of_turn>"])[1]
+    assert sp.id_to_token(end_of_turn) == "<end_of_turn>" and sp.is_special(end_of_turn)
+    assert ct.end_of_turn_ids(gemma_template(tmp_path), sp) == [end_of_turn]
+    # a turn that ends in a newline and text: "\n" is a user-defined symbol, but whitespace, not a stop
+    (tmp_path / "newline.jinja").write_text(CHATML_NO_EOS.replace("<|im_end|>", "").replace(
+        "{{ message['content'] }}", "{{ message['content'] }}\nEnd."))
+    assert ct.end_of_turn_ids(ct.ChatTemplate.load(tmp_path / "newline.jinja"), sp) == []
 
 
 def test_encode_preference_standard_and_conversational(plain, tok):

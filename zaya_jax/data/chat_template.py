@@ -238,7 +238,7 @@ END_OF_TURN_PROBE = "zaya end of turn probe"
 def end_of_turn_ids(template: ChatTemplate, tokenizer) -> list[int]:
     """The ids that end an assistant turn in `template`: the first token of the text it writes
     after an assistant message's content when that token is eos or a special token of
-    `tokenizer` (ChatML's <|im_end|>), else none (a turn that ends in plain text, a newline say,
+    `tokenizer` that is not whitespace (ChatML's <|im_end|>), else none (a turn that ends in plain text, a newline say,
     has no stop token but eos, and so has a template whose assistant text cannot be found: one
     without generation tags that is not prefix-consistent). Generation stops at them as at eos."""
     conversation = [{"role": "user", "content": "x"}, {"role": "assistant", "content": END_OF_TURN_PROBE}]
@@ -252,8 +252,8 @@ def end_of_turn_ids(template: ChatTemplate, tokenizer) -> list[int]:
         return []
     if first == EOS:
         return [tokenizer.eos_id]
-    ids = tokenizer.encode(first)
-    return ids[:1] if ids and tokenizer.is_special(ids[0]) else []
+    ids = tokenizer.encode_pieces([END_OF_TURN_PROBE, first])[1]  # as it continues the content
+    return ids[:1] if ids and tokenizer.is_special(ids[0]) and tokenizer.id_to_token(ids[0]).strip() else []
 
 
 def tokenize_spans(tokenizer, spans: Sequence[tuple[str, bool]]) -> tuple[np.ndarray, np.ndarray]:

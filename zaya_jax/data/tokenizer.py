@@ -62,6 +62,7 @@ class Tokenizer:
                                   "pip install sentencepiece") from e
             self._sp = sentencepiece.SentencePieceProcessor(model_file=self.path)
             self._sp_cont = None
+            self._sp_special = None
             self.vocab_size = self._sp.get_piece_size()
         for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
             if not 0 <= value < self.vocab_size:
@@ -90,11 +91,15 @@ class Tokenizer:
         """The SentencePiece model without its dummy prefix (for text that continues a piece)."""
         if self._sp_cont is None:
             import sentencepiece  # pylint: disable=g-import-not-at-top
-            from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
-            proto = sentencepiece_model_pb2.ModelProto.FromString(self._sp.serialized_model_proto())
+            proto = self._sp_model_proto()
             proto.normalizer_spec.add_dummy_prefix = False
             self._sp_cont = sentencepiece.SentencePieceProcessor(model_proto=proto.SerializeToString())
         return self._sp_cont
+
+    def _sp_model_proto(self):
+        """The SentencePiece model's ModelProto (a fresh copy)."""
+        from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+        return sentencepiece_model_pb2.ModelProto.FromString(self._sp.serialized_model_proto())
 
     def encode_documents(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Each text as one training document: int32 [n + 2] = bos, its ids, eos."""
@@ -103,13 +108,21 @@ class Tokenizer:
     def encode_document(self, text: str) -> np.ndarray:
         return self.encode_documents([text])[0]
 
+    def id_to_token(self, token_id: int) -> str:
+        """The vocabulary entry of `token_id` (its token string, e.g. "<bos>"), not decoded text."""
+        return self._hf.id_to_token(int(token_id)) if self.kind == "hf" else self._sp.id_to_piece(int(token_id))
+
     def is_special(self, token_id: int) -> bool:
         """Whether `token_id` is a special token of the file (an HF added special token, a
         SentencePiece control or user-defined symbol), not a piece of text."""
         if self.kind == "hf":
             added = self._hf.get_added_tokens_decoder().get(int(token_id))
             return added is not None and added.special
-        return self._sp.is_control(int(token_id)) or self._sp.is_user_defined(int(token_id))
+        if self._sp_special is None:  # the binding has is_control but no is_user_defined: the pieces' types
+            proto = self._sp_model_proto()
+            kinds = (proto.SentencePiece.CONTROL, proto.SentencePiece.USER_DEFINED)
+            self._sp_special = frozenset(i for i, piece in enumerate(proto.pieces) if piece.type in kinds)
+        return int(token_id) in self._sp_special
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         special = {self.bos_id, self.eos_id, self.pad_id} if skip_special else set()
