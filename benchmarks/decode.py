@@ -34,10 +34,9 @@ from zaya_jax.infer import generate  # noqa: E402
 from zaya_jax.model.accounting import model_summary  # noqa: E402
 
 
-def matmul_gflop(cfg, tokens: int, key_sum: float, head_rows: int) -> float:
-    """Forward matmul GFLOP of `tokens` tokens of one sequence that attend to `key_sum` keys in all,
-    with the output head on `head_rows` of them."""
-    weights = model_summary(cfg)["params_active_non_embedding"]
+def matmul_gflop(cfg, weights: int, tokens: int, key_sum: float, head_rows: int) -> float:
+    """Forward matmul GFLOP of `tokens` tokens of one sequence (`weights` active non-embedding
+    weights) that attend to `key_sum` keys in all, with the output head on `head_rows` of them."""
     attention = 2 * 2 * cfg.num_q_heads * cfg.head_dim * key_sum * cfg.num_layers
     return (2 * weights * tokens + attention + 2 * cfg.hidden_size * cfg.vocab_size * head_rows) / 1e9
 
@@ -46,10 +45,11 @@ def against_matmul_peak(cfg, row: dict, peak: float) -> dict:
     """Prefill (the prompt, causal; the head on its last token) and one decoding step (one token
     per sequence attending to the prompt and half the new tokens, on average) against the peak."""
     b, s, n = row["batch"], row["prompt_len"], row["new_tokens"]
-    prefill = b * matmul_gflop(cfg, s, s * (s + 1) / 2, 1)
-    step = b * matmul_gflop(cfg, 1, s + n / 2, 1)
+    weights = model_summary(cfg)["params_active_non_embedding"]
+    prefill = b * matmul_gflop(cfg, weights, s, s * (s + 1) / 2, 1)
+    step = b * matmul_gflop(cfg, weights, 1, s + n / 2, 1)
     steps_per_s = row["zaya_jax_decode_tokens_per_s"] / b
-    weight_mb = 4 * (model_summary(cfg)["params_active_non_embedding"] + cfg.hidden_size * cfg.vocab_size) / 1e6
+    weight_mb = 4 * (weights + cfg.hidden_size * cfg.vocab_size) / 1e6
     return {"matmul_peak_gflops": round(peak, 1), "prefill_matmul_gflop": round(prefill, 3),
             "zaya_jax_prefill_fraction_of_peak": round(prefill / row["zaya_jax_prefill_s"] / peak, 3),
             "hf_torch_prefill_fraction_of_peak": round(prefill / row["hf_torch_prefill_s"] / peak, 3),

@@ -20,6 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+HEAP_DEFAULTS = False  # whether this process got the train CLI's heap (set when run as the script)
 if __name__ == "__main__":  # as the train CLI starts (the ideal and every backend share the heap)
     from zaya_jax import launch_defaults
     HEAP_DEFAULTS = launch_defaults.apply()

@@ -143,10 +143,13 @@ def test_export_carries_the_tokenizer_and_chat_template_transformers_encodes_wit
     assert hf.apply_chat_template(prompt, add_generation_prompt=True)["input_ids"] == \
         encode_prompt(template, ours, prompt).tolist()
     conversation = [question(12), answer("It is 24.")]
-    assert hf.apply_chat_template(conversation)["input_ids"] == encode_conversation(template, ours, conversation)[0].tolist()
+    assert (hf.apply_chat_template(conversation)["input_ids"]
+            == encode_conversation(template, ours, conversation)[0].tolist())
     # transformers' generate stops where `generate --chat` does: at <|im_end|>, which ends a turn before eos
     from transformers import GenerationConfig
-    assert GenerationConfig.from_pretrained(pipeline["dpo_hf"]).eos_token_id == sorted([1, ours.encode("<|im_end|>")[0]])
+    im_end = ours.encode("<|im_end|>")
+    assert len(im_end) == 1
+    assert GenerationConfig.from_pretrained(pipeline["dpo_hf"]).eos_token_id == sorted([1, *im_end])
 
 
 def test_export_of_a_run_without_a_tokenizer_says_so(tmp_path):

@@ -56,8 +56,8 @@ def generate_completions(model, tokenizer, prompts: list[np.ndarray], max_new_to
 
     Batches are filled up to `batch_size` with the last prompt, so every batch of one prompt
     width reuses one compiled program."""
-    from zaya_jax.infer.generate import generate
-    stops = {model.config.eos_token_id, *stop_ids}
+    from zaya_jax.infer.generate import generate, stop_tokens
+    stops = stop_tokens(model.config.eos_token_id, stop_ids)
     texts = []
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]

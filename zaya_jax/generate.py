@@ -37,7 +37,7 @@ from absl import app, flags
 from zaya_jax import cli
 from zaya_jax.errors import UserError
 from zaya_jax.infer.chat import chat_template_for, read_messages
-from zaya_jax.infer.generate import generate
+from zaya_jax.infer.generate import generate, stop_tokens
 from zaya_jax.infer.loading import checkpoint_tokenizer_path, load_checkpoint, load_hf
 from zaya_jax.infer.quantize import MODES
 
@@ -59,7 +59,8 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 =
 _TOP_K = flags.DEFINE_integer("top_k", None, "Sample among the k most likely tokens.", lower_bound=1)
 _TOP_P = flags.DEFINE_float("top_p", None, "Nucleus sampling mass.", lower_bound=0.0, upper_bound=1.0)
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
-_IGNORE_EOS = flags.DEFINE_bool("ignore_eos", False, "Keep generating after eos (and, with --chat, the end-of-turn token).")
+_IGNORE_EOS = flags.DEFINE_bool("ignore_eos", False,
+                                 "Keep generating after eos (and, with --chat, the end-of-turn token).")
 _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
                            "Compute dtype (default: float32 for --hf, the saved config's for --checkpoint).")
 _QUANTIZE = flags.DEFINE_enum("quantize", None, sorted(MODES), "Weight-only quantization.")
@@ -109,7 +110,7 @@ def load_tokenizer(path: str):
 class TextStream:
     """Prints each new token as it arrives: decoded text with a tokenizer, else ids."""
 
-    def __init__(self, tokenizer, stop_ids: set[int]):
+    def __init__(self, tokenizer, stop_ids: tuple[int, ...]):
         self.tokenizer, self.stop_ids = tokenizer, stop_ids
         self.ids: list[int] = []
         self.printed = ""
@@ -161,7 +162,7 @@ def main(argv: list[str]) -> None:
         except ValueError as err:
             raise UserError(f"--prompt_ids {_PROMPT_IDS.value!r}: not comma-separated integers") from err
     loaded = time.perf_counter()
-    stream = TextStream(tokenizer, set() if _IGNORE_EOS.value else {cfg.eos_token_id, *end_of_turn})
+    stream = TextStream(tokenizer, stop_tokens(cfg.eos_token_id, end_of_turn, not _IGNORE_EOS.value))
     generate(model, [ids], _MAX_NEW.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
              seed=_SEED.value, stop_at_eos=not _IGNORE_EOS.value, stop_ids=end_of_turn, on_token=stream)
     sys.stdout.write("\n")

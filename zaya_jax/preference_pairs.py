@@ -87,9 +87,11 @@ def write_pairs(output: str, records: list[dict], *, tokenizer_path: str, templa
 
 
 def template_file(checkpoint: str, path: str | None) -> chat_template.ChatTemplate:
-    """evaluate_tasks.run_template, whose file must still hold its text: the pairs are prepared
-    from the file (UserError naming it and the fix otherwise)."""
+    """evaluate_tasks.run_template; a template the run recorded must still be in its file, from
+    which the pairs are prepared (UserError naming it and the fix otherwise)."""
     template = run_template(checkpoint, path)
+    if path is not None:
+        return template
     if not (os.path.isfile(template.path) and chat_template.ChatTemplate.load(template.path).sha256 == template.sha256):
         raise UserError(f"--checkpoint {checkpoint}: the chat template it recorded, {template.path}, is gone or "
                         "changed since; pass --chat_template FILE to prepare the pairs with")

@@ -26,13 +26,12 @@ from zaya_jax.data.tokenizer import Tokenizer
 
 def tokenizer_files(tokenizer: Tokenizer, cfg: ModelConfig, template: ChatTemplate | None) -> dict[str, str]:
     """{file name: text} for an HF export directory; `tokenizer` must be an HF `tokenizers` file."""
-    import tokenizers  # pylint: disable=g-import-not-at-top
     if tokenizer.kind != "hf":
         raise ValueError(f"{tokenizer.path}: only HF tokenizer.json files are exported")
-    hf = tokenizers.Tokenizer.from_file(tokenizer.path)
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
-              "bos_token": hf.id_to_token(cfg.bos_token_id), "eos_token": hf.id_to_token(cfg.eos_token_id),
-              "pad_token": hf.id_to_token(cfg.pad_token_id)}
+              "bos_token": tokenizer.id_to_token(cfg.bos_token_id),
+              "eos_token": tokenizer.id_to_token(cfg.eos_token_id),
+              "pad_token": tokenizer.id_to_token(cfg.pad_token_id)}
     with open(tokenizer.path, encoding="utf-8") as f:
         files = {"tokenizer.json": f.read()}
     if template is not None:

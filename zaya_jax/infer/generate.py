@@ -110,6 +110,11 @@ def _decode(graphdef, params, state: DecodeState, logits: jax.Array, key: jax.Ar
     return jax.lax.while_loop(cond, body, (jnp.int32(1), tokens, state, done))[1]
 
 
+def stop_tokens(eos_id: int, stop_ids: Sequence[int] = (), stop_at_eos: bool = True) -> tuple[int, ...]:
+    """The ids that end a sequence: eos and `stop_ids` (sorted, once each); none unless stop_at_eos."""
+    return tuple(sorted({int(eos_id), *map(int, stop_ids)})) if stop_at_eos else ()
+
+
 def generate(model: ZayaLM, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int = 0,
              lengths: Sequence[int] | None = None, stop_at_eos: bool = True, stop_ids: Sequence[int] = (),
@@ -144,8 +149,7 @@ def generate(model: ZayaLM, prompt_ids, max_new_tokens: int, *, temperature: flo
     try:
         tokens = _decode(graphdef, params, state, logits, jax.random.key(seed), jnp.int32(listener),
                          max_new_tokens=max_new_tokens, sampler=sampler,
-                         stop_ids=tuple(sorted({cfg.eos_token_id, *map(int, stop_ids)})) if stop_at_eos else (),
-                         pad_id=cfg.pad_token_id,
+                         stop_ids=stop_tokens(cfg.eos_token_id, stop_ids, stop_at_eos), pad_id=cfg.pad_token_id,
                          stream=on_token is not None)
         tokens = np.asarray(tokens)
         if on_token is not None:
