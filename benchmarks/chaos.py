@@ -1,23 +1,28 @@
 """Chaos campaign on `python -m zaya_jax.train` (configs/tiny.py, CPU): kills, damaged checkpoints,
 stops of a 2-process job. Writes benchmarks/results/chaos_cpu.json.
 
-  python benchmarks/chaos.py [--kills 30] [--steps 60]
-  python benchmarks/chaos.py --stops-only   # only the multi-host stops, into the existing results file
+  python benchmarks/chaos.py [--kills 30] [--commit-kills 10] [--steps 60]
+  python benchmarks/chaos.py --only stops   # one phase (kills, commit_kills, damage, stops) into the existing file
 
 1. Kills: one workdir, restarted after each SIGKILL until the run finishes (then a new one). Most
    kills land 1 to 8 steps into a run plus a random fraction of a step (some during an
    asynchronous checkpoint write: a `*.orbax-checkpoint-tmp*` directory is left behind, or the
    step is renamed but has no manifest yet); every 5th is forced inside a write (the
    test wrapper's KILL_IN_SAVE: after the data, before Orbax renames the step into place). After
-   each kill the restart must resume from the newest checkpoint whose manifest passes (a lost
-   state: it starts earlier); at the end every loss logged by any attempt must equal the
+   each kill the restart must resume from the newest checkpoint Orbax committed (its step
+   directory under its final name with Orbax's commit_success.txt: a lost state when it starts
+   earlier); at the end every loss logged by any attempt must equal the
    uninterrupted reference run's loss at that step bit for bit (a silently wrong state: any
    difference).
-2. Damage: each variant of tests.train_helpers.DAMAGE applied to the newest checkpoint of a
+2. Kills at the commit: one workdir; each attempt is SIGKILLed the instant Orbax has renamed the
+   next checkpoint into place (the wrapper's KILL_AFTER_COMMIT, in Orbax's commit thread), the
+   moment a scheduler's preemption right after a save hits. Each restart must resume from exactly
+   that step (a lost checkpoint otherwise), and every logged loss must equal the reference's.
+3. Damage: each variant of tests.train_helpers.DAMAGE applied to the newest checkpoint of a
    finished run, then the run resumed with 4 more steps: it must restore the previous checkpoint,
    name what it skipped, and log the reference's losses; with every checkpoint damaged it must
    refuse (exit 2) naming each step.
-3. Multi-host stops (2 processes x 1 CPU device, ZAYA_* environment as launch/local.sh sets):
+4. Multi-host stops (2 processes x 1 CPU device, ZAYA_* environment as launch/local.sh sets):
    SIGTERM to one process, to both 0.3 s apart, twice 5 ms apart, SIGINT, SIGTERM during start-up.
    Each must end with both processes exiting 75 within 10 s of the (last) signal, having saved the
    same step (or, for a signal while the processes build their state, both saying they stop during
@@ -77,6 +82,13 @@ def start_step(output: str) -> int | None:
     return None
 
 
+def newest_committed(workdir: str) -> int:
+    """The newest step Orbax committed in `workdir` (0 when none): what a restart must resume from."""
+    directory = os.path.join(workdir, "checkpoints")
+    return next((s for s in integrity.steps_in(directory)
+                 if os.path.isfile(os.path.join(directory, str(s), integrity.COMMIT_RECORDS[1]))), 0)
+
+
 def kills(root: str, steps: int, count: int, reference: dict[int, float], rng: random.Random) -> dict:
     """SIGKILLs until `count`, each followed by a restart; a chain that finishes is checked and a new one begun."""
     trials, attempts, chains, wrong, complete = [], [], 0, [], True
@@ -109,7 +121,7 @@ def kills(root: str, steps: int, count: int, reference: dict[int, float], rng: r
 def _attempt(root: str, workdir: str, steps: int, index: int, in_save: bool, kill: bool, rng: random.Random) -> dict:
     """One run of the CLI on `workdir`, SIGKILLed (if `kill`) at a random time after its first step or
     (if `in_save`) inside the write of its first checkpoint."""
-    expected_start, _ = integrity.newest_whole_step(os.path.join(workdir, "checkpoints"), integrity.ITEMS["training"])
+    expected_start = newest_committed(workdir)
     env, command = cli_env(), [sys.executable, "-m", "zaya_jax.train"]
     in_save = kill and in_save and ((expected_start or 0) // EVERY + 1) * EVERY < steps
     if in_save:
@@ -136,6 +148,35 @@ def _attempt(root: str, workdir: str, steps: int, index: int, in_save: bool, kil
             "killed_after_step": max([s for s, _ in all_losses(workdir)], default=0),
             "during_async_write": code == -signal.SIGKILL and any("orbax-checkpoint-tmp" in e for e in entries),
             "output": output}
+
+
+def commit_kills(root: str, steps: int, count: int, reference: dict[int, float]) -> dict:
+    """`count` SIGKILLs, each the instant checkpoint EVERY * k is committed, on one workdir; then it finishes."""
+    workdir, trials = os.path.join(root, "commit_kills"), []
+    for k in range(1, count + 2):
+        commit = k * EVERY if k <= count else None
+        env = {**cli_env(), **({"KILL_AFTER_COMMIT": str(commit)} if commit else {})}
+        result = subprocess.run([sys.executable, "-c", WRAPPER, "--config", "configs/tiny.py", "--workdir", workdir,
+                                 *FAST, f"--config.train.steps={steps}", f"--config.checkpoint.every_steps={EVERY}"],
+                                cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        start = start_step(result.stdout)
+        if trials:  # this attempt's start is the previous kill's outcome
+            trials[-1]["restart_resumed_from"] = start
+        if commit is None:
+            if result.returncode != 0:
+                raise RuntimeError(f"the final attempt exited {result.returncode}:\n{result.stderr[-3000:]}")
+            break
+        step_dir = os.path.join(workdir, "checkpoints", str(commit))
+        trials.append({"killed_at_commit_of": commit, "exit": result.returncode,
+                       "committed": os.path.isfile(os.path.join(step_dir, integrity.COMMIT_RECORDS[1])),
+                       "sealed": integrity.problem(step_dir, integrity.ITEMS["training"]) is None})
+    logged = all_losses(workdir)
+    lost = [t for t in trials if t["restart_resumed_from"] != t["killed_at_commit_of"]]
+    return {"kills": len(trials), "killed_by_sigkill": sum(t["exit"] == -signal.SIGKILL for t in trials),
+            "committed_when_killed": sum(t["committed"] for t in trials),
+            "sealed_when_killed": sum(t["sealed"] for t in trials), "lost_checkpoints": len(lost),
+            "silently_wrong_steps": [s for s, loss in logged if reference.get(s) != loss],
+            "every_step_logged": sorted({s for s, _ in logged}) == sorted(reference), "trials": trials}
 
 
 def damage(root: str, reference_dir: str, steps: int, reference: dict[int, float]) -> dict:
@@ -226,45 +267,59 @@ def agreement_cost(workdir: str) -> dict:
             "ratio_to_step": max(per_call) / step_seconds}
 
 
+PHASES = ("kills", "commit_kills", "damage", "stops")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=30)
+    parser.add_argument("--commit-kills", type=int, default=10)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--stops-only", action="store_true", help="re-run only the multi-host stop variants")
+    parser.add_argument("--only", choices=PHASES, help="re-run one phase, into the existing results file")
     args = parser.parse_args()
+    if args.commit_kills * EVERY >= args.steps:
+        parser.error(f"--commit-kills {args.commit_kills} needs --steps above {args.commit_kills * EVERY}")
     root = tempfile.mkdtemp(prefix="zaya_chaos_")
     started = time.time()
-    if args.stops_only:
-        with open(RESULT) as f:
-            out = json.load(f)
-        out["multihost_stops"] = stops(root)
-        out["summary"].update(stop_summary(out["multihost_stops"]))
-        _write(out)
-        print(json.dumps(out["summary"]))
-        shutil.rmtree(root, ignore_errors=True)
-        return
-    reference_dir = os.path.join(root, "reference")
-    result = run_train(reference_dir, *FAST, f"--config.train.steps={args.steps}",
-                       f"--config.checkpoint.every_steps={EVERY}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    reference = dict(all_losses(reference_dir))
     out = {"machine": "2 shared CPU cores (other jobs running): times are indicative",
            "config": "configs/tiny.py, adamw, 8 CPU devices (1 per process for the 2-process job)",
            "steps": args.steps, "checkpoint_every_steps": EVERY}
-    out["kill_trials"] = kills(root, args.steps, args.kills, reference, random.Random(args.seed))
-    _write(out)
-    out["damage"] = damage(root, reference_dir, args.steps, reference)
-    _write(out)
-    out["multihost_stops"] = stops(root)
-    k = out["kill_trials"]
-    out["summary"] = {"kills": k["kills"], "kills_during_async_write": k["kills_during_async_write"],
-                      "lost_states": k["lost_states"], "silently_wrong_steps": len(k["silently_wrong_steps"]),
-                      "damage_variants_ok": f"{sum(v['ok'] for v in out['damage'].values())}/{len(out['damage'])}",
-                      **stop_summary(out["multihost_stops"]), "wall_seconds": round(time.time() - started)}
+    if args.only:
+        with open(RESULT) as f:
+            out = json.load(f)
+    reference_dir = os.path.join(root, "reference")
+    if args.only != "stops":
+        result = run_train(reference_dir, *FAST, f"--config.train.steps={args.steps}",
+                           f"--config.checkpoint.every_steps={EVERY}")
+        assert result.returncode == 0, result.stderr[-3000:]
+    reference = dict(all_losses(reference_dir)) if args.only != "stops" else {}
+    for phase in PHASES if args.only is None else (args.only,):
+        if phase == "kills":
+            out["kill_trials"] = kills(root, args.steps, args.kills, reference, random.Random(args.seed))
+        elif phase == "commit_kills":
+            out["commit_kills"] = commit_kills(root, args.steps, args.commit_kills, reference)
+        elif phase == "damage":
+            out["damage"] = damage(root, reference_dir, args.steps, reference)
+        else:
+            out["multihost_stops"] = stops(root)
+        _write(out)
+    out["summary"] = summary(out, wall_seconds=round(time.time() - started) if args.only is None else None)
     _write(out)
     print(json.dumps(out["summary"]))
     shutil.rmtree(root, ignore_errors=True)
+
+
+def summary(out: dict, wall_seconds: int | None) -> dict:
+    """The headline figures of every phase in `out` (wall_seconds: of a whole campaign, else the last one's)."""
+    k, c = out["kill_trials"], out.get("commit_kills")
+    return {"kills": k["kills"], "kills_during_async_write": k["kills_during_async_write"],
+            "lost_states": k["lost_states"], "silently_wrong_steps": len(k["silently_wrong_steps"]),
+            **({"kills_at_commit": c["kills"], "checkpoints_lost_at_commit": c["lost_checkpoints"],
+                "silently_wrong_steps_after_commit_kills": len(c["silently_wrong_steps"])} if c else {}),
+            "damage_variants_ok": f"{sum(v['ok'] for v in out['damage'].values())}/{len(out['damage'])}",
+            **stop_summary(out["multihost_stops"]),
+            "wall_seconds": wall_seconds if wall_seconds is not None else out.get("summary", {}).get("wall_seconds")}
 
 
 def stop_summary(stops_out: dict) -> dict:

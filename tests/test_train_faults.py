@@ -97,6 +97,25 @@ def test_resume_refuses_a_workdir_whose_every_checkpoint_is_damaged(reference, t
     assert sorted(os.listdir(run / "checkpoints")) == ["2", "4"]
 
 
+def test_a_refused_resume_names_each_step_and_what_was_checked_on_lines_of_its_own(reference, tmp_path):
+    """Through the CLI with the progress bar on: the refusal is not printed on the bar's line."""
+    run = _copy(reference[0], tmp_path / "run")
+    flip_model_bytes(str(run / "checkpoints" / "4"))
+    os.remove(run / "checkpoints" / "2" / integrity.MANIFEST)  # as an older zaya_jax left a step it was killed sealing
+    result = run_train(run, *SHORT, "--config.train.steps=4", "--config.monitor.progress_bar=True")
+    assert result.returncode == EXIT_USER_ERROR, result.stderr[-3000:]
+    lines = result.stderr.split("\n")
+    first = next(i for i, line in enumerate(lines) if "no whole checkpoint" in line)
+    assert lines[first].startswith(f"error: no whole checkpoint in {run / 'checkpoints'}: step 4: model/")
+    assert "fails its checksum" in lines[first]
+    assert "step 2: no zaya_manifest.json, though Orbax committed the step" in lines[first]
+    assert ("(checked for each step: its zaya_manifest.json, then the size and crc32 of every file of items "
+            "model, train, data, config); nothing was moved or deleted. Restore steps 4, 2 from a backup") \
+        in lines[first + 1]
+    assert "step/s" not in result.stderr and "\r" not in "".join(lines[:first + 2])  # no bar drawn before it
+    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4"]
+
+
 def test_rollback_budget_ends_the_run_and_skipped_saves_are_logged(tmp_path):
     result = run_train(tmp_path, *SHORT, "--config.train.steps=8", "--config.checkpoint.every_steps=2",
                        "--config.train.max_nonfinite_streak=3", "--config.train.max_rollbacks=1",
@@ -258,7 +277,9 @@ def _check_manifest_of_two_processes(step_dir, tmp_path):
     assert len(manifest["shares"]) == 2 and min(manifest["shares"]) > 0
     on_disk = sorted(os.path.relpath(os.path.join(root, n), step_dir) for root, _, names in os.walk(step_dir)
                      for n in names if n != integrity.MANIFEST)
-    assert sorted(manifest["files"]) == on_disk
+    # all but what Orbax writes at the top of the step when it commits it, after the manifest
+    assert sorted(manifest["files"]) == [rel for rel in on_disk if rel not in integrity.COMMIT_RECORDS]
+    assert set(on_disk) - set(manifest["files"]) == set(integrity.COMMIT_RECORDS)
     for rel, (size, crc) in manifest["files"].items():
         with open(step_dir / rel, "rb") as f:
             data = f.read()

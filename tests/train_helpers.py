@@ -6,6 +6,8 @@ per-step seam (Trainer._after_step) or Orbax's final rename, then runs the CLI's
                                                checkpoints started so far are on disk)
   KILL_IN_SAVE=n                               SIGKILL while checkpoint n is being written (after
                                                its data, before Orbax renames it into place)
+  KILL_AFTER_COMMIT=n                          SIGKILL the instant Orbax has renamed checkpoint n
+                                               into place (its commit), in the commit's own thread
   POISON_FROM_STEP=n                           parameters set to NaN after every step >= n (the
                                                next step is non-finite, every time)
   FSIZE_LIMIT_AT_STEP=n                        after step n, files of this process may not grow
@@ -40,6 +42,7 @@ from zaya_jax.train import loop
 from zaya_jax.train.__main__ import main
 
 kill_at, kill_in_save = int(os.environ.get("KILL_AT_STEP", -1)), os.environ.get("KILL_IN_SAVE")
+kill_after_commit = os.environ.get("KILL_AFTER_COMMIT")
 poison_from, fsize_at = int(os.environ.get("POISON_FROM_STEP", 1 << 30)), int(os.environ.get("FSIZE_LIMIT_AT_STEP", -1))
 read_only_at = int(os.environ.get("READ_ONLY_AT_STEP", -1))
 
@@ -60,7 +63,10 @@ original_finalize = atomicity.AtomicRenameTemporaryPath.finalize
 async def finalize(self):
     if self.get_final().name == kill_in_save:
         os.kill(os.getpid(), signal.SIGKILL)
-    return await original_finalize(self)
+    committed = await original_finalize(self)
+    if self.get_final().name == kill_after_commit:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return committed
 atomicity.AtomicRenameTemporaryPath.finalize = finalize
 
 if __name__ == "__main__":
@@ -179,14 +185,19 @@ def free_port() -> int:
 class Job:
     """`python -m zaya_jax.train` as 2 processes of one jax.distributed job (launch/local.sh's environment)."""
 
-    def __init__(self, workdir, *overrides, devices_per_process: int = 1):
+    def __init__(self, workdir, *overrides, devices_per_process: int = 1, faults: dict | None = None):
+        """`faults`: the fault wrapper's environment (see above), for process 0 only."""
         self.workdir, port = workdir, free_port()
         self.logs = [open(workdir.parent / f"{workdir.name}.{i}.log", "w+") for i in range(2)]
         self.processes = []
         for i in range(2):
             env = {**cli_env(), "ZAYA_COORDINATOR": f"127.0.0.1:{port}", "ZAYA_NUM_PROCESSES": "2",
                    "ZAYA_PROCESS_ID": str(i), "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"}
-            command = [sys.executable, "-m", "zaya_jax.train", "--config", "configs/tiny.py", "--workdir", str(workdir),
+            entry = ["-m", "zaya_jax.train"]
+            if faults and i == 0:
+                env.update({k: str(v) for k, v in faults.items()})
+                entry = ["-c", WRAPPER]
+            command = [sys.executable, *entry, "--config", "configs/tiny.py", "--workdir", str(workdir),
                        "--config.monitor.progress_bar=False", *overrides]
             self.processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=self.logs[i],
                                                    stderr=subprocess.STDOUT))

@@ -12,12 +12,11 @@ A step directory holds four items (five for a DPO run):
 `python -m zaya_jax.convert to_orbax` writes model + config only (step 0); training from such a
 directory starts from its weights with a fresh optimizer.
 
-Every finished step directory also holds `zaya_manifest.json` (integrity.py): the size and crc32
-of every file, written once Orbax has renamed the step into place (the loop checks for that at
-every step boundary; `save()` and `wait()` too; `wait()` also waits for the manifest). Every
-process checksums a share of the files in a background thread and posts it on jax.distributed's
-key-value store; process 0 gathers the shares and writes the manifest. A step without a valid
-manifest is incomplete. Restores check the items they read against it and fall back to the newest
+Every step directory also holds `zaya_manifest.json` (integrity.py): the size and crc32 of every
+file, written into Orbax's temporary directory before Orbax commits the step by renaming it
+(sealing.py; every process checksums a share of the files), so there is no instant at which a
+committed step lacks its manifest. A step without a valid manifest was not written whole by this
+trainer (a copy, another tool, an older zaya_jax). Restores check the items they read against it and fall back to the newest
 step that passes, saying which steps they passed over and why: the trainer (`resume_point`) also
 moves the damaged newer steps to `<directory>.rejected/` (never deletes them) so that new saves
 cannot collide with them; the read-only loaders (`restore_model`, `read_config`,
@@ -27,8 +26,9 @@ no step passes. A failed asynchronous write is raised by `poll()` at the next st
 
 Saves are asynchronous (the loop blocks only while device arrays are copied to host; the write
 runs in a background thread) and atomic: Orbax writes into `<step>.orbax-checkpoint-tmp-*` and
-renames it to `<step>` once every item is complete, so a process killed mid-write leaves only a
-temporary directory that is never restored (it is removed at the next start). Restores place
+renames it to `<step>` once every item and the manifest are complete, so a process killed mid-write
+leaves only a temporary directory that is never restored (it is removed at the next start), and one
+killed after the rename leaves a whole step that the next start resumes from. Restores place
 every array onto the shardings of the *current* process's devices, whatever mesh (and however
 many devices) saved it (checkpoint reshaping): every restore gives Orbax a target of
 ShapeDtypeStructs carrying shardings (Trainer: the run's mesh; `model_target`: any given
@@ -38,14 +38,12 @@ that may not exist here ("Topology mismatch").
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import re
 import shutil
 import sys
 import tempfile
-import time
 from typing import Any, Callable
 
 import grain
@@ -60,6 +58,7 @@ from zaya_jax.model.build import abstract_model
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.parallel import distributed
 from zaya_jax.train import integrity
+from zaya_jax.train.sealing import Sealer
 from zaya_jax.train.settings import CheckpointSettings
 from zaya_jax.train.state import ModelParts, TrainState, with_shardings
 
@@ -93,9 +92,11 @@ def config_json(config: ml_collections.ConfigDict, rope_theta: float | None = No
     return saved
 
 
-def _manager(directory: str, max_to_keep: int | None, async_save: bool) -> ocp.CheckpointManager:
+def _manager(directory: str, max_to_keep: int | None, async_save: bool, sealer: Sealer) -> ocp.CheckpointManager:
+    """A manager that writes `directory`, each step sealed with its manifest before Orbax commits it."""
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,
-                                           cleanup_tmp_directories=True, create=True)
+                                           cleanup_tmp_directories=True, create=True,
+                                           temporary_path_class=sealer.path_class)
     return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
 
@@ -199,11 +200,10 @@ class Checkpointer:
         if problem:
             raise UserError(f"checkpoint directory {self.directory} is not writable: {problem}; "
                             "fix its permissions (or free the file system) or choose another --workdir")
-        self._manager = _manager(self.directory, settings.max_to_keep, settings.async_save)
-        self._unsealed: list[int] = []  # steps saved, not yet known to be on disk
-        self._sealing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="manifest")
-        self._manifests: list[concurrent.futures.Future] = []  # shares of manifests being checksummed
-        self._sealed = 0  # steps whose manifest was started: the same count on every process
+        self._sealer = Sealer(self.directory, "training")
+        self._manager = _manager(self.directory, settings.max_to_keep, settings.async_save, self._sealer)
+        self._pending: int | None = None  # the step saved last, until its write is known to have finished
+        self._in_save = False  # inside the manager's save() call (a synchronous save runs all of it there)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -221,7 +221,11 @@ class Checkpointer:
             if step is None and skipped:
                 refusal = (f"no whole checkpoint in {self.directory}: "
                            + "; ".join(f"step {s}: {why}" for s, why in skipped)
-                           + ". Restore a backup, or move the step directories away to start afresh")
+                           + f"\n(checked for each step: its {integrity.MANIFEST}, then the size and crc32 of every "
+                           f"file of items {', '.join(self.items)}); nothing was moved or deleted. Restore "
+                           f"step{'s' if len(skipped) > 1 else ''} {', '.join(str(s) for s, _ in skipped)} from a "
+                           f"backup, or move {'them' if len(skipped) > 1 else 'it'} out of {self.directory} "
+                           "(e.g. to checkpoints.rejected/) to start this run afresh")
             for s, why in skipped if refusal is None else []:
                 log(f"checkpoint {s} skipped ({why}); moved to {self._set_aside(s)}")
         step = distributed.broadcast_int(-2 if refusal else -1 if step is None else step)  # every process refuses
@@ -267,12 +271,16 @@ class Checkpointer:
             data=grain.checkpoint.CheckpointSave(data_iterator),
             config=ocp.args.JsonSave(config),
             **({} if state.reference is None else {"reference": ocp.args.StandardSave(state.reference)}))
+        self._sealer.starting(step, lambda: self._in_save or self._manager.is_saving_in_progress())
+        self._in_save = True
         try:
             self._manager.save(step, args=args, force=True)
         except Exception as e:  # pylint: disable=broad-except
             raise CheckpointWriteError(f"checkpoint {step} could not be written to {self.directory}: "
                                        f"{_root_cause(e)}") from None
-        self._unsealed.append(step)
+        finally:
+            self._in_save = False
+        self._pending = step
         return step
 
     def restore(self, step: int, target: TrainState, data_iterator: grain.DatasetIterator) -> TrainState:
@@ -293,16 +301,12 @@ class Checkpointer:
                           reference=restored.reference if reference else None)
 
     def poll(self) -> CheckpointWriteError | None:
-        """At a step boundary: once the last save has finished, start writing its manifest (in a
-        background thread), or return its error (the loop raises it once every process knows, so
-        that none waits in a collective)."""
+        """At a step boundary: the error of the last save once it has finished, if it failed (the loop
+        raises it once every process knows, so that none waits in a collective)."""
         try:
-            if self._unsealed and not self._manager.is_saving_in_progress():
+            if self._pending is not None and not self._manager.is_saving_in_progress():
                 self._finish_save()
-            done = [f for f in self._manifests if f.done()]
-            self._manifests = [f for f in self._manifests if not f.done()]
-            for future in done:
-                self._manifest_result(future)
+            self._raise_share_errors(wait=False)
         except CheckpointWriteError as e:
             return e
         return None
@@ -310,61 +314,31 @@ class Checkpointer:
     def wait(self) -> None:
         """Blocks until the last save is on disk with its manifest (raises CheckpointWriteError if it failed)."""
         self._finish_save()
-        manifests, self._manifests = self._manifests, []
-        for future in manifests:
-            self._manifest_result(future)
+        self._raise_share_errors(wait=True)
 
     def _finish_save(self) -> None:
-        """Waits for Orbax's write (raising its error as one line), then queues the manifests."""
-        if not self._unsealed:
+        """Waits for Orbax's write and commit (raising its error as one line)."""
+        if self._pending is None:
             return
-        steps, self._unsealed = self._unsealed, []
+        step, self._pending = self._pending, None
         try:
             self._manager.wait_until_finished()  # raises the error of the background write
             self._manager.check_for_errors()
         except Exception as e:  # pylint: disable=broad-except
-            raise CheckpointWriteError(f"checkpoint {steps[-1]} could not be written to {self.directory}: "
+            raise CheckpointWriteError(f"checkpoint {step} could not be written to {self.directory}: "
                                        f"{_root_cause(e)}") from None
-        for s in steps:
-            self._sealed += 1
-            self._manifests.append(self._sealing.submit(self._write_manifest, s, f"zaya_manifest_{self._sealed}"))
 
-    def _write_manifest(self, step: int, board: str) -> None:
-        """Checksums this process's share of the step's files and posts them on `board`; process 0
-        gathers every share and writes the manifest (so each process reads 1/P of the bytes)."""
-        step_dir = os.path.join(self.directory, str(step))
-        index, count = jax.process_index(), jax.process_count()
-        try:
-            if count == 1:
-                integrity.write_manifest(step_dir, "training")
-                return
-            for _ in range(600):  # process 0 renames the step into place: the others may get here first
-                if os.path.isdir(step_dir):
-                    break
-                time.sleep(0.1)
-            distributed.post(f"{board}/{index}", json.dumps(integrity.checksums(step_dir, index, count)))
-            if index == 0:
-                timeout = distributed.barrier_timeout_s()
-                parts = [json.loads(distributed.wait_posted(f"{board}/{k}", timeout)) for k in range(count)]
-                distributed.unpost(f"{board}/")
-                integrity.write_manifest(step_dir, "training", parts)
-        except FileNotFoundError:
-            if os.path.isdir(step_dir):
-                raise  # else max_to_keep removed the step meanwhile
-
-    def _manifest_result(self, future: concurrent.futures.Future) -> None:
-        try:
-            future.result()
-        except Exception as e:  # pylint: disable=broad-except
+    def _raise_share_errors(self, wait: bool) -> None:
+        for error in self._sealer.errors(wait):
             raise CheckpointWriteError(f"the manifest of a checkpoint in {self.directory} could not be written: "
-                                       f"{_root_cause(e)}") from None
+                                       f"{_root_cause(error)}")
 
     def close(self) -> None:
-        """Finishes (and seals) the last save, then releases Orbax's threads."""
+        """Finishes the last save, then releases Orbax's threads."""
         try:
             self.wait()
         finally:
-            self._sealing.shutdown()
+            self._sealer.close()
             self._manager.close()
 
 
@@ -429,13 +403,19 @@ def read_config(directory: str, step: int | None = None) -> ml_collections.Confi
 
 def save_model(directory: str, params: dict, biases: Any, config: dict, step: int = 0) -> None:
     """Writes a model-only checkpoint (params, biases, config) at `step`, synchronously."""
-    manager = _manager(directory, None, False)
+    sealer = Sealer(directory, "model")
+    manager = _manager(directory, None, False, sealer)
+    saving = [True]
+    sealer.starting(step, lambda: saving[0])
     manager.save(step, args=ocp.args.Composite(model=ocp.args.StandardSave({"params": params, "biases": biases}),
                                                config=ocp.args.JsonSave(config)), force=True)
+    saving[0] = False
     manager.wait_until_finished()
     manager.close()
-    if jax.process_index() == 0:
-        integrity.write_manifest(os.path.join(os.path.abspath(directory), str(step)), "model")
+    errors = sealer.errors(wait=True)
+    sealer.close()
+    if errors:
+        raise errors[0]
 
 
 def checkpoint_dir(path: str) -> str:

@@ -1,16 +1,19 @@
-"""Checksums of a checkpoint step directory, written once Orbax has finished it, checked before restoring.
+"""Checksums of a checkpoint step directory, written as part of Orbax's commit, checked before restoring.
 
   write_manifest(step_dir, kind, parts=None)
                                    step_dir/zaya_manifest.json: {kind, items, files: {relative path:
                                    [size, crc32]}, shares} of every file Orbax wrote; written
-                                   (atomically, by renaming a temporary file) only after the step
-                                   directory is final, so a step without a valid manifest is
-                                   incomplete. `parts`: the checksums of each process's share
-                                   (their union must be every file), else checksummed here
-  checksums(step_dir, index, count)
+                                   (atomically, by renaming a temporary file) into Orbax's temporary
+                                   directory once every item is final, before Orbax commits the step
+                                   by renaming that directory (sealing.py), so a step directory
+                                   without a valid manifest was not written by this version's
+                                   trainer. `parts`: the checksums of each process's share (their
+                                   union must be every file), else checksummed here
+  file_sizes(step_dir)             {relative path: size} of the files a manifest lists
+  checksums(step_dir, sizes, index, count)
                                    {relative path: [size, crc32]} of share `index` of `count`: the
-                                   step's files dealt out by size, so that every process of a job
-                                   reads about as many bytes (each lists the same files)
+                                   files of `sizes` dealt out by size, so that every process of a
+                                   job reads about as many bytes (each is given the same `sizes`)
   problem(step_dir, items)         None if `items` of the step are whole, else why not (one line,
                                    naming the file): no or unreadable manifest, an item missing, a
                                    file missing, of another size, or with another crc32
@@ -32,6 +35,9 @@ import os
 import zlib
 
 MANIFEST = "zaya_manifest.json"
+# What Orbax writes at the top of a step when it commits it, after the manifest: the commit timestamp
+# (an update of _CHECKPOINT_METADATA) and the commit marker. Not listed (older manifests list them).
+COMMIT_RECORDS = ("_CHECKPOINT_METADATA", "commit_success.txt")
 ITEMS = {"training": ("model", "train", "data", "config"), "model": ("model", "config")}
 OPTIONAL_ITEMS = ("reference",)
 _CHUNK = 1 << 22
@@ -49,7 +55,7 @@ def _files(step_dir: str) -> list[str]:
     out = []
     for root, _, names in os.walk(step_dir):
         out.extend(os.path.relpath(os.path.join(root, n), step_dir) for n in names)
-    return sorted(p for p in out if p != MANIFEST)
+    return sorted(p for p in out if p != MANIFEST and p not in COMMIT_RECORDS)
 
 
 def _share(sizes: dict[str, int], index: int, count: int) -> list[str]:
@@ -63,15 +69,22 @@ def _share(sizes: dict[str, int], index: int, count: int) -> list[str]:
     return mine
 
 
-def checksums(step_dir: str, index: int = 0, count: int = 1) -> dict[str, list[int]]:
-    """{relative path: [size, crc32]} of share `index` of `count` of the files under `step_dir`."""
-    sizes = {rel: os.path.getsize(os.path.join(step_dir, rel)) for rel in _files(step_dir)}
+def file_sizes(step_dir: str) -> dict[str, int]:
+    """{relative path: size} of the files under `step_dir` that a manifest lists."""
+    return {rel: os.path.getsize(os.path.join(step_dir, rel)) for rel in _files(step_dir)}
+
+
+def checksums(step_dir: str, sizes: dict[str, int] | None = None, index: int = 0,
+              count: int = 1) -> dict[str, list[int]]:
+    """{relative path: [size, crc32]} of share `index` of `count` of the files of `sizes` (default:
+    every file under `step_dir`)."""
+    sizes = file_sizes(step_dir) if sizes is None else sizes
     return {rel: [sizes[rel], crc32(os.path.join(step_dir, rel))] for rel in _share(sizes, index, count)}
 
 
 def write_manifest(step_dir: str, kind: str, parts: list[dict[str, list[int]]] | None = None) -> None:
-    """Records size and crc32 of every file under `step_dir` (a finished Orbax step directory):
-    the union of `parts` (one per process: `checksums` of its share), or all checksummed here."""
+    """Records size and crc32 of every file under `step_dir` (an Orbax step directory whose items are
+    final): the union of `parts` (one per process: `checksums` of its share), or all checksummed here."""
     missing = [item for item in ITEMS[kind] if not os.path.isdir(os.path.join(step_dir, item))]
     if missing:
         raise RuntimeError(f"{step_dir}: Orbax finished the step without item(s) {', '.join(missing)}")
@@ -93,7 +106,10 @@ def read_manifest(step_dir: str) -> dict:
     """The manifest of `step_dir`; ValueError (naming why) when it is absent or unreadable."""
     path = os.path.join(step_dir, MANIFEST)
     if not os.path.isfile(path):
-        raise ValueError(f"no {MANIFEST} (an interrupted save, or not written by zaya_jax)")
+        if os.path.isfile(os.path.join(step_dir, COMMIT_RECORDS[1])):
+            raise ValueError(f"no {MANIFEST}, though Orbax committed the step (written by another tool, or by "
+                             "a zaya_jax before 2026-12 stopped between Orbax's commit and its manifest)")
+        raise ValueError(f"no {MANIFEST} and no Orbax commit marker (not a finished save)")
     try:
         with open(path) as f:
             manifest = json.load(f)

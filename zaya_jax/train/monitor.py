@@ -32,10 +32,8 @@ class Monitor:
         if enabled and tensorboard:
             from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-        self._bar = None
-        if enabled and progress_bar:
-            from tqdm import tqdm
-            self._bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True)
+        self._bar = None  # drawn from advance() on, once start-up is over (its messages keep their own lines)
+        self._bar_total = total_steps if enabled and progress_bar else None
 
     def write(self, record: dict[str, Any]) -> None:
         """Appends one record (needs 'step' and 'kind') to metrics.jsonl and TensorBoard."""
@@ -50,10 +48,11 @@ class Monitor:
             self._tb.flush()
 
     def advance(self, step: int) -> None:
-        """Starts the progress bar at `step` (after a restore): its rate counts only this session's steps."""
-        if self._bar is not None:
-            self._bar.n = self._bar.initial = self._bar.last_print_n = step
-            self._bar.refresh()
+        """Draws the progress bar from `step` (the start, or the step restored): its rate counts only this
+        session's steps."""
+        if self._bar_total is not None and self._bar is None:
+            from tqdm import tqdm
+            self._bar = tqdm(total=self._bar_total, initial=step, unit="step", dynamic_ncols=True)
 
     def progress(self, step: int, loss: float, tokens_per_sec: float, mfu: float | None) -> None:
         if self._bar is None:
