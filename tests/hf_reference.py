@@ -1,12 +1,20 @@
-"""The HF transformers ZAYA model as a test oracle: tiny configs, every parameter randomized."""
+"""The HF transformers ZAYA model as a test oracle: tiny configs, every parameter randomized.
+
+torch and transformers are imported by the functions that use them, so that a module importing
+this one still collects where they are not installed (Python 3.12, where the registry's torch is a
+multi-GB CUDA build): its tests that call them carry the `torch_reference` mark (conftest.py).
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from transformers import ZayaConfig, ZayaForCausalLM
 
 from zaya_jax.convert.hf_load import model_from_tensors
+
+if TYPE_CHECKING:
+    from transformers import ZayaForCausalLM
 
 TINY_HF = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                head_dim=8, num_experts=4, moe_intermediate_size=16, router_hidden_size=8, eos_token_id=1,
@@ -20,6 +28,9 @@ def make_hf_model(seed: int = 0, **overrides) -> ZayaForCausalLM:
     Scales keep the network well conditioned; balancing biases are large enough to change the
     routing; the skip slot's bias is kept at -1 (HF's from_pretrained resets it, zaya1-spec).
     """
+    import torch
+    from transformers import ZayaConfig, ZayaForCausalLM
+
     torch.manual_seed(seed)
     model = ZayaForCausalLM(ZayaConfig(**{**TINY_HF, **overrides})).eval()
     gen = torch.Generator().manual_seed(seed)
@@ -41,6 +52,8 @@ def make_hf_model(seed: int = 0, **overrides) -> ZayaForCausalLM:
 
 
 def hf_logits(model: ZayaForCausalLM, ids: np.ndarray) -> np.ndarray:
+    import torch
+
     with torch.no_grad():
         return model(torch.as_tensor(ids, dtype=torch.long)).logits.numpy()
 

@@ -59,6 +59,7 @@ def saved_base_model(directory, expert_bias: float):
     return model
 
 
+@pytest.mark.torch_reference
 def test_trained_native_model_exports_what_transformers_loads_with_the_same_logits(native_run, tmp_path):
     source, _ = load_checkpoint_model(str(native_run))
     biases = np.asarray(source.layers.moe.router.balancing_biases[...])
@@ -84,6 +85,7 @@ def test_base_model_whose_skip_slot_is_reachable_is_refused_unless_original_is_a
     np.testing.assert_array_equal(np.asarray(zaya_jax.load_hf(tmp_path / "hf")(IDS)), np.asarray(model(IDS)))
 
 
+@pytest.mark.torch_reference
 def test_base_model_whose_skip_slot_is_unreachable_exports_as_native(tmp_path):
     model = saved_base_model(tmp_path / "ckpt", expert_bias=0.0)  # p_skip - 1 <= 0 <= p_j + 0: never skip
     done = convert("to_hf", "--checkpoint", tmp_path / "ckpt", "--out", tmp_path / "hf")

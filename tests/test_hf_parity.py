@@ -7,6 +7,8 @@ import pytest
 import zaya_jax
 from tests.hf_reference import hf_logits, jax_from_hf, make_hf_model
 
+pytestmark = pytest.mark.torch_reference  # every test compares with PyTorch transformers
+
 
 @pytest.fixture(scope="module")
 def hf_model():

@@ -56,12 +56,14 @@ def tokenizer_file(tmp_path_factory):
     return path
 
 
+@pytest.mark.torch_reference
 def test_prompt_ids_print_the_generated_ids(checkpoint, capsys):
     run_main(["--hf", str(checkpoint), "--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--ignore-eos"])
     printed = [int(x) for x in capsys.readouterr().out.split()]
     assert printed == expected_ids(zaya_jax.load_hf(checkpoint), [5, 6, 7], 6)
 
 
+@pytest.mark.torch_reference
 def test_module_streams_text_with_a_tokenizer(checkpoint, tokenizer_file):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
     args = ["--hf", str(checkpoint), "--tokenizer", str(tokenizer_file), "--prompt", "w5 w6 w7",
@@ -76,6 +78,7 @@ def test_module_streams_text_with_a_tokenizer(checkpoint, tokenizer_file):
     assert "tokens in" in run.stderr
 
 
+@pytest.mark.torch_reference
 def test_checkpoint_reads_a_training_checkpoint(checkpoint, tmp_path, capsys):
     from zaya_jax.train.checkpoint import save_model
     model = zaya_jax.load_hf(checkpoint)
@@ -89,6 +92,7 @@ def test_checkpoint_reads_a_training_checkpoint(checkpoint, tmp_path, capsys):
     assert printed == expected_ids(model, [5, 6, 7], 6)
 
 
+@pytest.mark.torch_reference
 def test_quantize_and_dtype_options_reach_the_loader(checkpoint):
     parse(["--hf", str(checkpoint), "--prompt-ids", "5", "--quantize", "int4", "--group-size", "8",
            "--dtype", "bfloat16"])
@@ -98,6 +102,7 @@ def test_quantize_and_dtype_options_reach_the_loader(checkpoint):
     assert isinstance(gate, QuantizedArray) and gate.bits == 4 and gate.scales.shape[-2] == 32 // 8
 
 
+@pytest.mark.torch_reference
 def test_checkpoint_without_the_trainer_names_the_missing_module(checkpoint, monkeypatch):
     monkeypatch.setitem(sys.modules, "zaya_jax.train", None)  # as if zaya_jax.train were not installed
     parse(["--checkpoint", str(checkpoint), "--prompt-ids", "5", "--max-new-tokens", "2"])
@@ -105,6 +110,7 @@ def test_checkpoint_without_the_trainer_names_the_missing_module(checkpoint, mon
         cli.load_model()
 
 
+@pytest.mark.torch_reference
 def test_prompt_text_needs_a_tokenizer(checkpoint):
     with pytest.raises(UserError, match="--prompt needs --tokenizer"):
         run_main(["--hf", str(checkpoint), "--prompt", "hello"])

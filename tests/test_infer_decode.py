@@ -54,6 +54,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.torch_reference
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_incremental_decode_matches_full_forward_at_every_position(hf_model, variant):
     layout, scan, dtype, lengths, backend = VARIANTS[variant]

@@ -3,7 +3,6 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
 import zaya_jax
 from tests.hf_reference import jax_from_hf, make_hf_model
@@ -24,7 +23,10 @@ def model(hf_model):
     return jax_from_hf(hf_model)
 
 
+@pytest.mark.torch_reference
 def test_greedy_matches_transformers_generate(hf_model, model):
+    import torch
+
     prompts = np.random.default_rng(3).integers(3, hf_model.config.vocab_size, (3, 6))
     with torch.no_grad():
         hf_out = hf_model.generate(torch.as_tensor(prompts), attention_mask=torch.ones(prompts.shape, dtype=torch.long),
@@ -35,6 +37,7 @@ def test_greedy_matches_transformers_generate(hf_model, model):
     np.testing.assert_array_equal(ours[:, :hf_out.shape[1]], hf_out)
 
 
+@pytest.mark.torch_reference
 def test_prompts_of_different_lengths_generate_as_they_do_alone(model):
     together = zaya_jax.generate(model, PROMPTS, NEW)
     for row, prompt in zip(together, PROMPTS, strict=True):
@@ -51,6 +54,7 @@ def test_padded_array_with_lengths_equals_list_of_lists():
     assert one.shape == (1, 16)
 
 
+@pytest.mark.torch_reference
 def test_sampling_is_seeded_and_top_k_1_is_greedy(model):
     sample = lambda **kw: zaya_jax.generate(model, PROMPTS, NEW, temperature=1.5, **kw)  # noqa: E731
     np.testing.assert_array_equal(sample(seed=1), sample(seed=1))
@@ -68,6 +72,7 @@ def test_top_k_and_top_p_keep_the_right_tokens():
     assert kept(top_k=3, top_p=1.0) == [True, True, True, False]
 
 
+@pytest.mark.torch_reference
 def test_eos_stops_a_sequence_and_pads_the_rest(hf_model, model):
     eos = int(zaya_jax.generate(model, PROMPTS, NEW)[0, 0])
     stopping = jax_from_hf(hf_model, eos_token_id=eos)
@@ -81,6 +86,7 @@ def test_eos_stops_a_sequence_and_pads_the_rest(hf_model, model):
     np.testing.assert_array_equal(free, zaya_jax.generate(model, PROMPTS, NEW))
 
 
+@pytest.mark.torch_reference
 def test_stop_ids_end_a_sequence_as_eos_does(model):
     free = zaya_jax.generate(model, PROMPTS, NEW)
     first = int(free[0, 0])
@@ -95,6 +101,7 @@ def test_stop_ids_end_a_sequence_as_eos_does(model):
     np.testing.assert_array_equal(zaya_jax.generate(model, PROMPTS, NEW, stop_ids=[first], stop_at_eos=False), free)
 
 
+@pytest.mark.torch_reference
 def test_on_token_streams_every_column_in_order(model):
     seen = []
     out = zaya_jax.generate(model, PROMPTS, NEW, on_token=lambda step, tokens: seen.append((int(step), list(tokens))))
@@ -110,6 +117,7 @@ def test_on_token_streams_every_column_in_order(model):
     (dict(prompt_ids=[[5]], temperature=1.0, top_p=0.0), "top_p"),
     (dict(prompt_ids=[[5]], max_new_tokens=10**6), "max_position_embeddings"),
 ])
+@pytest.mark.torch_reference
 def test_bad_arguments_fail_clearly(model, kwargs, message):
     kwargs = {"max_new_tokens": 4, **kwargs}
     with pytest.raises(ValueError, match=message):

@@ -44,6 +44,7 @@ def test_rows_gather_integers_before_dequantizing():
     assert isinstance(param.get_value().take(index), QuantizedArray)
 
 
+@pytest.mark.torch_reference
 def test_quantized_models_are_smaller_and_close(model):
     ids = np.random.default_rng(0).integers(3, 97, (2, 16))
     ref = jax.nn.log_softmax(model(ids))
@@ -61,6 +62,7 @@ def test_quantized_models_are_smaller_and_close(model):
     assert not isinstance(model.layers.moe.gate.get_value(), QuantizedArray)  # the input is left alone
 
 
+@pytest.mark.torch_reference
 def test_load_hf_quantizes_at_load_time(model, tmp_path):
     zaya_jax.save_hf(model, tmp_path / "ckpt")
     quantized = load_hf(tmp_path / "ckpt", quantize="int8", group_size=16)
@@ -68,6 +70,7 @@ def test_load_hf_quantizes_at_load_time(model, tmp_path):
     assert param_bytes(quantized) < param_bytes(model)
 
 
+@pytest.mark.torch_reference
 def test_bad_quantization_settings_fail_clearly(model):
     with pytest.raises(ValueError, match="choose one of"):
         quantize_model(model, "int3")

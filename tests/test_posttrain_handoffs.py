@@ -114,6 +114,7 @@ def pipeline(tmp_path_factory):
             "start_hf": root / "start_hf", "tokenizer": root / "tok"}
 
 
+@pytest.mark.torch_reference
 def test_sft_then_dpo_then_export_loads_in_transformers(pipeline):
     import torch
     from transformers import ZayaForCausalLM
@@ -130,6 +131,7 @@ def test_sft_then_dpo_then_export_loads_in_transformers(pipeline):
         assert np.abs(np.asarray(earlier(ids)) - np.asarray(dpo(ids))).max() > 1e-4
 
 
+@pytest.mark.torch_reference
 def test_export_carries_the_tokenizer_and_chat_template_transformers_encodes_with(pipeline):
     from transformers import AutoTokenizer
     hf = AutoTokenizer.from_pretrained(pipeline["dpo_hf"])
@@ -188,6 +190,7 @@ def test_runs_record_the_chat_template_of_their_sources(pipeline):
         assert record.path == str(pipeline["tokenizer"] / "tokenizer_config.json")
 
 
+@pytest.mark.torch_reference
 def test_generate_chat_renders_with_the_recorded_template(pipeline):
     """The reply equals transformers' greedy generation from the export, on the prompt transformers
     renders from tokenizer_config.json's template."""

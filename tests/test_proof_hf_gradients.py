@@ -11,11 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from flax import nnx
 
 from tests.hf_reference import hf_logits, jax_from_hf, make_hf_model
 from zaya_jax.convert.hf_names import ENTRIES
+
+pytestmark = pytest.mark.torch_reference  # every test compares with PyTorch transformers
 
 ODD = dict(vocab_size=101, hidden_size=44, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
            head_dim=12, num_experts=5, moe_intermediate_size=14, router_hidden_size=10,
@@ -25,6 +26,8 @@ IDS = np.random.default_rng(7).integers(0, ODD["vocab_size"], (3, 19))
 
 @pytest.fixture(scope="module")
 def hf_model():
+    import torch
+
     model = make_hf_model(seed=3, **ODD)
     gen = torch.Generator().manual_seed(11)
     with torch.no_grad():
@@ -35,6 +38,8 @@ def hf_model():
 
 
 def _torch_loss_and_grads(model, ids):
+    import torch
+
     model.zero_grad()
     logits = model(torch.as_tensor(ids, dtype=torch.long)).logits
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),

@@ -22,6 +22,8 @@ from safetensors.numpy import save_file
 import zaya_jax
 from tests.hf_reference import hf_logits, jax_from_hf, make_hf_model
 
+pytestmark = pytest.mark.torch_reference  # every test compares with PyTorch transformers
+
 SHAPE = dict(vocab_size=83, hidden_size=28, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
              head_dim=8, num_experts=3, moe_intermediate_size=12, router_hidden_size=6, rms_norm_eps=1e-5)
 IDS = np.random.default_rng(4).integers(0, SHAPE["vocab_size"], (2, 21))
