@@ -149,6 +149,22 @@ def test_chaos_stop_figures_are_the_results_file():
             f"tiny step ({100 * cost['ratio_to_step']:.1f}%)") in text
 
 
+def test_chaos_kill_figures_are_the_results_file():
+    chaos = _load("chaos_cpu")
+    kills, commits = chaos["kill_trials"], chaos["commit_kills"]
+    text = " ".join(_doc("training.md").split())
+    assert (f"{kills['kills']} SIGKILLs at random times ({kills['kills_during_async_write']} of them during an "
+            f"asynchronous checkpoint write, {kills['kills_in_save_forced']} forced inside one) with "
+            f"{kills['lost_states']} lost states") in text
+    assert f"and {len(kills['silently_wrong_steps'])} steps whose loss differed" in text
+    steps = [t["killed_at_commit_of"] for t in commits["trials"]]
+    assert (f"{commits['kills']} SIGKILLs the instant Orbax committed checkpoints {steps[0]}, {steps[1]}, ..., "
+            f"{steps[-1]} (one chain): all {commits['sealed_when_killed']} steps held their manifest when killed, "
+            f"{commits['lost_checkpoints']} checkpoints lost (each restart resumed from the step just committed) "
+            f"and {len(commits['silently_wrong_steps'])} steps whose loss differed") in text
+    assert commits["killed_by_sigkill"] == commits["committed_when_killed"] == commits["kills"]
+
+
 def test_cpu_mfu_peak_is_the_measured_matmul_peak():
     from zaya_jax.train.metrics import CPU_PEAK_FLOPS
     measured = _load("train_step_cpu_native")["matmul_peak_gflops"] * 1e9
