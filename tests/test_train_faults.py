@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.train_helpers import (DAMAGE, REPO, Job, cli_env, empty_folder, flip_model_bytes, run_train,
-                                 train_losses)
+from tests.train_helpers import (DAMAGE, REPO, RERUN_IF_OVERLOADED, Job, cli_env, empty_folder, flip_model_bytes,
+                                 run_train, train_losses)
 from zaya_jax.errors import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USER_ERROR, UserError
 from zaya_jax.train import integrity
 from zaya_jax.train.checkpoint import Checkpointer, load_checkpoint_model, read_config, restore_model
@@ -214,9 +214,11 @@ LONG = ("--config.train.steps=100000", "--config.checkpoint.every_steps=0")
 
 
 def _finish_stopped(job: Job, previous: int) -> int:
-    """Both processes exit 75 within 10 s, having saved the same step (> `previous`, whole); returns it."""
+    """Both processes exit 75 within 10 s once the step in flight is done (job.stop_limit_s()), having
+    saved the same step (> `previous`, whole); returns it."""
     codes, seconds = job.finish()
-    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(0)[-3000:] + job.output(1)[-3000:]
+    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < job.stop_limit_s(), \
+        job.output(0)[-3000:] + job.output(1)[-3000:]
     step = _saved_step(job)
     assert step > previous
     assert integrity.problem(str(job.workdir / "checkpoints" / str(step)), integrity.ITEMS["training"]) is None
@@ -238,6 +240,7 @@ def _resume_and_stop(workdir, previous: int, signals: list[tuple[int, float]]) -
 # Multi-process jobs share one xdist worker (--dist loadgroup): two of them at once on 2 cores can
 # leave a process past gloo's fixed 30 s wait for its peers at a first collective.
 @pytest.mark.xdist_group("multiprocess")
+@pytest.mark.flaky(**RERUN_IF_OVERLOADED)
 def test_stops_are_agreed_by_two_processes_and_a_second_trainer_is_refused(tmp_path):
     workdir = tmp_path / "run"
     # 1. SIGTERM to process 1 only: both save the same step and exit 75; meanwhile a second trainer is refused
@@ -259,7 +262,7 @@ def test_stops_are_agreed_by_two_processes_and_a_second_trainer_is_refused(tmp_p
     job.wait_for("topology:")
     job.signal(0)
     codes, seconds = job.finish()
-    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < 10, job.output(0)[-3000:]
+    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED] and seconds < job.stop_limit_s(), job.output(0)[-3000:]
     for i in range(2):
         assert "signal 15: stopping during start-up, before training; nothing new to save" in job.output(i)
     assert "start at step" not in job.output(0)  # the stop did not wait for the state
