@@ -111,3 +111,95 @@ def test_local_launch_gives_each_process_its_own_gpus(tmp_path):
     (tmp_path / "kfd").touch()  # an AMD machine: ROCr's variable only (HIP would renumber twice)
     assert run_local("4", "--gpus-per-process", "2", kfd=str(tmp_path / "kfd")) == [
         "[0] C= R=0,1 H=", "[1] C= R=2,3 H=", "[2] C= R=4,5 H=", "[3] C= R=6,7 H="]
+
+
+# -- SLURM: the devices each task drives, the XLA flags ---------------------------------------------
+
+SLURM_START = """
+import json, jax
+from zaya_jax.parallel import distributed
+how = distributed.initialize()
+print("TOPOLOGY", json.dumps({**distributed.topology(), "how": how,
+                              "visible": jax.config.values["jax_cuda_visible_devices"]}))
+"""
+
+
+def _slurm_env(node: int, port: int) -> dict[str, str]:
+    """What SLURM sets for the single task of node `node` of a 2-node job with 4 GPUs per node; the job
+    id is chosen so that jax's SLURM detection derives `port` (job id % 4096 + 61440)."""
+    return {"SLURM_JOB_ID": str(port - 61440 + 4096), "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": "2",
+            "SLURM_PROCID": str(node), "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "1",
+            "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "4"}
+
+
+def test_a_slurm_task_per_node_drives_every_device_of_its_node():
+    """The real start-up path under SLURM's environment (2 "nodes" x 1 task, 4 devices each): jax's own
+    detection alone would have restricted each task to device SLURM_LOCALID=0."""
+    import socket
+    port = next(p for p in range(62000, 65000) if socket.socket().connect_ex(("127.0.0.1", p)) != 0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ZAYA_"))}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4", PYTHONPATH=REPO)
+    tasks = [subprocess.Popen(["python", "-c", SLURM_START], cwd=REPO, env={**env, **_slurm_env(node, port)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in range(2)]
+    outputs = [t.communicate(timeout=180)[0] for t in tasks]
+    assert [t.returncode for t in tasks] == [0, 0], outputs
+    seen = [json.loads(next(ln for ln in out.splitlines() if ln.startswith("TOPOLOGY"))[len("TOPOLOGY"):])
+            for out in outputs]
+    assert [s["process_index"] for s in seen] == [0, 1]
+    for s in seen:
+        assert s["processes"] == 2 and s["global_devices"] == 8 and s["local_devices"] == 4, s
+        assert s["how"].startswith("SLURM job ") and s["visible"] == "0,1,2,3", s
+
+
+@pytest.mark.parametrize("layout,expected", [
+    ({"SLURM_NTASKS_PER_NODE": "1", "SLURM_GPUS_ON_NODE": "8"}, list(range(8))),
+    ({"SLURM_NTASKS": "256", "SLURM_JOB_NUM_NODES": "256", "SLURM_GPUS_ON_NODE": "8"}, list(range(8))),
+    ({"SLURM_NTASKS_PER_NODE": "8", "SLURM_GPUS_ON_NODE": "8", "SLURM_LOCALID": "5"}, [5]),
+    ({"SLURM_NTASKS": "1024", "SLURM_JOB_NUM_NODES": "128", "SLURM_GPUS_ON_NODE": "8", "SLURM_LOCALID": "7"}, [7]),
+    ({"SLURM_NTASKS_PER_NODE": "1"}, None),  # no GPUs allocated: a CPU job, nothing restricted
+])
+def test_slurm_local_device_ids_per_layout(layout, expected):
+    from zaya_jax.parallel.distributed import slurm_local_device_ids
+    assert slurm_local_device_ids(layout) == expected
+
+
+def test_a_slurm_layout_that_is_neither_one_task_per_node_nor_per_gpu_is_named():
+    from zaya_jax.config import ConfigError
+    from zaya_jax.parallel.distributed import slurm_local_device_ids
+    with pytest.raises(ConfigError, match=r"SLURM runs 2 tasks per node on 8 GPUs per node: run one task per node "
+                                          r"\(--ntasks-per-node=1, every GPU to it\) or one per GPU "
+                                          r"\(--ntasks-per-node=8\)"):
+        slurm_local_device_ids({"SLURM_NTASKS_PER_NODE": "2", "SLURM_GPUS_ON_NODE": "8"})
+
+
+def gpu_xla_flags(platform: str) -> list[str]:
+    out = subprocess.run(["bash", "-c", f'XLA_FLAGS= ; . launch/gpu_xla_flags.sh {platform} && echo "$XLA_FLAGS"'],
+                         cwd=REPO, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def _jax_starts_with(flags: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(flags)}
+    return subprocess.run(["python", "-c", "import jax; jax.devices()"], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_the_jobs_xla_flags_exist_in_this_jax(platform):
+    """XLA parses every flag of the job at start and aborts on one it does not know (checked: a made-up
+    flag fails the same start)."""
+    flags = gpu_xla_flags(platform)
+    assert len(flags) >= 12 and "--xla_gpu_enable_pipelined_all_gather=true" in flags
+    assert ("--xla_gpu_experimental_use_ragged_dot_grouped_gemm=true" in flags) == (platform == "rocm")
+    started = _jax_starts_with(flags)
+    assert started.returncode == 0, started.stderr[-2000:]
+    unknown = _jax_starts_with(flags + ["--xla_gpu_enable_made_up_overlap=true"])
+    assert unknown.returncode != 0 and "xla_gpu_enable_made_up_overlap" in unknown.stderr
+
+
+@pytest.mark.parametrize("name", list(SBATCH))
+def test_the_jobs_source_the_shared_xla_flags(name):
+    _, _, text = read_job(name)
+    platform = "rocm" if name == "mi300x" else "cuda"
+    assert f'. "${{SLURM_SUBMIT_DIR:-.}}/launch/gpu_xla_flags.sh" {platform}' in text
+    assert "XLA_FLAGS=" not in text.replace("XLA_PYTHON_CLIENT_MEM_FRACTION", "")

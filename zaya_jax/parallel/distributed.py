@@ -2,7 +2,9 @@
 
 `initialize()` starts jax.distributed from, in order of precedence:
   explicit arguments / ZAYA_COORDINATOR, ZAYA_NUM_PROCESSES, ZAYA_PROCESS_ID (launch/local.sh);
-  SLURM (SLURM_JOB_ID with SLURM_NTASKS > 1: jax's own SLURM cluster detection);
+  SLURM (SLURM_JOB_ID with SLURM_NTASKS > 1: jax's own SLURM cluster detection, with the GPUs each
+  task drives named by `slurm_local_device_ids`: all of its node's with one task per node, its own
+  with one task per GPU);
   nothing: a single process, jax.distributed is not started.
 `global_batch(local, mesh)` assembles the global batch from each process's rows.
 `broadcast_int` / `max_over_processes`: process 0's value / the largest value, on every process
@@ -84,12 +86,37 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         how = f"explicit: process {process_id} of {num_processes}, coordinator {coordinator}"
     elif env.get("SLURM_JOB_ID") and (_int_env(env, "SLURM_NTASKS") or 1) > 1:
         _keep_python_signal_handlers()
-        jax.distributed.initialize()
+        jax.distributed.initialize(local_device_ids=slurm_local_device_ids(env))
         how = f"SLURM job {env['SLURM_JOB_ID']}: process {jax.process_index()} of {jax.process_count()}"
     else:
         how = "single process"
     _STARTED = True
     return how
+
+
+def slurm_local_device_ids(env: Mapping[str, str]) -> list[int] | None:
+    """The GPUs (node-local ids) this SLURM task drives, from SLURM's environment.
+
+    One task per node (the shipped sbatch files): all of the node's GPUs, SLURM_GPUS_ON_NODE of them.
+    jax's own SLURM detection would give the task GPU SLURM_LOCALID alone, i.e. 1 of 8: 1/8 of the
+    job's devices, each with 8x the batch. One task per GPU (tasks per node = GPUs per node): its
+    own GPU, SLURM_LOCALID. None (no restriction) when SLURM allocated no GPUs (a CPU job). Any
+    other layout is a ConfigError naming the counts.
+    """
+    gpus = _int_env(env, "SLURM_GPUS_ON_NODE")
+    if not gpus:
+        return None
+    tasks = _int_env(env, "SLURM_NTASKS_PER_NODE")
+    if tasks is None:
+        count, nodes = _int_env(env, "SLURM_NTASKS") or 1, _int_env(env, "SLURM_JOB_NUM_NODES") or 1
+        tasks = count // nodes if count % nodes == 0 else None
+    if tasks == 1:
+        return list(range(gpus))
+    if tasks == gpus:
+        return [_int_env(env, "SLURM_LOCALID") or 0]
+    raise ConfigError(f"SLURM runs {tasks if tasks is not None else 'an uneven number of'} tasks per node on "
+                      f"{gpus} GPUs per node: run one task per node (--ntasks-per-node=1, every GPU to it) "
+                      f"or one per GPU (--ntasks-per-node={gpus})")
 
 
 def topology() -> dict:
