@@ -4,8 +4,9 @@ The kernels are written in the portable Pallas style of the Triton backend (ref 
 `pl.program_id`, `fori_loop`, `jnp.dot` / `lax.dot_general`), which runs on CUDA and ROCm. Since
 JAX 0.10 a GPU `pallas_call` without compiler params lowers to Mosaic GPU, so on GPU we must pass
 Triton compiler params explicitly. On CPU only interpret mode exists; it is chosen automatically.
-The Triton backend is deprecated upstream from JAX 0.11 (it still works there); this module imports
-it lazily and only on GPU, so the deprecation never reaches CPU runs.
+The Triton backend is deprecated upstream from JAX 0.11 (it still works there, with a
+DeprecationWarning at every Triton lowering: tests/test_deprecations.py); this module imports it
+lazily and only on GPU, so CPU runs never load it.
 
 `target()` names the platform the kernels are built for: "cuda" or "rocm" on a GPU, "cpu"
 otherwise. `building_for(platform)` overrides it while tracing; `lower_for_gpu(platform, ...)`
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import warnings
 from typing import Any, Iterator
 
 import jax
@@ -97,9 +97,7 @@ def pallas_call_options(interpret: bool, *, num_warps: int, num_stages: int) -> 
         raise NotImplementedError(
             f"pallas_kernels lower with the Pallas Triton backend (GPU) or run in interpret mode; "
             f"platform {target()!r} has neither. Use interpret=True or the XLA path.")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from jax.experimental.pallas import triton as pltriton
+    from jax.experimental.pallas import triton as pltriton
     return {"compiler_params": pltriton.CompilerParams(num_warps=num_warps,
                                                        num_stages=num_stages)}
 
