@@ -18,6 +18,8 @@ import jax
 
 from zaya_jax.jax_versions import JAX_VERSION
 
+ROOT = Path(__file__).resolve().parent.parent  # the interpreter imports zaya_jax from here
+
 LOWER = r"""
 import json, pathlib, warnings
 
@@ -60,7 +62,7 @@ EXPECTED = {TRITON_DEPRECATION} if JAX_VERSION >= (0, 11) else set()
 
 def test_lowering_our_kernels_leaves_only_the_expected_library_warnings():
     out = subprocess.run([sys.executable, "-c", LOWER], capture_output=True, text=True,
-                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, cwd=Path(__file__).resolve().parent.parent)
+                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     left = {tuple(w) for w in json.loads(out.stdout.splitlines()[-1])}
     assert left == EXPECTED, (jax.__version__, left)

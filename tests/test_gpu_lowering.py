@@ -3,9 +3,10 @@
 For every GPU configuration the docs promise, the jitted train step (forward, backward,
 optimizer) of a tiny model on an 8-device mesh is traced with the GPU kernels and lowered for
 the platform's GPU (`pallas_kernels.lower_for_gpu`): the Pallas Triton lowering runs here and
-raises what it would raise on a GPU (bad block shapes, unsupported ops). In the lowered StableHLO every Triton custom call must sit inside a manual region
-(`sdy.manual_computation`, i.e. jax.shard_map): outside one, XLA's partitioner would gather the
-kernel's global operands onto every device. Lowering only; nothing compiles. The DPO step (its
+raises what it would raise on a GPU (bad block shapes, unsupported ops). In the lowered
+StableHLO every Triton custom call must sit inside a manual region (`sdy.manual_computation`,
+i.e. jax.shard_map): outside one, XLA's partitioner would gather the kernel's global operands
+onto every device. Lowering only; nothing compiles. The DPO step (its
 frozen reference model's forward too) is lowered for one configuration.
 """
 
