@@ -6,10 +6,11 @@
   `transposed_grouped_matmul` (reference `transposed_grouped_matmul_reference`): the MoE expert
   matmul and its weight gradient.
 Block sizes and pipeline stages are per platform (`platform_blocks`); `building_for("cuda" |
-"rocm")` builds the GPU kernels from a CPU process, for lowering without a GPU.
+"rocm")` builds the GPU kernels from a CPU process, and `lower_for_gpu` lowers a jitted function
+with them for that platform's GPU, without one.
 """
 
-from pallas_kernels._backend import building_for
+from pallas_kernels._backend import building_for, lower_for_gpu
 from pallas_kernels.attention_reference import attention_reference
 from pallas_kernels.flash_attention import cca_flash_attention
 from pallas_kernels.grouped_matmul import grouped_matmul, transposed_grouped_matmul
@@ -22,6 +23,7 @@ __all__ = [
     "cca_flash_attention",
     "grouped_matmul",
     "grouped_matmul_reference",
+    "lower_for_gpu",
     "transposed_grouped_matmul",
     "transposed_grouped_matmul_reference",
 ]

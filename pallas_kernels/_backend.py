@@ -4,24 +4,34 @@ The kernels are written in the portable Pallas style of the Triton backend (ref 
 `pl.program_id`, `fori_loop`, `jnp.dot` / `lax.dot_general`), which runs on CUDA and ROCm. Since
 JAX 0.10 a GPU `pallas_call` without compiler params lowers to Mosaic GPU, so on GPU we must pass
 Triton compiler params explicitly. On CPU only interpret mode exists; it is chosen automatically.
-The Triton backend is deprecated upstream from JAX 0.11 (it still works there); this module imports
-it lazily and only on GPU, so the deprecation never reaches CPU runs.
+The Triton backend is deprecated upstream from JAX 0.11 (it still works there, with a
+DeprecationWarning at every Triton lowering: tests/test_deprecations.py); this module imports it
+lazily and only on GPU, so CPU runs never load it.
 
 `target()` names the platform the kernels are built for: "cuda" or "rocm" on a GPU, "cpu"
-otherwise. `building_for(platform)` overrides it while tracing, so a CPU process can build the
-GPU kernels and lower them with `lower(lowering_platforms=(platform,))` (tests/test_gpu_lowering.py).
+otherwise. `building_for(platform)` overrides it while tracing; `lower_for_gpu(platform, ...)`
+builds and lowers a jitted function for a GPU platform from a process without one (the tests that
+check the GPU lowering on CPU all go through it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import warnings
 from typing import Any, Iterator
 
 import jax
 
 GPU_TARGETS = ("cuda", "rocm")
+# The GPU each platform is lowered for by `lower_for_gpu`, as jax describes a real one
+# (jax.Device.device_kind; num_cores its core_count: SMs, CUs). jax 0.11's Pallas Triton lowering
+# reads the architecture from this kind (H200: compute capability 9.0; a `gfx` kind is AMD's arch
+# name). MI300X reports the marketing kind "AMD Instinct MI300X" and its arch as compute_capability;
+# jax accepts the arch name as an abstract kind.
+LOWERING_DEVICES = {
+    "cuda": jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda"),
+    "rocm": jax.sharding.AbstractDevice(device_kind="gfx942", num_cores=304, platform="rocm"),
+}
 _BUILDING_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("building_for", default=None)
 
 
@@ -40,6 +50,24 @@ def building_for(platform: str) -> Iterator[None]:
     finally:
         _BUILDING_FOR.reset(token)
         jax.clear_caches()
+
+
+def lower_for_gpu(platform: str, jitted: Any, *args: Any, mesh: jax.sharding.Mesh | None = None
+                  ) -> jax.stages.Lowered:
+    """`jitted.trace(*args).lower(...)` for GPU `platform` ("cuda" | "rocm"), from any process.
+
+    The kernels are built for `platform` (`building_for`) and traced under `mesh` (if given) with
+    an abstract device of the platform's real kind (`LOWERING_DEVICES`), entered after
+    `jax.set_mesh`, so the Pallas Triton lowering makes the architecture choices the device would.
+    jax 0.11 needs that device to lower without a GPU; jax 0.10.2 ignores it and lowers every
+    platform for compute capability 9.0, the rocm kernels included.
+    """
+    if platform not in GPU_TARGETS:
+        raise ValueError(f"lower_for_gpu: platform must be one of {GPU_TARGETS}, got {platform!r}")
+    with building_for(platform), jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        device_mesh = jax.sharding.get_abstract_mesh().update(abstract_device=LOWERING_DEVICES[platform])
+        with jax.sharding.use_abstract_mesh(device_mesh):
+            return jitted.trace(*args).lower(lowering_platforms=(platform,))
 
 
 def target() -> str:
@@ -69,9 +97,7 @@ def pallas_call_options(interpret: bool, *, num_warps: int, num_stages: int) -> 
         raise NotImplementedError(
             f"pallas_kernels lower with the Pallas Triton backend (GPU) or run in interpret mode; "
             f"platform {target()!r} has neither. Use interpret=True or the XLA path.")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from jax.experimental.pallas import triton as pltriton
+    from jax.experimental.pallas import triton as pltriton
     return {"compiler_params": pltriton.CompilerParams(num_warps=num_warps,
                                                        num_stages=num_stages)}
 

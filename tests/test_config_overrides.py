@@ -4,6 +4,7 @@ import glob
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 from absl import flags
@@ -21,7 +22,13 @@ def parse_command_line(*args: str):
     argv = ["prog", *args]
     flag_values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
-    flag_values(argv)
+    with warnings.catch_warnings():
+        # ml_collections 1.1.0 (the latest) loads the file with SourceFileLoader.load_module(),
+        # deprecated since Python 3.10, on every parse (226 warnings in this file) and takes no other
+        # loader. The CLIs parse under Python's default filters, which hide it; load_config_file
+        # loads with exec_module.
+        warnings.filterwarnings("ignore", r"the load_module\(\) method is deprecated", DeprecationWarning)
+        flag_values(argv)
     return flag_values.config
 
 

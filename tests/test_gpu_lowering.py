@@ -1,23 +1,22 @@
 """The complete train step lowers for CUDA and ROCm from this CPU-only machine.
 
 For every GPU configuration the docs promise, the jitted train step (forward, backward,
-optimizer) of a tiny model on an 8-device mesh is traced with the GPU kernels
-(`pallas_kernels.building_for`) and lowered with `lowering_platforms=(platform,)`: the Pallas
-Triton lowering runs here and raises what it would raise on a GPU (bad block shapes, unsupported
-ops). In the lowered StableHLO every Triton custom call must sit inside a manual region
-(`sdy.manual_computation`, i.e. jax.shard_map): outside one, XLA's partitioner would gather the
-kernel's global operands onto every device. Lowering only; nothing compiles. The DPO step (its
+optimizer) of a tiny model on an 8-device mesh is traced with the GPU kernels and lowered for
+the platform's GPU (`pallas_kernels.lower_for_gpu`): the Pallas Triton lowering runs here and
+raises what it would raise on a GPU (bad block shapes, unsupported ops). In the lowered
+StableHLO every Triton custom call must sit inside a manual region (`sdy.manual_computation`,
+i.e. jax.shard_map): outside one, XLA's partitioner would gather the kernel's global operands
+onto every device. Lowering only; nothing compiles. The DPO step (its
 frozen reference model's forward too) is lowered for one configuration.
 """
 
 import collections
 
-import jax
 import pytest
 from jax._src.interpreters import mlir as jax_mlir
 from jaxlib.mlir import ir
 
-from pallas_kernels import building_for
+from pallas_kernels import lower_for_gpu
 from zaya_jax.config_files import load_config_file
 from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
 from zaya_jax.train.program import abstract_batch, build_program
@@ -84,10 +83,8 @@ def lowered_train_step(name: str, platform: str, objective: str = "lm") -> ir.Mo
     mesh = make_mesh(parse_mesh_flag(mesh_flag))
     program = build_program(settings, mesh)
     state = with_shardings(program.abstract_state, program.shardings)
-    with building_for(platform), jax.set_mesh(mesh):
-        batch = abstract_batch(settings.train.global_batch_size, settings.train.seq_len)
-        traced = program.train_step.trace(state, batch, settings.model.rope_theta)
-        text = traced.lower(lowering_platforms=(platform,)).as_text()
+    batch = abstract_batch(settings.train.global_batch_size, settings.train.seq_len)
+    text = lower_for_gpu(platform, program.train_step, state, batch, settings.model.rope_theta, mesh=mesh).as_text()
     return ir.Module.parse(text, context=jax_mlir.make_ir_context())
 
 

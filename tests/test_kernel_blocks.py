@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from pallas_kernels import building_for, cca_flash_attention, grouped_matmul
+from pallas_kernels import cca_flash_attention, grouped_matmul, lower_for_gpu
 from pallas_kernels.platform_blocks import (ATTENTION_BLOCKS, MATMUL_BLOCKS, SHARED_MEMORY_BYTES, attention_blocks,
                                             attention_footprints, matmul_blocks, matmul_footprints)
 
@@ -37,12 +37,11 @@ def test_the_issue_configuration_would_not_fit_mi300x():
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])
 def test_lowered_kernels_use_the_platform_blocks(platform):
     spec = jax.ShapeDtypeStruct
-    with building_for(platform):
-        attention = jax.jit(lambda q, k, v: cca_flash_attention(q, k, v)).trace(
-            spec((1, 256, 8, 128), jnp.bfloat16), spec((1, 256, 2, 128), jnp.bfloat16),
-            spec((1, 256, 2, 128), jnp.bfloat16)).lower(lowering_platforms=(platform,)).as_text()
-        gmm = jax.jit(grouped_matmul).trace(spec((512, 256), jnp.bfloat16), spec((4, 256, 256), jnp.bfloat16),
-                                            spec((4,), jnp.int32)).lower(lowering_platforms=(platform,)).as_text()
+    attention = lower_for_gpu(platform, jax.jit(lambda q, k, v: cca_flash_attention(q, k, v)),
+                              spec((1, 256, 8, 128), jnp.bfloat16), spec((1, 256, 2, 128), jnp.bfloat16),
+                              spec((1, 256, 2, 128), jnp.bfloat16)).as_text()
+    gmm = lower_for_gpu(platform, jax.jit(grouped_matmul), spec((512, 256), jnp.bfloat16),
+                        spec((4, 256, 256), jnp.bfloat16), spec((4,), jnp.int32)).as_text()
     blocks, tiles = attention_blocks(platform, 2), matmul_blocks(platform, 2)
     assert f"num_stages = {blocks.num_stages}" in attention
     assert f"grid_x = {256 // blocks.block_q}" in attention   # query blocks of the forward kernel

@@ -24,8 +24,9 @@ from zaya_jax.model.kernels import platform
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor", "context")
 PLATFORMS = ("any", "cpu", "gpu", "cuda", "rocm", "tpu")  # mesh.platform: "gpu" is cuda or rocm
-INSTALL = {"gpu": "pip install -e '.[cuda]' (NVIDIA, CUDA 12) or pip install -e '.[rocm]' (AMD, ROCm 7)",
-           "cuda": "pip install -e '.[cuda]'", "rocm": "pip install -e '.[rocm]' (on the node's ROCm 7)",
+INSTALL = {"gpu": "pip install -e '.[cuda]' (NVIDIA, CUDA 12; '.[cuda13]' for CUDA 13) or pip install -e '.[rocm]' "
+                  "(AMD, ROCm 7)",
+           "cuda": "pip install -e '.[cuda]' (CUDA 12; '.[cuda13]' for CUDA 13)", "rocm": "pip install -e '.[rocm]' (on the node's ROCm 7)",
            "tpu": "pip install 'jax[tpu]'", "cpu": "JAX_PLATFORMS=cpu in the environment"}
 RAGGED_ALL_TO_ALL_PLATFORMS = ("gpu", "tpu")  # XLA:CPU: "UNIMPLEMENTED: HLO opcode 'ragged-all-to-all'"
 

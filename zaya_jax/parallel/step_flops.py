@@ -20,8 +20,9 @@ which recompute the probabilities), and 1 more where the remat policy recomputes
 saves only dot_generals without batch dimensions (jax.checkpoint_policies): the attention
 scores and the grouped convolution have batch dimensions and `ragged_dot` is not a dot_general,
 so they are recomputed. The loss head runs under jax.checkpoint in a loop over sequence chunks
-(zaya_jax.train.loss): 4 passes; with a single chunk there is no loop and XLA keeps the forward's
-logits for the backward (its cost_analysis counts 3 passes), so 3.
+(zaya_jax.train.loss): 4 passes (forward, recompute, backward 2). With a single chunk there is no
+loop, and jax 0.10.2's XLA merges the recompute into the forward: 3 passes there
+(zaya_jax.jax_versions.XLA_KEEPS_UNLOOPED_REMAT).
 A DPO step (objective 'dpo') also runs the frozen reference model forward once, without a
 backward or recompute: `reference_model`, one pass of every layer op and of the loss head.
 The optimizer adds Muon's Newton-Schulz iterations, 4 a^2 b + 2 a^3 per step for an a x b
@@ -40,6 +41,7 @@ import dataclasses
 import math
 
 from zaya_jax.config import ModelConfig
+from zaya_jax.jax_versions import XLA_KEEPS_UNLOOPED_REMAT
 from zaya_jax.model.attention_core import query_block_size
 from zaya_jax.model.kernels import resolve_attention_kernel, resolve_moe_backend
 from zaya_jax.model.moe_dispatch import capacity_per_expert
@@ -152,7 +154,8 @@ def step_flops(cfg: ModelConfig, mesh: dict[str, int], *, global_batch: int, seq
         split = devices_per_token * (mesh["tensor"] if op.tensor_split else 1)
         out[op.name] = op.forward_per_token * passes * tokens * cfg.num_layers / split
         forward += op.forward_per_token * tokens * cfg.num_layers / split
-    loss_passes = 4 if seq_len // chunk_size_for(seq_len, loss_chunk) > 1 else 3
+    looped = seq_len // chunk_size_for(seq_len, loss_chunk) > 1
+    loss_passes = 4 if looped or XLA_KEEPS_UNLOOPED_REMAT else 3
     loss_forward = 2 * cfg.hidden_size * cfg.vocab_size * tokens / (devices_per_token * mesh["tensor"])
     out["loss_head"] = loss_forward * loss_passes
     if objective == "dpo":
