@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from benchmarks.common import median_time
+from benchmarks.common import device_time
 from benchmarks.gpu_kernels import guarded
 
 MATMUL_N = 8192
@@ -39,7 +39,7 @@ def measure() -> dict:
     """{"device_kind", "matmul": {"tflops"}, "hbm": {"gbps"}[, "all_reduce": {"gbps", "devices"}]};
     a failed measurement is {"error": ...} (benchmarks.gpu_kernels.guarded)."""
     def seconds(fn, *args) -> float:
-        return median_time(lambda: jax.block_until_ready(fn(*args)), ITERS)
+        return device_time(fn, args, ITERS)["seconds"]
 
     def matmul() -> dict:
         a = jnp.ones((MATMUL_N, MATMUL_N), jnp.bfloat16)

@@ -6,8 +6,9 @@
 Prints one JSON object and writes it to --out (rewritten after each section, so a run cut
 short still leaves what it measured; progress goes to stderr). Shapes are ZAYA1-base's:
 attention with 8 query heads, 2 kv heads, head dim 128, bf16, causal; grouped matmul with 16
-experts, hidden 2048 -> 4096 and 2048 -> 2048, moderately uneven groups. Times are medians after
-one compiling call.
+experts, hidden 2048 -> 4096 and 2048 -> 2048, moderately uneven groups. Times are medians of
+batches of back-to-back calls, one sync per batch, after one compiling call; each records the
+launch overhead's share of a call.
 `ratio` is kernel TFLOP/s over baseline TFLOP/s (> 1: the kernel is faster); FLOPs are nominal
 (causal attention counts half the square; backward = 2.5 x forward), equal for both sides.
 A failing check or measurement is recorded as {"error": ...} and the run goes on. The sweep times
@@ -32,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import median_time  # noqa: E402
+from benchmarks.common import device_time  # noqa: E402
 from pallas_kernels import (attention_reference, cca_flash_attention,  # noqa: E402
                             grouped_matmul, grouped_matmul_reference)
 
@@ -70,10 +71,14 @@ def guarded(fn: Callable, *args):
 
 
 def measure(fn: Callable, args, flops: float, iters: int) -> dict:
-    seconds = guarded(median_time, lambda: jax.block_until_ready(fn(*args)), iters)
-    if isinstance(seconds, dict):
-        return seconds
-    return {"ms": _sig(seconds * 1e3), "tflops": _sig(flops / seconds / 1e12)}
+    """{"ms", "tflops", "calls_per_sync", "launch_overhead_share"} of `fn(*args)`: the median of `iters`
+    batches of back-to-back calls, one sync each (benchmarks.common.device_time)."""
+    timed = guarded(device_time, fn, tuple(args), iters)
+    if "error" in timed:
+        return timed
+    seconds = timed["seconds"]
+    return {"ms": _sig(seconds * 1e3), "tflops": _sig(flops / seconds / 1e12), "calls_per_sync": timed["calls_per_sync"],
+            "launch_overhead_share": _sig(timed["launch_overhead_share"])}
 
 
 def _sig(x: float) -> float:
