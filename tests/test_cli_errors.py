@@ -47,6 +47,8 @@ def test_help_exits_zero_and_shows_the_usage(module):
     (("--config", TINY, "--config.mesh.data=3"), ("mesh:", "!= 8 devices", "--config.mesh.data=-1")),
     (("--config", TINY, "--config.train.steps=5"), ("optimizer.warmup_steps (10) must be below train.steps (5)",
                                                     "--config.optimizer.warmup_steps")),
+    (("--config.train.steps=50",), ("--config.train.steps=50: overrides a field of a config file, but no --config "
+                                    "was given", "add --config FILE, e.g. --config configs/demo.py")),
 ])
 def test_train_config_mistakes(tmp_path, args, fragments):
     assert_user_error(cli("zaya_jax.train", *args, "--workdir", tmp_path / "run"), *fragments)
@@ -82,6 +84,17 @@ def test_evaluate_of_a_model_only_checkpoint_asks_for_a_config(tmp_path):
     done = cli("zaya_jax.evaluate", "--checkpoint", tmp_path / "orbax")
     assert_user_error(done, "model-only checkpoint", "--config configs/demo.py")
     assert "type_handler_registry" not in done.stderr and " INFO " not in done.stderr  # library logs quiet
+
+
+def test_an_hf_directory_given_as_checkpoint_is_pointed_to_hf(tmp_path):
+    cfg = model_config(load_config_file(TINY))
+    import zaya_jax
+    zaya_jax.save_hf(create_model(cfg.replace(layout="native", router_norm_eps=cfg.rms_norm_eps,
+                                              residual_in_fp32=True), seed=0), tmp_path / "hf")
+    for module in ("zaya_jax.evaluate", "zaya_jax.generate"):
+        assert_user_error(cli(module, "--checkpoint", tmp_path / "hf", "--prompt_ids", "2,5")
+                          if module == "zaya_jax.generate" else cli(module, "--checkpoint", tmp_path / "hf"),
+                          "no step directories (it holds an HF checkpoint's config.json: give it as --hf instead)")
 
 
 def test_plan_accepts_the_spelling_its_help_shows(tmp_path):

@@ -73,15 +73,75 @@ def test_generate_from_the_checkpoint_needs_no_tokenizer_flag(demo_run):
     assert "4 tokens in" in done.stderr
 
 
-def test_evaluate_and_convert_use_the_phase_rope_theta(demo_run, tmp_path):
+@pytest.fixture(scope="module")
+def demo_export(demo_run, tmp_path_factory):
+    """`convert to_hf` of the demo run: (its directory, the command's stderr)."""
+    workdir, _ = demo_run
+    out = tmp_path_factory.mktemp("export") / "hf"
+    exported = cli("zaya_jax.convert", "to_hf", "--checkpoint", workdir, "--out", out)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    return out, exported.stderr
+
+
+def test_evaluate_and_convert_use_the_phase_rope_theta(demo_run, demo_export):
     workdir, _ = demo_run
     scored = cli("zaya_jax.evaluate", "--checkpoint", workdir)
     assert scored.returncode == 0, scored.stderr[-3000:]
     assert json.loads(scored.stdout)["rope_theta"] == 1e5
-    exported = cli("zaya_jax.convert", "to_hf", "--checkpoint", workdir, "--out", tmp_path / "hf")
-    assert exported.returncode == 0, exported.stderr[-3000:]
-    hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    hf_config = json.loads((demo_export[0] / "config.json").read_text())
     assert hf_config["rope_parameters"]["hybrid"]["rope_theta"] == 1e5
+    # the export, scored with the config the run used (whose model section says 1e4), is the same model
+    on_hf = cli("zaya_jax.evaluate", "--hf", demo_export[0], "--config", "configs/demo.py", *SMALL_DEMO,
+                f"--config.data.demo.cache_dir={workdir.parent / 'corpus'}")
+    assert on_hf.returncode == 0, on_hf.stderr[-3000:]
+    assert json.loads(on_hf.stdout)["rope_theta"] == 1e5
+    losses = [{source: r["loss"] for source, r in json.loads(done.stdout)["results"].items()} for done in (on_hf, scored)]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5) and len(losses[0]) == 3
+
+
+def test_convert_says_what_its_read_back_check_found(demo_export):
+    line = next(ln for ln in demo_export[1].splitlines() if ln.startswith("checked:"))
+    found = re.fullmatch(r"checked: the native export read back gives every architecture field and the source's "
+                         r"logits on a 2 x 24 probe batch \(max difference (\S+), logits up to (\S+), tolerance "
+                         r"1e-05 of the scale\)", line)
+    assert found and float(found[1]) <= 1e-5 * float(found[2]) and float(found[2]) > 0, line
+
+
+def test_the_exported_tokenizer_puts_bos_first_as_training_did(demo_run, demo_export):
+    import tokenizers
+    workdir, _ = demo_run
+    trained = tokenizers.Tokenizer.from_file(str(next((workdir.parent / "corpus").glob("*/tokenizer.json"))))
+    exported = tokenizers.Tokenizer.from_file(str(demo_export[0] / "tokenizer.json"))
+    bos = read_config(checkpoint_dir(str(workdir))).model.bos_token_id
+    text = "ROMEO: hello"
+    assert trained.encode(text).ids[:1] != [bos]  # the run's file adds nothing: the loader puts bos first
+    assert exported.encode(text).ids == [bos] + trained.encode(text).ids
+    assert exported.encode(text, add_special_tokens=False).ids == trained.encode(text).ids  # apply_chat_template's
+
+
+def test_generate_reads_the_exports_tokenizer_and_a_given_step(demo_run, demo_export):
+    workdir, _ = demo_run
+    args = ("--prompt", "ROMEO:", "--max_new_tokens", 6, "--ignore_eos")
+    on_hf = cli("zaya_jax.generate", "--hf", demo_export[0], *args)
+    assert on_hf.returncode == 0, on_hf.stderr[-3000:]
+    assert f"[tokenizer: {demo_export[0] / 'tokenizer.json'}]" in on_hf.stderr
+    at_step = cli("zaya_jax.generate", "--checkpoint", workdir, "--step", 4, *args)
+    assert at_step.returncode == 0, at_step.stderr[-3000:]
+    assert on_hf.stdout == at_step.stdout  # one model, one prompt (bos first), greedy
+    assert "6 tokens in" in on_hf.stderr and "6 tokens in" in at_step.stderr
+    missing = cli("zaya_jax.generate", "--checkpoint", workdir, "--step", 3, *args)
+    assert missing.returncode == 2 and "(step 3): step 3: no such step directory" in missing.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--prompt_ids", "2,99999"), "error: --prompt_ids: 99999 outside the model's vocabulary (ids 0..4095)"),
+    (("--prompt_ids", "2,5", "--max_new_tokens", "5000"),
+     "error: --max_new_tokens 5000: with the 2-token prompt that is 5002 positions, past the model's "
+     "max_position_embeddings 1024; ask for at most 1022"),
+])
+def test_generate_names_a_prompt_the_model_cannot_take(demo_run, args, message):
+    done = cli("zaya_jax.generate", "--checkpoint", demo_run[0], *args)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
 def test_train_steps_alone_extends_a_finished_run_in_its_last_phase(demo_run, tmp_path):

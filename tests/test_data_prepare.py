@@ -164,9 +164,23 @@ def test_bad_inputs_name_file_and_line(tmp_path, tok_path):
     done = data_cli("prepare", "--input", malformed, "--format", "jsonl", "--tokenizer", tok_path,
                     "--output", tmp_path / "cli", "--quiet")
     assert done.returncode == 2 and done.stderr.startswith(f"error: {malformed}:4: malformed JSON")
-    assert len(done.stderr.strip().splitlines()) == 1
+    assert done.stderr.strip().splitlines()[1].strip() == \
+        "(--skip_bad skips bad files and lines and counts them in the manifest)"
+    assert len(done.stderr.strip().splitlines()) == 2
+    assert not (tmp_path / "cli").exists()  # no plan.json, no half-written shard: the output as it was
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    done = data_cli("prepare", "--input", malformed, "--format", "jsonl", "--tokenizer", tok_path,
+                    "--output", tmp_path / "kept", "--quiet")
+    assert done.returncode == 2 and os.listdir(tmp_path / "kept") == ["notes.txt"]
     with pytest.raises(FileNotFoundError, match="matches no file"):
         prepare.prepare_dataset(str(tmp_path / "missing*.jsonl"), "jsonl", str(tok_path), str(tmp_path / "x"))
+
+
+def test_help_shows_the_examples_as_written():
+    done = data_cli("prepare", "--help")
+    assert done.returncode == 0
+    assert "--format jsonl \\\n        --tokenizer /models/gemma3/tokenizer.json" in done.stdout
 
 
 def test_skip_bad_skips_and_counts(tmp_path, tok_path):

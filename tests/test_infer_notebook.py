@@ -42,7 +42,17 @@ def test_quickstart_notebook_executes(monkeypatch, tmp_path):
     # the per-cell limit only guards against a hang: a cold training cell compiles for ~30 s
     client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": EXAMPLES}})
-    client.execute()  # raises CellExecutionError, with the traceback, if any cell fails
+    cleanup = next(i for i, c in enumerate(notebook.cells)
+                   if c.cell_type == "code" and "shutil.rmtree(workdir)" in c.source)
+    with client.setup_kernel():  # every cell but the clean-up, the files checked, then the clean-up
+        for index, cell in enumerate(notebook.cells[:cleanup]):
+            client.execute_cell(cell, index)  # raises CellExecutionError, with the traceback, if a cell fails
+        _check_outputs(notebook, tmp_path)
+        client.execute_cell(notebook.cells[cleanup], cleanup)
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("zaya_quickstart_")]  # nothing left in TMPDIR
+
+
+def _check_outputs(notebook, tmp_path):
     outputs = "\n".join(_text(cell) for cell in notebook.cells if cell.cell_type == "code")
     assert "ZAYA1-base  per token per layer: CCA   512  MHA  4096  (8x smaller)" in outputs
     diffs = [float(line.rsplit(":", 1)[1]) for line in outputs.splitlines() if "max |diff| at position" in line]

@@ -122,3 +122,33 @@ def test_shipped_configs_have_valid_training_sections(path):
     assert settings.train.steps <= sum(p.num_batches for p in phases) or settings.train.data == "synthetic"
     if path.endswith("tiny.py"):
         assert settings.train.global_batch_size % 8 == 0
+
+
+def test_a_restart_names_another_architecture_a_run_already_done_and_a_stop(tmp_path):
+    """Through the CLI: a resume with another architecture ends in `error:` lines naming the field and
+    the fix (no Orbax traceback; the checkpoints intact); train.steps at or below the restored step
+    says there is nothing to train; a run stopped by a signal says so, with the step of the loss it
+    shows."""
+    run = tmp_path / "run"
+    base = ("--config.optimizer.warmup_steps=1", "--config.optimizer.name=adamw", "--config.train.log_every_steps=2",
+            "--config.eval.every_steps=0", "--config.monitor.tensorboard=False", "--config.monitor.heatmap_every_steps=0",
+            "--config.checkpoint.every_steps=0")
+    first = run_train(run, *base, "--config.train.steps=3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert f"finished at step 3, loss {train_losses(run)[3]:.4f}" in first.stdout
+    assert not (run / ".lock").exists()  # a clean finish leaves the workdir without its lock file
+    width = load_config_file("configs/tiny.py").model.hidden_size
+    other = run_train(run, *base, "--config.train.steps=5", f"--config.model.hidden_size={2 * width}")
+    assert other.returncode == 2 and "Traceback" not in other.stderr, other.stderr[-3000:]
+    assert (f"error: resuming {run / 'checkpoints'} step 3: the checkpoint has model.hidden_size={width} but the "
+            f"config says {2 * width}") in other.stderr
+    assert "resume with the config that run was trained with (its checkpoints are intact)" in other.stderr
+    assert sorted(os.listdir(run / "checkpoints")) == ["3"]
+    fewer = run_train(run, *base, "--config.train.steps=2")
+    assert fewer.returncode == 0, fewer.stderr[-3000:]
+    assert "already at step 3, train.steps=2: nothing to train (raise --config.train.steps to train on)" in fewer.stdout
+    stopped = run_train(run, *base, "--config.train.steps=9", faults={"KILL_AT_STEP": 5, "KILL_SIGNAL": "SIGTERM"})
+    assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
+    assert max(train_losses(run)) == 4  # logged every 2 steps: step 5's loss was never logged
+    assert f"stopped by signal 15 at step 5, last logged loss {train_losses(run)[4]:.4f} (step 4)" in stopped.stdout
+    assert "finished at step" not in stopped.stdout

@@ -67,6 +67,10 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     config = _config_file_argument(argv[1:])
     if config is not None and "config" in flags.FLAGS and not os.path.isfile(config.split(":")[0]):
         raise UserError(f"--config {config}: no such config file (the shipped configs are in configs/)")
+    override = next((a for a in argv[1:] if a.startswith("--config.")), None)
+    if override is not None and config is None and "config" in flags.FLAGS:
+        raise UserError(f"{override}: overrides a field of a config file, but no --config was given\n"
+                        "add --config FILE, e.g. --config configs/demo.py (the shipped configs are in configs/)")
     try:
         return flags.FLAGS(list(argv))
     except flags.Error as err:

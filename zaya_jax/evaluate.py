@@ -83,9 +83,10 @@ def main(argv):
     shardings = {"params": to_shardings(parts.param_specs(mesh), mesh),
                  "biases": jax.sharding.NamedSharding(mesh, parts.biases_spec(mesh))}
     if _HF.value:
-        params, biases = ModelParts.arrays(load_hf_matching(_HF.value, settings.model, "--hf"))
+        hf_model = load_hf_matching(_HF.value, settings.model, "--hf")
+        params, biases = ModelParts.arrays(hf_model)
         model = jax.device_put({"params": params, "biases": biases}, shardings)
-        step, rope_theta = None, settings.model.rope_theta
+        step, rope_theta = None, hf_model.config.rope_theta  # the RoPE base it was exported with
     else:
         target = model_target(abstract, shardings)
         model, step = restore_model(checkpoint_dir(_CHECKPOINT.value), target, _STEP.value)

@@ -1,7 +1,7 @@
 """CLI: generate text (or ids) from a ZAYA model, streaming tokens as the compiled loop makes them.
 
   python -m zaya_jax.generate --checkpoint runs/demo --prompt "ROMEO:" --max_new_tokens 64
-  python -m zaya_jax.generate --hf DIR --tokenizer tokenizer.json --prompt "Once upon a time" \\
+  python -m zaya_jax.generate --hf DIR --prompt "Once upon a time" \\
       --max_new_tokens 64 [--temperature 0.8 --top_k 50 --top_p 0.95 --seed 0] [--quantize int8|int4]
   python -m zaya_jax.generate --hf DIR --prompt_ids 2,651,1234 --max_new_tokens 16   # prints ids
   python -m zaya_jax.generate --checkpoint runs/sft --chat "What is 2+3?"    # prints the assistant's reply
@@ -13,8 +13,11 @@ output; default: the latest step) onto this process's first device, whatever mes
 the model it was at that step (the saved config's layout and the RoPE base of its curriculum
 phase); --prompt then uses the tokenizer the run was trained with (the saved config's
 data.tokenizer; `demo:tokenizer` is the demo corpus's tokenizer.json) unless --tokenizer is given.
---hf reads an HF ZAYA checkpoint (zaya_jax.load_hf) and needs --tokenizer for --prompt. Timing
-goes to stderr, generated text or ids to stdout.
+--step N reads that step instead of the latest. --hf reads an HF ZAYA checkpoint
+(zaya_jax.load_hf); --prompt then uses DIR/tokenizer.json (what `convert to_hf` writes) unless
+--tokenizer is given. Timing goes to stderr, generated text or ids to stdout. Prompt ids outside
+the vocabulary, or a prompt plus --max_new_tokens past the model's max_position_embeddings, are
+refused (one `error:` line naming the limit) before anything compiles.
 --chat (one user turn) or --messages (a JSON list of {role, content}) renders the conversation with
 the chat template and its generation prompt (zaya_jax.infer.chat): --chat_template, else the one a
 run trained on chat or preference data recorded, else (--hf) DIR/tokenizer_config.json's; the
@@ -27,6 +30,7 @@ would shadow it with the module, so the module itself is made callable as that f
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import types
@@ -51,8 +55,10 @@ _MESSAGES = flags.DEFINE_string("messages", None, "A JSON file: a list of {role,
                                                   "assistant), rendered with the chat template.")
 _CHAT_TEMPLATE = flags.DEFINE_string("chat_template", None, "Chat template for --chat / --messages: a .jinja file "
                                                             "or a tokenizer_config.json (default: the run's).")
+_STEP = flags.DEFINE_integer("step", None, "With --checkpoint: the step to read (default: the newest whole one).",
+                             lower_bound=0)
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "tokenizer.json (default for --checkpoint: the one the run "
-                                                    "was trained with).")
+                                                    "was trained with; for --hf: DIR/tokenizer.json).")
 _NO_BOS = flags.DEFINE_bool("no_bos", False, "Do not prepend the model's bos id to an encoded --prompt.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate.", lower_bound=1)
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.", lower_bound=0.0)
@@ -70,6 +76,8 @@ _GROUP_SIZE = flags.DEFINE_integer("group_size", 64, "Quantization group along t
 def check_flags() -> None:
     if (_HF.value is None) == (_CHECKPOINT.value is None):
         raise app.UsageError("give exactly one of --checkpoint and --hf")
+    if _STEP.value is not None and _CHECKPOINT.value is None:
+        raise app.UsageError("--step goes with --checkpoint (an HF directory holds one model)")
     if sum(f.value is not None for f in (_PROMPT, _PROMPT_IDS, _CHAT, _MESSAGES)) != 1:
         raise app.UsageError("give exactly one of --prompt, --prompt_ids, --chat and --messages")
 
@@ -81,7 +89,7 @@ def load_model():
     if _HF.value is not None:
         return load_hf(_HF.value, **options)
     try:
-        return load_checkpoint(_CHECKPOINT.value, **options)
+        return load_checkpoint(_CHECKPOINT.value, step=_STEP.value, **options)
     except ModuleNotFoundError as err:
         if "zaya_jax.train" not in str(err.name):
             raise
@@ -89,12 +97,17 @@ def load_model():
 
 
 def tokenizer_file() -> str:
-    """--tokenizer, else the tokenizer the checkpoint's run was trained with (its data.tokenizer)."""
+    """--tokenizer, else the tokenizer the checkpoint's run was trained with (its data.tokenizer), else
+    (--hf) the export's DIR/tokenizer.json."""
     if _TOKENIZER.value is not None:
         return _TOKENIZER.value
     if _CHECKPOINT.value is None:
-        raise UserError("--prompt needs --tokenizer with --hf (or pass --prompt_ids)")
-    path, saved = checkpoint_tokenizer_path(_CHECKPOINT.value)
+        path = os.path.join(_HF.value, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise UserError(f"--hf {_HF.value} holds no tokenizer.json: pass --tokenizer FILE (or --prompt_ids)")
+        print(f"[tokenizer: {path}]", file=sys.stderr)
+        return path
+    path, saved = checkpoint_tokenizer_path(_CHECKPOINT.value, _STEP.value)
     print(f"[tokenizer: {path}, the run's data.tokenizer {saved!r}]", file=sys.stderr)
     return path
 
@@ -105,6 +118,25 @@ def load_tokenizer(path: str):
         return tokenizers.Tokenizer.from_file(path)
     except Exception as err:  # tokenizers raises a bare Exception for a missing or malformed file
         raise UserError(f"--tokenizer {path}: cannot read it as a tokenizer.json ({err})") from err
+
+
+def prompt_ids() -> list[int]:
+    try:
+        return [int(x) for x in _PROMPT_IDS.value.split(",") if x.strip()]
+    except ValueError as err:
+        raise UserError(f"--prompt_ids {_PROMPT_IDS.value!r}: not comma-separated integers") from err
+
+
+def check_lengths(ids: list[int], cfg) -> None:
+    """The prompt's ids lie in the vocabulary, and it fits with --max_new_tokens in max_position_embeddings."""
+    outside = [i for i in ids if not 0 <= i < cfg.vocab_size]
+    if outside:
+        raise UserError(f"--prompt_ids: {', '.join(map(str, outside[:5]))} outside the model's vocabulary "
+                        f"(ids 0..{cfg.vocab_size - 1})")
+    if len(ids) + _MAX_NEW.value > cfg.max_position_embeddings:
+        raise UserError(f"--max_new_tokens {_MAX_NEW.value}: with the {len(ids)}-token prompt that is "
+                        f"{len(ids) + _MAX_NEW.value} positions, past the model's max_position_embeddings "
+                        f"{cfg.max_position_embeddings}; ask for at most {cfg.max_position_embeddings - len(ids)}")
 
 
 class TextStream:
@@ -153,14 +185,11 @@ def main(argv: list[str]) -> None:
         ids = encode_prompt(template, chat_tokenizer, messages).tolist()
         end_of_turn = end_of_turn_ids(template, chat_tokenizer)
     elif _PROMPT.value is not None:
-        ids = tokenizer.encode(_PROMPT.value).ids
-        if not _NO_BOS.value and ids[:1] != [cfg.bos_token_id]:
-            ids = [cfg.bos_token_id] + ids
+        ids = ([] if _NO_BOS.value else [cfg.bos_token_id]) + tokenizer.encode(_PROMPT.value,
+                                                                               add_special_tokens=False).ids
     else:
-        try:
-            ids = [int(x) for x in _PROMPT_IDS.value.split(",") if x.strip()]
-        except ValueError as err:
-            raise UserError(f"--prompt_ids {_PROMPT_IDS.value!r}: not comma-separated integers") from err
+        ids = prompt_ids()
+    check_lengths(ids, cfg)
     loaded = time.perf_counter()
     stream = TextStream(tokenizer, stop_tokens(cfg.eos_token_id, end_of_turn, not _IGNORE_EOS.value))
     generate(model, [ids], _MAX_NEW.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,

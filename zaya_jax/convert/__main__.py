@@ -96,7 +96,8 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
                             "(zaya_jax.load_hf reads them; transformers cannot).")
         schema = "native"
     files, told = export_tokenizer(checkpoint, model.config, tokenizer_path)
-    zaya_jax.save_hf(model, out_dir, schema=schema, extra_files=files)
+    zaya_jax.save_hf(model, out_dir, schema=schema, extra_files=files,
+                     report=lambda line: print(line, file=sys.stderr))
     print(told, file=sys.stderr)
     if schema == "original":
         print("note: the original schema holds Zyphra's ZAYA1-base names: zaya_jax.load_hf reads it, "

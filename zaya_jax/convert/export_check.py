@@ -81,8 +81,9 @@ def probe_ids(vocab_size: int) -> np.ndarray:
     return np.random.default_rng(0).integers(min(3, vocab_size - 1), vocab_size, PROBE_SHAPE)
 
 
-def verify_export(model: ZayaLM, directory, schema: str) -> None:
-    """Reads `directory` back (our loader, `model`'s runtime fields) and compares it with `model`."""
+def verify_export(model: ZayaLM, directory, schema: str) -> str:
+    """Reads `directory` back (our loader, `model`'s runtime fields) and compares it with `model`;
+    returns what was checked, as one line."""
     from zaya_jax.convert.hf_load import load_hf
     cfg = model.config
     written = load_hf(directory, **{f: getattr(cfg, f) for f in RUNTIME_MODEL_FIELDS})
@@ -101,3 +102,6 @@ def verify_export(model: ZayaLM, directory, schema: str) -> None:
     if not error <= PROBE_TOLERANCE * scale:
         raise ExportMismatch(f"the {schema} export computes different logits than its source on a probe batch "
                              f"(max difference {error:.3g}, logits up to {scale:.3g}); nothing was written")
+    return (f"checked: the {schema} export read back gives every architecture field and the source's logits on a "
+            f"{PROBE_SHAPE[0]} x {PROBE_SHAPE[1]} probe batch (max difference {error:.3g}, logits up to {scale:.3g}, "
+            f"tolerance {PROBE_TOLERANCE:g} of the scale)")

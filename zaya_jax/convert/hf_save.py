@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from flax import nnx
@@ -47,7 +48,8 @@ def hf_tensors(model: ZayaLM, schema: str):
 
 
 def save_hf(model: ZayaLM, directory: str | os.PathLike, schema: str | None = None,
-            max_shard_bytes: int = 5 * 2**30, extra_files: dict[str, str] | None = None) -> Path:
+            max_shard_bytes: int = 5 * 2**30, extra_files: dict[str, str] | None = None,
+            report: Callable[[str], None] | None = None) -> Path:
     """Writes config.json + safetensors that `transformers.ZayaForCausalLM.from_pretrained` loads.
 
     schema: "native" (transformers names) or "original" (Zyphra's ZAYA1-base names); by default
@@ -55,7 +57,8 @@ def save_hf(model: ZayaLM, directory: str | os.PathLike, schema: str | None = No
     model (zaya_jax.convert.export_check); otherwise nothing is written and ExportMismatch says
     why. The directory appears whole or not at all (written to a temporary sibling, checked,
     then renamed); an existing non-empty directory is refused. extra_files: {file name: text}
-    written beside them (the tokenizer files, zaya_jax.convert.hf_tokenizer).
+    written beside them (the tokenizer files, zaya_jax.convert.hf_tokenizer). report: called with
+    one line saying what the read-back check compared and found (the convert CLI prints it).
     """
     cfg = model.config
     schema = schema or ("original" if cfg.layout == "base" else "native")
@@ -73,7 +76,7 @@ def save_hf(model: ZayaLM, directory: str | os.PathLike, schema: str | None = No
         (staging / "config.json").write_text(json.dumps(config, indent=2))
         for name, text in (extra_files or {}).items():
             (staging / name).write_text(text, encoding="utf-8")
-        verify_export(model, staging, schema)
+        checked = verify_export(model, staging, schema)
         group_readable(staging)
         if target.exists():
             target.rmdir()
@@ -81,4 +84,6 @@ def save_hf(model: ZayaLM, directory: str | os.PathLike, schema: str | None = No
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    if report is not None:
+        report(checked)
     return target

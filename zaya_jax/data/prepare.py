@@ -1,4 +1,4 @@
-"""CLI: tokenize raw text into ArrayRecord shards of token sequences, one document per record.
+r"""CLI: tokenize raw text into ArrayRecord shards of token sequences, one document per record.
 
     python -m zaya_jax.data.prepare --input 'raw/**/*.jsonl' --format jsonl \
         --tokenizer /models/gemma3/tokenizer.json --output /data/zaya1/web --workers 8
@@ -162,30 +162,40 @@ def run_shard(task: ShardTask, report: Callable[[int], None]) -> dict:
             _add_document(stats, "text", doc)
 
     try:
-        for path in task.files:
-            if task.kind != "text":
-                _write_records(task, tok, path, lambda doc: writer.write(records.encode(task.kind, doc, dtype)),
-                               stats, on_error)
-                report(os.path.getsize(path))
-                continue
-            texts, reported = [], 0
-            for doc in readers.read_documents(path, task.fmt, task.text_field, on_error):
-                if not doc.text.strip():
-                    stats["empty_documents"] += 1
-                    continue
-                texts.append(doc.text)
-                if len(texts) == ENCODE_BATCH:
-                    write(texts)
-                    texts = []
-                    report(doc.offset - reported)
-                    reported = doc.offset
-            write(texts)
-            report(os.path.getsize(path) - reported)
-    finally:
+        _write_shard(task, tok, write, writer, stats, on_error, report)
+    except BaseException:
         writer.close()
+        os.remove(task.path(".array_record.tmp"))  # a failed shard leaves nothing behind
+        raise
+    writer.close()
     os.replace(task.path(".array_record.tmp"), task.path(".array_record"))
     write_json_atomic(task.path(".json"), stats)
     return stats
+
+
+def _write_shard(task: ShardTask, tok: Tokenizer, write: Callable[[list[str]], None], writer, stats: dict,
+                 on_error: readers.ErrorHandler, report: Callable[[int], None]) -> None:
+    """Every input file of `task` through `write` (text) or into `writer` (chat, preference)."""
+    dtype = token_dtype(tok.vocab_size)
+    for path in task.files:
+        if task.kind != "text":
+            _write_records(task, tok, path, lambda doc: writer.write(records.encode(task.kind, doc, dtype)),
+                           stats, on_error)
+            report(os.path.getsize(path))
+            continue
+        texts, reported = [], 0
+        for doc in readers.read_documents(path, task.fmt, task.text_field, on_error):
+            if not doc.text.strip():
+                stats["empty_documents"] += 1
+                continue
+            texts.append(doc.text)
+            if len(texts) == ENCODE_BATCH:
+                write(texts)
+                texts = []
+                report(doc.offset - reported)
+                reported = doc.offset
+        write(texts)
+        report(os.path.getsize(path) - reported)
 
 
 def _write_records(task: ShardTask, tok: Tokenizer, path: str, write: Callable[[object], None], stats: dict,
@@ -281,12 +291,13 @@ def prepare_dataset(inputs: str | Sequence[str], fmt: str, tokenizer_path: str, 
     num_shards = min(len(files), 64 if num_shards is None else num_shards)
     if num_shards < 1:
         raise ValueError(f"--num-shards must be positive, got {num_shards}")
+    plan_path = os.path.join(output_dir, PLAN)
+    created = {"output": not os.path.exists(output_dir), "plan": not os.path.exists(plan_path)}
     os.makedirs(output_dir, exist_ok=True)
     plan = {"format_version": FORMAT_VERSION, "format": fmt, "kind": kind, "text_field": field,
             "tokenizer_sha256": tok.sha256, "special_ids": [bos_id, eos_id, pad_id], "num_shards": num_shards,
             "chat_template_sha256": template and template.sha256,
             "inputs": [[f, os.path.getsize(f)] for f in files]}
-    plan_path = os.path.join(output_dir, PLAN)
     if os.path.exists(plan_path):
         with open(plan_path) as f:
             old = {"kind": "text", "chat_template_sha256": None, **json.load(f)}  # older plans: text
@@ -303,12 +314,16 @@ def prepare_dataset(inputs: str | Sequence[str], fmt: str, tokenizer_path: str, 
     pending = [t for t in tasks if not os.path.exists(t.path(".json"))]
     total = sum(os.path.getsize(f) for t in pending for f in t.files)
     desc = f"prepare: {len(pending)} of {num_shards} shards to do"
-    with tqdm.tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
-        if workers > 1 and len(pending) > 1:
-            _run_parallel(pending, workers, bar)
-        else:
-            for task in pending:
-                run_shard(task, bar.update)
+    try:
+        with tqdm.tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
+            if workers > 1 and len(pending) > 1:
+                _run_parallel(pending, workers, bar)
+            else:
+                for task in pending:
+                    run_shard(task, bar.update)
+    except BaseException:
+        _undo_start(output_dir, plan_path, created, tasks)
+        raise
 
     shards = []
     for task in tasks:
@@ -317,6 +332,17 @@ def prepare_dataset(inputs: str | Sequence[str], fmt: str, tokenizer_path: str, 
     template_info = template and {"path": template.path, "sha256": template.sha256}
     return _write_manifest(output_dir, shards, tokenizer_info=tok.info(), fmt=fmt, text_field=field,
                            inputs=files, kind=kind, template_info=template_info)
+
+
+def _undo_start(output_dir: str, plan_path: str, created: dict[str, bool], tasks: list[ShardTask]) -> None:
+    """After a failure with no shard done: the plan.json (and the output directory) this run created go,
+    so the output is as it was (failed shards remove their own files; done shards stay, a re-run skips them)."""
+    if any(os.path.exists(t.path(".json")) for t in tasks):
+        return
+    if created["plan"] and os.path.exists(plan_path):
+        os.remove(plan_path)
+    if created["output"] and not os.listdir(output_dir):
+        os.rmdir(output_dir)
 
 
 def _write_manifest(output_dir: str, shards: list[dict], *, tokenizer_info: dict, fmt: str, text_field: str,
@@ -394,7 +420,9 @@ def main(argv: list[str]) -> None:
                                    bos_id=f.bos_id, eos_id=f.eos_id, pad_id=f.pad_id, text_field=f.text_field,
                                    messages_field=f.messages_field, num_shards=f.num_shards, workers=f.workers,
                                    skip_bad=f.skip_bad, progress=not f.quiet)
-    except (FileNotFoundError, ValueError) as err:  # an InputError is a UserError already
+    except readers.InputError as err:
+        raise UserError(f"{err}\n(--skip_bad skips bad files and lines and counts them in the manifest)") from err
+    except (FileNotFoundError, ValueError) as err:
         raise UserError(str(err)) from err
     summary = {k: manifest[k] for k in ("kind", "num_documents", "num_tokens", "num_supervised_tokens", "num_pairs",
                                         "skipped_files", "skipped_lines", "dtype") if k in manifest}

@@ -368,6 +368,8 @@ def whole_step(directory: str, items: tuple[str, ...], step: int | None = None) 
             logging.warning("checkpoint %s in %s skipped: %s", s, directory, why)
     if found is None:
         detail = "; ".join(f"step {s}: {why}" for s, why in skipped) or "no step directories"
+        if not skipped and os.path.isfile(os.path.join(directory, "config.json")):
+            detail += " (it holds an HF checkpoint's config.json: give it as --hf instead)"
         raise UserError(f"no whole checkpoint at {directory}{f' (step {step})' if step is not None else ''}: {detail}")
     return found
 

@@ -47,13 +47,21 @@ from zaya_jax.train.workdir_lock import WorkdirLock
 
 
 def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
-    """An HF checkpoint whose architecture must equal `cfg`'s (errors name the first difference)."""
+    """An HF checkpoint whose architecture must equal `cfg`'s (errors name the first difference).
+
+    Its rope_theta may differ: a RoPE base is the curriculum phase's, not architecture (an export
+    carries the base of the phase it was saved in); the model keeps its own, callers decide."""
     import zaya_jax
     model = zaya_jax.load_hf(path, **{f: getattr(cfg, f) for f in RUNTIME_MODEL_FIELDS})
-    for name, value in vars(model.config).items():
-        if value != getattr(cfg, name):
-            raise ConfigError(f"{field}: {path} has model.{name}={value!r} but the config says {getattr(cfg, name)!r}")
+    check_same_architecture(model, cfg, field=f"{field}: {path}", ignore=("rope_theta",))
     return model
+
+
+def check_start_rope_theta(saved: float, rope_theta: float, field: str) -> None:
+    """Training from weights trained at RoPE base `saved` must start at it (the first phase's base)."""
+    if saved != rope_theta:
+        raise ConfigError(f"{field} was trained with rope_theta={saved:g} but this run starts with {rope_theta:g}: "
+                          f"set --config.model.rope_theta={saved:g} (or its first curriculum phase's rope_theta)")
 
 
 def check_same_architecture(model: ZayaLM, cfg, field: str, ignore: tuple[str, ...] = ()) -> None:
@@ -81,10 +89,7 @@ def checkpoint_to_start_from(path: str, cfg, rope_theta: float, made_by: str = "
         raise UserError(f"{field}: no checkpoint at {path}; train it first: {made_by.format(path)}") from err
     saved = model_config(read_config(directory, step))
     check_same_architecture(saved, cfg, f"{field}: {directory} step {step}", ignore=("rope_theta",))
-    if saved.rope_theta != rope_theta:
-        raise ConfigError(f"{field}: {directory} step {step} was trained with rope_theta={saved.rope_theta:g} but "
-                          f"this run starts with {rope_theta:g}: set --config.model.rope_theta={saved.rope_theta:g} "
-                          "(or its first curriculum phase's rope_theta)")
+    check_start_rope_theta(saved.rope_theta, rope_theta, f"{field}: {directory} step {step}")
     return directory, step
 
 
@@ -96,7 +101,7 @@ class Trainer:
         if init_model is not None:
             check_same_architecture(init_model, s.model, "init_model")
         self._init_model, self.on_log = init_model, on_log
-        self._last_loss: float | None = None
+        self._last_loss: tuple[int, float] | None = None  # (step, loss) of the last logged train record
         self._compiled: set[tuple[int, int, float]] = set()  # (batch, seq_len, rope_theta): one step program each
         self._eval_compiled: set[float] = set()  # rope_theta of each evaluation program compiled (several processes)
         distributed.initialize()
@@ -127,6 +132,8 @@ class Trainer:
         self._init_origin = "the given init_model's weights"
         if init_model is None and s.train.init_from_hf and not resuming:  # after the cheap checks; outside any mesh
             self._init_model = load_hf_matching(s.train.init_from_hf, s.model, "train.init_from_hf")
+            check_start_rope_theta(self._init_model.config.rope_theta, self.phases[0].rope_theta,
+                                   f"train.init_from_hf: {s.train.init_from_hf}")
             self._init_origin = f"HF weights {s.train.init_from_hf}"
 
         program = build_program(s, self.mesh)
@@ -165,6 +172,8 @@ class Trainer:
     def _initial_state(self) -> tuple[TrainState, str]:
         point = self.checkpointer.resume_point(self.monitor.log)
         step = point[0] if point else None
+        if point is not None:
+            self._check_resumable(step)
         if point is not None and point[1] == "training":
             return self._restore(step), f"restored checkpoint {step}"
         if point is not None:
@@ -180,6 +189,19 @@ class Trainer:
         self._init_model = None  # the state holds the weights now
         return self._fresh(jax.device_put(params, self.shardings.params),
                            jax.device_put(biases, self.shardings.biases)), self._init_origin
+
+    def _check_resumable(self, step: int) -> None:
+        """The workdir's checkpoint `step` must hold this config's architecture (its RoPE base is its
+        curriculum phase's, not architecture): else a ConfigError naming the field, before any restore."""
+        from zaya_jax.config_files import model_config
+        saved = model_config(read_config(self.checkpointer.directory, step))
+        try:
+            check_same_architecture(saved, self.settings.model, f"resuming {self.checkpointer.directory} step {step}",
+                                    ignore=("rope_theta",))
+        except ConfigError as err:
+            raise ConfigError(f"{str(err).replace('the model has', 'the checkpoint has')}\nresume with the config "
+                              "that run was trained with (its checkpoints are intact), or train this config in a new "
+                              "--workdir") from None
 
     def _restored_model(self, directory: str, step: int) -> tuple[dict, jax.Array]:
         """(params, biases) of the `model` item of `step` in `directory`, on this run's shardings."""
@@ -200,6 +222,9 @@ class Trainer:
         s = self.settings
         step = start = int(jax.device_get(self.state.step))
         last_saved = step if self.checkpointer.latest_step() == step else None
+        if start >= s.train.steps:
+            self.monitor.log(f"already at step {start}, train.steps={s.train.steps}: nothing to train (raise "
+                             "--config.train.steps to train on)")
         window_start, window_tokens = time.perf_counter(), 0
         phase = None
         with faults.catching_stops() as stop, jax.set_mesh(self.mesh):
@@ -286,7 +311,11 @@ class Trainer:
         if not self.is_main:
             return
         latest = self.checkpointer.latest_step()
-        lines = [f"finished at step {step}" + (f", loss {self._last_loss:.4f}" if self._last_loss is not None else ""),
+        ended = f"stopped by signal {self.stopped_by} at step {step}" if self.stopped_by else f"finished at step {step}"
+        if self._last_loss is not None:
+            loss_step, loss = self._last_loss
+            ended += f", loss {loss:.4f}" if loss_step == step else f", last logged loss {loss:.4f} (step {loss_step})"
+        lines = [ended,
                  f"  checkpoints     {self.checkpointer.directory} (latest: {latest})",
                  f"  metrics         {os.path.join(self.workdir, METRICS_FILE)}"]
         if self.settings.monitor.tensorboard:
@@ -395,7 +424,7 @@ class Trainer:
                   **router_metrics(m["expert_counts"], m["dropped"]),
                   "expert_load": np.round(expert_load(m["expert_counts"]), 5).tolist()}
         self._write(record)
-        self._last_loss = record["loss"]
+        self._last_loss = (step, record["loss"])
         self.monitor.progress(step, record["loss"], tokens_per_sec, mfu)
 
     def evaluate(self, step: int, rope_theta: float) -> dict:
