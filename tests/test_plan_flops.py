@@ -25,3 +25,32 @@ def test_step_flops_within_ten_percent_of_xla(objective):
     assert ours["loss_head"] > 0 and ours["experts"] > 0 and ours["optimizer/newton_schulz"] > 0
     assert ("reference_model" in ours) == (objective == "dpo")
     assert row["planner_flops"] == pytest.approx(row["xla_flops"], rel=0.10)
+
+
+@pytest.mark.parametrize("layers", [8, 6])
+def test_newton_schulz_flops_per_device_are_xlas_for_distributed_muon(layers):
+    """The planner's per-device Newton-Schulz count (planner.muon_matrices: the stack spread over 8
+    data ranks, the busiest taking ceil(B / 8) matrices) against XLA's cost analysis of the compiled,
+    partitioned Muon update on an 8-way data mesh."""
+    import jax
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    from zaya_jax.parallel.planner import StepShape, muon_matrices
+    from zaya_jax.parallel.step_flops import newton_schulz_flops
+    from zaya_jax.train.optimizer import MUON_MATRICES, distributed_muon
+    from zaya_jax.train.settings import OptimizerSettings
+    shape = (layers, 3, 16, 24)
+    tx = distributed_muon(OptimizerSettings())
+    grads = {"layers": {"moe": {"gate": jax.numpy.ones(shape)}}}
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    with jax.set_mesh(mesh):
+        g = jax.device_put(grads, NamedSharding(mesh, PartitionSpec()))
+        compiled = jax.jit(lambda x: tx.update(x, tx.init(x))[0]).lower(g).compile()
+    cost = compiled.cost_analysis()
+    xla = (cost[0] if isinstance(cost, list) else cost)["flops"]
+    (var_shape, dims, devices), = muon_matrices({"data": 8, "fsdp": 1, "expert": 1, "tensor": 1, "context": 1},
+                                               StepShape(8, 64, optimizer="muon"),
+                                               [(("layers", "moe", "gate"), shape, PartitionSpec())])
+    ours = newton_schulz_flops(var_shape, dims.reduction_axis, dims.output_axis, 5) / devices
+    assert dims == MUON_MATRICES["layers/moe/gate"] and devices == layers * 3 / -(-layers * 3 // 8)
+    assert ours == pytest.approx(xla, rel=0.10), (ours, xla)

@@ -1,5 +1,7 @@
 """Which parameters Muon takes, per-matrix Newton-Schulz on stacked parameters, schedules."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,3 +76,49 @@ def test_schedules(kind):
         assert float(lr(100)) == pytest.approx(1.0)
     else:
         assert float(lr(100)) == pytest.approx(0.1)
+
+
+def _newton_schulz_batches(compiled_text: str, rows: int) -> set[int]:
+    """The batch sizes of the compiled [batch, rows, rows] matmuls (Newton-Schulz's x @ x^T)."""
+    found = re.findall(rf"= f32\[(\d+),{rows},{rows}\]\{{[\d,]+\}} dot\(", compiled_text)
+    return {int(b) for b in found}
+
+
+@pytest.mark.parametrize("layers", [8, 6])  # 6 layers: an uneven share over 8 ranks
+def test_newton_schulz_is_spread_over_the_data_ranks_and_the_update_is_optax_muons(layers):
+    """On an 8-way data mesh each rank orthogonalises its share of the stacked matrices; two steps of
+    updates and the momentum equal optax's scale_by_muon on the parameters' own dimension numbers, on
+    one device."""
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+    from optax.contrib import scale_by_muon
+
+    from zaya_jax.train.optimizer import distributed_muon
+    keys = jax.random.split(jax.random.key(2), 4)
+    grads = [{"layers": {"moe": {"gate": jax.random.normal(keys[i], (layers, 3, 16, 24))},
+                         "attention": {"o_proj": jax.random.normal(keys[i + 2], (layers, 4, 8, 32))}}}
+             for i in range(2)]
+    reference = scale_by_muon(ns_steps=MUON.muon_ns_steps, beta=MUON.muon_momentum, eps=MUON.eps,
+                              nesterov=MUON.muon_nesterov, weight_dimension_numbers=lambda u: jax.tree_util.
+                              tree_map_with_path(lambda p, _: MUON_MATRICES[path_name(p)], u))
+    ours = distributed_muon(MUON)
+
+    def two_steps(tx, g0, g1):
+        state = tx.init(g0)
+        first, state = tx.update(g0, state)
+        second, state = tx.update(g1, state)
+        return first, second, state.mu
+
+    expected = jax.jit(lambda a, b: two_steps(reference, a, b))(*grads)
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    replicated = jax.device_put(grads, NamedSharding(mesh, PartitionSpec()))
+    with jax.set_mesh(mesh):
+        spread = jax.jit(lambda a, b: two_steps(ours, a, b))
+        got = spread(*replicated)
+        text = spread.lower(*replicated).compile().as_text()
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-6)
+    share = -(-layers * 3 // 8)  # the gate's layers x experts matrices, ceil-divided over 8 ranks
+    assert _newton_schulz_batches(text, 16) == {share}, _newton_schulz_batches(text, 16)
+    alone = jax.jit(lambda a, b: two_steps(ours, a, b)).lower(*grads).compile().as_text()  # no mesh: all of it
+    assert _newton_schulz_batches(alone, 16) == {layers * 3}

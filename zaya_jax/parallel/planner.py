@@ -91,15 +91,20 @@ def parameter_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape,
 
 
 def muon_matrices(mesh: dict[str, int], shape: StepShape, parameters: list) -> list[tuple]:
-    """(shape, MuonDimensionNumbers, optimizer-state shard factor) of each parameter Muon orthogonalises."""
+    """(shape, MuonDimensionNumbers, devices that split its Newton-Schulz) of each parameter Muon
+    orthogonalises: its [B, m, n] stack is spread over the data ranks (zaya_jax.train.optimizer,
+    distributed Muon: the busiest rank takes ceil(B / data) matrices), and the parameter's own
+    sharding splits each matrix further."""
     if shape.optimizer != "muon":
         return []
     out = []
     for path, var_shape, spec in parameters:
         dims = MUON_MATRICES.get("/".join(path))
         if dims is not None:
-            opt_spec = with_data_axis(spec, var_shape, mesh) if shape.shard_optimizer_over_data else spec
-            out.append((var_shape, dims, _shard_factor(opt_spec, mesh)))
+            matrix = {a % len(var_shape) for a in (*dims.reduction_axis, *dims.output_axis)}
+            stack = math.prod(n for a, n in enumerate(var_shape) if a not in matrix)
+            over_data = stack / math.ceil(stack / mesh.get("data", 1))
+            out.append((var_shape, dims, over_data * _shard_factor(spec, mesh)))
     return out
 
 

@@ -26,7 +26,8 @@ loop, and jax 0.10.2's XLA merges the recompute into the forward: 3 passes there
 A DPO step (objective 'dpo') also runs the frozen reference model forward once, without a
 backward or recompute: `reference_model`, one pass of every layer op and of the loss head.
 The optimizer adds Muon's Newton-Schulz iterations, 4 a^2 b + 2 a^3 per step for an a x b
-matrix (a <= b), on each matrix's optimizer shard.
+matrix (a <= b), each parameter's stack of matrices spread over the data ranks (distributed Muon,
+zaya_jax.train.optimizer) and split further by the parameter's own sharding.
 
 Per device: divided by the devices that split the work (batch axes, context, and tensor for
 the ops whose heads / hidden / vocab it shards; ops it does not shard, the value projections
@@ -139,8 +140,8 @@ def step_flops(cfg: ModelConfig, mesh: dict[str, int], *, global_batch: int, seq
                ns_steps: int, loss_chunk: int, objective: str = "lm") -> dict[str, float]:
     """FLOPs per device per optimizer step, by op group (forward, backward and recompute summed).
 
-    optimizer_matrices: (shape, MuonDimensionNumbers, optimizer-state shard factor) of every
-    Muon matrix (empty for AdamW); loss_chunk: train.loss_chunk_size; objective: train.objective.
+    optimizer_matrices: (shape, MuonDimensionNumbers, devices that split its Newton-Schulz) of
+    every Muon parameter (planner.muon_matrices; empty for AdamW); loss_chunk: train.loss_chunk_size; objective: train.objective.
     """
     batch_shards = mesh["data"] * mesh["fsdp"] * mesh["expert"]
     devices_per_token = batch_shards * mesh["context"]

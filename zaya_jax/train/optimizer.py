@@ -11,6 +11,14 @@ leading axis (layers, experts) is a batch axis, so Newton-Schulz orthogonalises 
 AdamW takes everything else: the embedding (tied with the output head), norms, biases,
 residual scales, key temperatures and the small CCA convolutions.
 
+Distributed Muon: Newton-Schulz is per matrix, so it needs no data-parallel replica to repeat it.
+Muon runs on each parameter as a [B, m, n] stack of its matrices (layers x experts flattened);
+under a mesh with a `data` axis (the trainer's step) B is sharded over `data`: every data-parallel
+rank orthogonalises its own share of the stack (an uneven share where B does not divide), and the
+partitioner all-gathers the updates back to the parameters' sharding. The update equals single-device
+Muon (tests/test_train_optimizer.py, with the per-device batch of the compiled Newton-Schulz
+matmuls as proof that the work is split).
+
 Weight decay: matrices, convolution kernels and (if optimizer.decay_embedding) the embedding;
 never norms, biases, scales or temperatures. Both groups share the schedule's shape; AdamW's
 peak is optimizer.adam_learning_rate (0: the same as Muon's).
@@ -18,10 +26,13 @@ peak is optimizer.adam_learning_rate (0: the same as Muon's).
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import jax
+import numpy as np
 import optax
+from jax.sharding import PartitionSpec as P
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
 from zaya_jax.train.settings import OptimizerSettings
@@ -89,9 +100,73 @@ def schedule(settings: OptimizerSettings, total_steps: int, peak: float) -> opta
         [s.warmup_steps, decay_start])
 
 
+MATRIX = MuonDimensionNumbers((-2,), (-1,))  # a [B, m, n] stack of m x n matrices
+
+
+def _layout(name: str, ndim: int) -> tuple[tuple[int, ...], int, int]:
+    """(axis order batch + reduction + output, #batch axes, #reduction axes) of parameter `name`."""
+    spec = MUON_MATRICES[name]
+    reduction = tuple(a % ndim for a in spec.reduction_axis)
+    output = tuple(a % ndim for a in spec.output_axis)
+    batch = tuple(a for a in range(ndim) if a not in reduction + output)
+    return batch + reduction + output, len(batch), len(reduction)
+
+
+def as_matrices(name: str, x: jax.Array) -> jax.Array:
+    """Parameter-shaped `x` -> [B, m, n]: batch axes (layers, experts) flattened, then the reduction
+    and output axes (the order optax's Muon reshapes to)."""
+    order, batch, reduction = _layout(name, x.ndim)
+    y = x.transpose(order)
+    return y.reshape(math.prod(y.shape[:batch]), math.prod(y.shape[batch:batch + reduction]),
+                     math.prod(y.shape[batch + reduction:]))
+
+
+def from_matrices(name: str, y: jax.Array, like: jax.Array) -> jax.Array:
+    """as_matrices' inverse: [B, m, n] -> the shape of `like`."""
+    order, _, _ = _layout(name, like.ndim)
+    return y.reshape(tuple(like.shape[a] for a in order)).transpose(tuple(int(i) for i in np.argsort(order)))
+
+
+def spread_over_data(stacks):
+    """[B, m, n] stacks with B sharded over the mesh's `data` axis (unevenly where it does not divide),
+    m and n left to the partitioner; as they are without such a mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or "data" not in mesh.axis_names or mesh.shape["data"] == 1:
+        return stacks
+    spec = P("data", P.UNCONSTRAINED, P.UNCONSTRAINED)
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, spec), stacks)
+
+
+def _on_matrices(fn, tree, like=None):
+    """fn(name, leaf[, like leaf]) over a (masked) tree of Muon parameters."""
+    if like is None:
+        return jax.tree_util.tree_map_with_path(lambda path, x: fn(path_name(path), x), tree)
+    return jax.tree_util.tree_map_with_path(lambda path, x, y: fn(path_name(path), x, y), tree, like)
+
+
+def distributed_muon(settings: OptimizerSettings) -> optax.GradientTransformation:
+    """optax's scale_by_muon on every parameter's [B, m, n] stack, spread over the data-parallel ranks
+    (spread_over_data); its momentum is kept in the parameters' shapes (their shardings, ZeRO-1)."""
+    s = settings
+    muon = scale_by_muon(ns_steps=s.muon_ns_steps, beta=s.muon_momentum, eps=s.eps, nesterov=s.muon_nesterov,
+                         weight_dimension_numbers=lambda updates: _map_params(lambda _: MATRIX, updates))
+
+    def init(params):
+        state = muon.init(_on_matrices(as_matrices, params))
+        return state._replace(mu=_on_matrices(from_matrices, state.mu, params))
+
+    def update(updates, state, params=None):
+        del params
+        stacks = spread_over_data(_on_matrices(as_matrices, updates))
+        momentum = spread_over_data(_on_matrices(as_matrices, state.mu))
+        out, state = muon.update(stacks, state._replace(mu=momentum))
+        return (_on_matrices(from_matrices, out, updates),
+                state._replace(mu=_on_matrices(from_matrices, state.mu, updates)))
+    return optax.GradientTransformation(init, update)
+
+
 def _muon(settings: OptimizerSettings, lr: optax.Schedule) -> optax.GradientTransformation:
     s = settings
-    dims = lambda updates: _map_params(MUON_MATRICES.__getitem__, updates)  # noqa: E731
 
     def rms_match(updates, state, params=None):
         del params
@@ -108,8 +183,7 @@ def _muon(settings: OptimizerSettings, lr: optax.Schedule) -> optax.GradientTran
         return jax.tree_util.tree_map_with_path(lambda p, u: scale(path_name(p), u), updates), state
 
     return optax.chain(
-        scale_by_muon(ns_steps=s.muon_ns_steps, beta=s.muon_momentum, eps=s.eps, nesterov=s.muon_nesterov,
-                      weight_dimension_numbers=dims),
+        distributed_muon(s),
         optax.GradientTransformation(optax.init_empty_state, rms_match),
         optax.add_decayed_weights(s.weight_decay, mask=lambda p: decay_mask(p, s)),
         optax.scale_by_learning_rate(lr),
