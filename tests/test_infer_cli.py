@@ -112,7 +112,7 @@ def test_checkpoint_without_the_trainer_names_the_missing_module(checkpoint, mon
 
 @pytest.mark.torch_reference
 def test_prompt_text_needs_a_tokenizer(checkpoint):
-    with pytest.raises(UserError, match="--prompt needs --tokenizer"):
+    with pytest.raises(UserError, match=f"--hf {checkpoint} holds no tokenizer.json: pass --tokenizer FILE"):
         run_main(["--hf", str(checkpoint), "--prompt", "hello"])
 
 
