@@ -225,17 +225,19 @@ class Job:
     def wait_for(self, text: str, process: int = 0, timeout: float = 240) -> None:
         deadline = time.time() + timeout
         while text not in self.output(process):
-            self._check_running(deadline, f"never printed {text!r}")
+            self.check_running(deadline, f"never printed {text!r}")
             time.sleep(0.05)
 
     def wait_for_step(self, beyond: int) -> None:
         """Until process 0 logs a train record past step `beyond`."""
         deadline = time.time() + 240
         while not self._logged_beyond(beyond):
-            self._check_running(deadline, f"never logged a step past {beyond}")
+            self.check_running(deadline, f"never logged a step past {beyond}")
             time.sleep(0.05)
 
-    def _check_running(self, deadline: float, waiting_for: str) -> None:
+    def check_running(self, deadline: float, waiting_for: str) -> None:
+        """Raises, while waiting for `waiting_for`, if a process ended or `deadline` passed:
+        OverloadedHarness when gloo gave up connecting, else AssertionError with both outputs."""
         if all(p.poll() is None for p in self.processes) and time.time() < deadline:
             return
         self._raise_if_overloaded()
