@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -139,7 +140,7 @@ def test_a_slurm_task_per_node_drives_every_device_of_its_node():
     port = next(p for p in range(62000, 65000) if socket.socket().connect_ex(("127.0.0.1", p)) != 0)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ZAYA_"))}
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4", PYTHONPATH=REPO)
-    tasks = [subprocess.Popen(["python", "-c", SLURM_START], cwd=REPO, env={**env, **_slurm_env(node, port)},
+    tasks = [subprocess.Popen([sys.executable, "-c", SLURM_START], cwd=REPO, env={**env, **_slurm_env(node, port)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in range(2)]
     outputs = [t.communicate(timeout=180)[0] for t in tasks]
     assert [t.returncode for t in tasks] == [0, 0], outputs
@@ -180,7 +181,7 @@ def gpu_xla_flags(platform: str) -> list[str]:
 
 def _jax_starts_with(flags: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(flags)}
-    return subprocess.run(["python", "-c", "import jax; jax.devices()"], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env, capture_output=True, text=True,
                           timeout=120)
 
 
