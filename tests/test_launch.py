@@ -88,7 +88,8 @@ def test_job_mesh_is_the_planner_search_pick(name, case):
     pick = found["whole_run"][0]["mesh"]
     for phase in parse_phases(config.data):
         mesh = resolve_mesh_shape(phase_mesh_sizes(config, phase), devices)
-        assert ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) == pick, (name, phase.name, found["whole_run"][:3])
+        assert ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) == pick, \
+            (name, phase.name, found["whole_run"][:3])
     recorded = json.load(open(os.path.join(REPO, "benchmarks/results/planner_predictions.json")))[case]
     assert (recorded["mesh"] if "mesh" in recorded else recorded["whole_run_top5"][0]["mesh"]) == pick, \
         "benchmarks/results/planner_predictions.json is stale: rerun python benchmarks/planner_predictions.py"
