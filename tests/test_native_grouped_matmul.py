@@ -1,12 +1,14 @@
 """The native CPU grouped matmul (zaya_jax.native.grouped_matmul) equals jax.lax.ragged_dot in values
 and gradients, and `moe_backend=auto` picks it on CPU (or falls back to `tiles`, warning once)."""
 
+import re
 import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from zaya_jax.errors import UserError
 from zaya_jax.model import kernels
@@ -72,6 +74,31 @@ def test_auto_backend_on_cpu_is_native_and_runs_the_model_like_dense():
     ids = np.random.default_rng(0).integers(3, 64, (2, 24))
     logits = [np.asarray(jax.jit(lambda m: m(ids))(tiny_model(moe_backend=b))) for b in ("auto", "dense")]
     np.testing.assert_allclose(logits[0], logits[1], atol=2e-5, rtol=1e-5)
+
+
+def _ffi_targets(text: str) -> set[str]:
+    return {
+        name for pair in re.findall(r'custom_call @(zaya_\w+)|custom_call_target="(zaya_\w+)"', text)
+        for name in pair if name}
+
+
+def test_auto_backend_on_cpu_puts_the_native_kernels_in_the_jitted_model():
+    """The model's forward and backward pass with moe_backend=auto, jitted on CPU, call the native FFI
+    kernels (forward, input gradient, weight gradient) in the lowered and the compiled program: a
+    model that silently dispatched `auto` to ragged_dot (same values) fails here."""
+    assert kernels.platform() == "cpu"
+    ids = np.random.default_rng(0).integers(3, 64, (2, 24))
+
+    def loss(model):
+        return jnp.mean(model(ids).astype(jnp.float32) ** 2)
+
+    def lowered(backend):
+        return jax.jit(lambda m: nnx.grad(loss)(m)).lower(tiny_model(moe_backend=backend))
+
+    step = lowered("auto")
+    for text in (step.as_text(), step.compile().as_text()):
+        assert _ffi_targets(text) == set(native._TARGETS), sorted(_ffi_targets(text))
+    assert not _ffi_targets(lowered("ragged").as_text())  # the check tells the two backends apart
 
 
 def test_without_the_library_auto_falls_back_to_tiles_warning_once(monkeypatch):

@@ -37,6 +37,52 @@ def test_plan_cli_names_a_bad_field():
     assert out.returncode != 0 and "model.layout='sideways' does not exist" in out.stderr
 
 
+def _plan_cli(*args) -> subprocess.CompletedProcess:
+    from tests.train_helpers import REPO, cli_env
+
+    return subprocess.run([sys.executable, "-m", "zaya_jax.plan", *args], cwd=REPO, env=cli_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def _assert_user_error(done, *fragments):
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert lines and lines[0].startswith("error: ") and len(lines) <= 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    for fragment in fragments:
+        assert fragment in done.stderr, (fragment, done.stderr)
+
+
+@pytest.mark.parametrize("args,fragments", [
+    # configs/demo.py has no train.global_batch_size: its curriculum phases give the batch (8 rows)
+    (("--config", "configs/demo.py", "--mesh", "data=3"),
+     ("--mesh data=3", "global batch of 8 rows", "curriculum phase 3 long_mixed", "data*fsdp*expert = 3",
+      "--mesh data=2 or --mesh data=4")),
+    (("--config", "configs/zaya1_base.py", "--mesh", "data=3"),
+     ("--mesh data=3", "global batch of 4096 rows (train.global_batch_size)", "--mesh data=2 or --mesh data=4")),
+    (("--config", "configs/zaya1_base.py", "--mesh", "data=2,context=3"),
+     ("--mesh data=2,context=3", "sequence length 4096 (train.seq_len)", "--mesh data=2,context=4")),
+    (("--config", "configs/demo.py", "--mesh", "data=2", "--grad_accum", "3"),
+     ("--grad_accum 3", "do not divide the global batch of 8 rows", "--grad_accum 2 or --grad_accum 4")),
+    (("--config", "configs/demo.py", "--mesh", "data=two"), ("--mesh", "'data'", "integer")),
+])
+def test_plan_cli_mesh_that_does_not_split_the_step(args, fragments):
+    _assert_user_error(_plan_cli(*args), *fragments)
+
+
+def test_plan_cli_mesh_on_a_curriculum_config_plans_its_largest_phase():
+    """configs/demo.py (batch and length per curriculum phase, none in train): --mesh data=2 plans the
+    phase with the most tokens per step (8 x 256), and the hardware prediction and search run too."""
+    done = _plan_cli("--config", "configs/demo.py", "--mesh", "data=2", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    p = json.loads(done.stdout)["plan"]
+    assert (p["step"]["global_batch"], p["step"]["seq_len"], p["devices"]) == (8, 256, 2)
+    assert "long_mixed" in p["step_from"]
+    for args in (("--mesh", "data=2", "--hardware", "h200"), ("--search", "--devices", "8", "--hardware", "h200")):
+        done = _plan_cli("--config", "configs/demo.py", "--json", *args)
+        assert done.returncode == 0, (args, done.stderr[-3000:])
+
+
 def test_planner_state_bytes_equal_xla_arguments():
     """Parameters + AdamW state per device, analytic vs XLA's compiled memory analysis."""
     import importlib.util

@@ -104,6 +104,37 @@ def test_calibration_file_mistakes_name_the_field(tmp_path, content, message):
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize("name", ["h200", "mi300x"])
+def test_intra_node_collectives_take_bytes_over_the_scale_up_links_rate(name):
+    """On data=128,fsdp=4,tensor=2 (1,024 GPUs, 8 per node) the FSDP gathers and reduce-scatters and the
+    tensor all-reduces stay inside a node: each takes its bytes / (the profile's scale-up link rate x its
+    achievable fraction), and the step's collective totals add those times up. Data-parallel traffic
+    (one member per node) takes its bytes / (NIC rate x fraction)."""
+    hw = PROFILES[name]
+    peaks = {"h200": ("NVLink", 450.0, 0.80, 50.0, 0.80), "mi300x": ("xGMI", 448.0, 0.70, 50.0, 0.80)}[name]
+    assert (hw.intra_node_link, hw.intra_node_gbps, hw.efficiency.intra_node, hw.inter_node_gbps,
+            hw.efficiency.inter_node) == peaks
+    intra_rate = hw.intra_node_gbps * 1e9 * hw.efficiency.intra_node
+    nic_rate = hw.inter_node_gbps * 1e9 * hw.efficiency.inter_node
+    config = load_config_file(ZAYA1)
+    shape = phase_shape(StepShape(1, 1, optimizer="muon"), config_phases(config)[0])
+    mesh = resolve_mesh_shape({"data": 128, "fsdp": 4, "tensor": 2}, 1024)
+    pred = plan_phase(_zaya1(), shape, mesh, hw, hw.memory_gb)["prediction"]
+    rows = pred["collectives"]
+    intra = [c for c in rows if c["link"] == hw.intra_node_link]
+    assert {(c["kind"], c["axis"]) for c in intra} >= {("all_gather", "fsdp"), ("reduce_scatter", "fsdp"),
+                                                      ("all_reduce", "tensor")}
+    for c in intra:
+        assert c["bytes"] > 1e6 and c["seconds"] == pytest.approx(c["bytes"] / intra_rate, rel=1e-12), c
+    nic = [c for c in rows if c["link"] == "NIC"]
+    assert nic and all(c["axis"] == "data" for c in nic)
+    for c in nic:
+        assert c["seconds"] == pytest.approx(c["bytes"] / nic_rate, rel=1e-12), c
+    assert pred["blocking_collectives_s"] + pred["overlapped_collectives_s"] == pytest.approx(
+        sum(c["bytes"] for c in intra) / intra_rate + sum(c["bytes"] for c in nic) / nic_rate, rel=1e-12)
+    assert pred["blocking_collectives_s"] >= sum(c["bytes"] for c in intra if c["axis"] == "tensor") / intra_rate > 0
+
+
 def test_prediction_adds_up():
     pred = _phase1(PROFILES["mi300x"])["prediction"]
     busy = pred["compute_s"] + pred["memory_s"]

@@ -131,6 +131,36 @@ def test_sft_then_dpo_then_export_loads_in_transformers(pipeline):
         assert np.abs(np.asarray(earlier(ids)) - np.asarray(dpo(ids))).max() > 1e-4
 
 
+def test_init_from_hf_starts_the_run_from_those_weights(pipeline, tmp_path):
+    """The state the Trainer starts with (step 0, before any step) holds the HF start's parameters and
+    balancing biases exactly: a run that read the HF weights and then trained from a fresh random
+    init (which the logs and the SFT run's success cannot tell apart) fails here."""
+    import jax
+    from zaya_jax.train.loop import Trainer
+    from zaya_jax.train.state import ModelParts
+
+    config = load_config_file(pipeline["root"] / "posttrain.py")
+    config.train.update(objective="sft", init_from_hf=str(pipeline["start_hf"]))
+    trainer = Trainer(config, str(tmp_path / "run"))
+    try:
+        assert int(jax.device_get(trainer.state.step)) == 0
+        state_params = jax.device_get(trainer.state.params)
+        state_biases = np.asarray(jax.device_get(trainer.state.biases))
+    finally:
+        trainer.close()
+    params, biases = ModelParts.arrays(zaya_jax.load_hf(pipeline["start_hf"]))
+    expected = jax.tree_util.tree_leaves_with_path(jax.device_get(params))
+    got = dict(jax.tree_util.tree_leaves_with_path(state_params))
+    assert len(got) == len(expected) > 0
+    for path, value in expected:
+        np.testing.assert_array_equal(np.asarray(got[path]), np.asarray(value), err_msg=jax.tree_util.keystr(path))
+    np.testing.assert_array_equal(state_biases, np.asarray(biases))
+    fresh = create_model(model_config(config), seed=config.train.seed)  # what a fresh init would hold instead
+    fresh_params, _ = ModelParts.arrays(fresh)
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
+               zip(jax.tree.leaves(fresh_params), jax.tree.leaves(params)))
+
+
 @pytest.mark.torch_reference
 def test_export_carries_the_tokenizer_and_chat_template_transformers_encodes_with(pipeline):
     from transformers import AutoTokenizer

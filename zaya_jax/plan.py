@@ -25,6 +25,7 @@ from ml_collections import config_flags
 
 from zaya_jax import cli
 
+from zaya_jax.config import ConfigError
 from zaya_jax.config_files import model_config
 from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.attention_sharding import KernelLayoutError
@@ -76,7 +77,8 @@ def render(summary: dict) -> str:
     if "plan" in summary:
         p = summary["plan"]
         mesh = ",".join(f"{a}={n}" for a, n in p["mesh"].items() if n > 1) or "1 device"
-        lines.append(f"per device on {mesh} ({p['devices']} devices), {p['remat']} remat, {p['dtype']}:")
+        lines.append(f"per device on {mesh} ({p['devices']} devices), {p['remat']} remat, {p['dtype']}, step of "
+                     f"{p['step']['global_batch']} x {p['step']['seq_len']} tokens ({p['step_from']}):")
         for key, value in p["bytes_per_device"].items():
             lines.append(f"  {key:<28}{value / GIB:>10.2f} GiB")
         if "reference_model" in p["bytes_per_device"]:
@@ -154,16 +156,72 @@ def render_search(result: dict, top: int) -> list[str]:
     return lines
 
 
+def _step_source(config) -> tuple[int, int, str]:
+    """(global batch, sequence length, where they come from) of the step that --mesh plans: the
+    config's train.global_batch_size and train.seq_len, else (a curriculum config such as
+    configs/demo.py) the phase with the most tokens per step, the one that holds the most."""
+    train = config.get("train", {})
+    if train.get("global_batch_size") is not None and train.get("seq_len") is not None:
+        return int(train["global_batch_size"]), int(train["seq_len"]), "train"
+    phases = config_phases(config)
+    i, p = max(enumerate(phases), key=lambda ip: (ip[1].global_batch_size * ip[1].seq_len, ip[1].seq_len))
+    return p.global_batch_size, p.seq_len, f"curriculum phase {i + 1} {p.name}, the most tokens per step"
+
+
 def step_shape(config) -> StepShape:
     train, mesh = config.get("train", {}), config.get("mesh", {})
     optimizer = _OPTIMIZER.value or config.get("optimizer", {}).get("name", "adamw")
-    return StepShape(global_batch=train["global_batch_size"], seq_len=train["seq_len"],
+    global_batch, seq_len, _ = _step_source(config)
+    return StepShape(global_batch=global_batch, seq_len=seq_len,
                      grad_accum=_ACCUM.value or train.get("microbatches", 1),
                      ns_steps=config.get("optimizer", {}).get("muon_ns_steps", 5),
                      loss_chunk=train.get("loss_chunk_size", 512), objective=train.get("objective", "lm"),
                      optimizer="muon" if "muon" in optimizer else "adamw", platform=_PLATFORM.value,
                      shard_optimizer_over_data=bool(_ZERO1.value if _ZERO1.value is not None
                                                     else mesh.get("shard_optimizer_over_data", False)))
+
+
+def _nearest_divisors(n: int, k: int) -> list[int]:
+    """The divisors of n nearest to k, below and above it."""
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    below, above = [d for d in divisors if d < k], [d for d in divisors if d > k]
+    return ([below[-1]] if below else []) + ([above[0]] if above else [])
+
+
+def _mesh_with(mesh: dict[str, int], axis: str, size: int) -> str:
+    return ",".join(f"{a}={n}" for a, n in {**mesh, axis: size}.items() if n > 1 or a == axis)
+
+
+def check_mesh_fits_step(config, mesh: dict[str, int], shape: StepShape) -> None:
+    """A --mesh that cannot split the planned step's batch or sequence: a ConfigError (exit 2) naming
+    --mesh, the number that does not divide and where it comes from, and sizes that would."""
+    _, _, source = _step_source(config)
+    batch_from, seq_from = ("train.global_batch_size", "train.seq_len") if source == "train" else (source, source)
+    flag = f"--mesh {_MESH.value}"
+    batch, accum = shape.global_batch, shape.grad_accum
+    if batch % accum:
+        named = f"--grad_accum {accum}" if _ACCUM.value else f"train.microbatches={accum}"
+        raise ConfigError(f"{named}: {accum} micro-batches do not divide the global batch of {batch} rows "
+                          f"({batch_from})\n"
+                          f"fix: --grad_accum with a divisor of {batch}, e.g. "
+                          + " or ".join(f"--grad_accum {d}" for d in _nearest_divisors(batch, accum)))
+    rows, shards = batch // accum, math.prod(mesh[a] for a in ("data", "fsdp", "expert"))
+    if rows % shards:
+        split = f" in {accum} micro-batches of {rows}" if accum > 1 else ""
+        used = [a for a in ("data", "fsdp", "expert") if mesh[a] > 1]
+        if len(used) == 1:
+            others = shards // mesh[used[0]]
+            sizes = [d // others for d in _nearest_divisors(rows, shards) if d % others == 0]
+            examples = " or ".join(f"--mesh {_mesh_with(mesh, used[0], n)}" for n in sizes)
+        else:
+            examples = " or ".join(f"data*fsdp*expert = {d}" for d in _nearest_divisors(rows, shards))
+        raise ConfigError(f"{flag}: the global batch of {batch} rows{split} ({batch_from}) does not split over "
+                          f"data*fsdp*expert = {shards}\nfix: batch axes whose product divides {rows}, e.g. {examples}")
+    if shape.seq_len % mesh["context"]:
+        raise ConfigError(f"{flag}: the sequence length {shape.seq_len} ({seq_from}) does not split over "
+                          f"context = {mesh['context']}\nfix: a context size dividing {shape.seq_len}, e.g. "
+                          + " or ".join(f"--mesh {_mesh_with(mesh, 'context', n)}"
+                                        for n in _nearest_divisors(shape.seq_len, mesh["context"])))
 
 
 def _hardware():
@@ -217,7 +275,11 @@ def main(argv):
     memory_gb = _MEMORY.value or (hw.memory_gb if hw else 192.0)
     mesh, devices = _explicit_mesh(_DEVICES.value)
     if mesh:
-        summary["plan"] = plan(cfg, mesh, step_shape(_CONFIG.value), memory_gb)
+        shape = step_shape(_CONFIG.value)
+        check_mesh_fits_step(_CONFIG.value, mesh, shape)
+        summary["plan"] = plan(cfg, mesh, shape, memory_gb)
+        source = _step_source(_CONFIG.value)[2]
+        summary["plan"]["step_from"] = "train.global_batch_size, train.seq_len" if source == "train" else source
     if _SEARCH.value:
         if devices is None:
             raise app.UsageError("--search needs --devices N (or a --mesh whose product is the device count)")

@@ -8,6 +8,7 @@ the phase's global batch and sequence length; its mesh comes from `phase_mesh`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from zaya_jax.config import ModelConfig
@@ -36,6 +37,13 @@ def phase_mesh(config, phase: PhaseInfo, cli_mesh: dict[str, int] | None) -> dic
     return phase_mesh_sizes(config, phase)
 
 
+@functools.lru_cache(maxsize=64)
+def _model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """flops_per_token, which traces the abstract model: once per (config, length), not once per
+    mesh and phase (the search plans hundreds)."""
+    return flops_per_token(cfg, seq_len)
+
+
 def phase_shape(base: StepShape, phase: PhaseInfo) -> StepShape:
     return dataclasses.replace(base, global_batch=phase.global_batch_size, seq_len=phase.seq_len)
 
@@ -49,7 +57,7 @@ def plan_phase(cfg: ModelConfig, shape: StepShape, mesh: dict[str, int], hw: Har
     check_attention_layout(resolve_attention_kernel(cfg.attention_kernel), mesh)
     parameters = parameters or _parameters(cfg, mesh)
     memory = plan(cfg, mesh, shape, device_memory_gb, parameters)
-    memory["prediction"] = predict(cfg, mesh, shape, memory, parameters, hw, flops_per_token(cfg, shape.seq_len))
+    memory["prediction"] = predict(cfg, mesh, shape, memory, parameters, hw, _model_flops_per_token(cfg, shape.seq_len))
     return memory
 
 
