@@ -243,6 +243,8 @@ class Trainer:
                 self._log_profile(self.profiler.after_step(step, metrics))
                 window_tokens += phase.tokens_per_batch
                 streak = int(jax.device_get(metrics["nonfinite_streak"]))
+                if step == start + 1:
+                    self.monitor.restart_clock(step)  # the bar's rate and ETA leave out the first compile
                 if step % s.train.log_every_steps == 0 or step == s.train.steps:
                     elapsed = time.perf_counter() - window_start
                     self._log_train(step, jax.device_get(metrics), window_tokens / elapsed, phase)
