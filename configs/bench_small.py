@@ -32,6 +32,7 @@ def get_config():
         name="adamw", learning_rate=1e-3, adam_learning_rate=0.0, schedule="cosine", warmup_steps=5,
         decay_fraction=0.2, min_lr_ratio=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, decay_embedding=True,
         grad_clip_norm=1.0, muon_momentum=0.95, muon_ns_steps=5, muon_nesterov=True, muon_rms_scale=0.2,
+        muon_distributed=False,
     ))
     config.balancing = ml_collections.ConfigDict(dict(enabled=True, rate=1e-3, b1=0.9, b2=0.999, include_skip=False))
     config.checkpoint = ml_collections.ConfigDict(dict(every_steps=0, max_to_keep=1, async_save=True))

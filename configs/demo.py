@@ -49,6 +49,7 @@ def get_config():
         name="muon", learning_rate=1e-2, adam_learning_rate=0.0, schedule="wsd", warmup_steps=20,
         decay_fraction=0.25, min_lr_ratio=0.05, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, decay_embedding=True,
         grad_clip_norm=1.0, muon_momentum=0.95, muon_ns_steps=5, muon_nesterov=True, muon_rms_scale=0.2,
+        muon_distributed=False,
     ))
     config.balancing = ml_collections.ConfigDict(dict(enabled=True, rate=1e-2, b1=0.9, b2=0.999, include_skip=False))
     config.checkpoint = ml_collections.ConfigDict(dict(every_steps=100, max_to_keep=2, async_save=True))

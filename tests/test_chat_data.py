@@ -328,7 +328,8 @@ def test_bad_chat_records_are_named_by_file_and_line(tmp_path, tok_path):
     done = data_cli("prepare", "--kind", "chat", "--chat_template", ct.PLAIN, "--input", path, "--format", "jsonl",
                     "--tokenizer", tok_path, "--output", tmp_path / "cli", "--quiet")
     assert done.returncode == 2 and done.stderr.startswith(f"error: {path}:2: no list field 'messages'")
-    assert len(done.stderr.strip().splitlines()) == 1
+    assert done.stderr.strip().splitlines()[1].strip() == \
+        "(--skip_bad skips bad files and lines and counts them in the manifest)"
     pref = write_jsonl(tmp_path / "pref.jsonl", [{"prompt": "q", "chosen": "a", "rejected": "b"},
                                                  {"prompt": "q", "chosen": conversation(1)[1:], "rejected": "b"}])
     with pytest.raises(readers.InputError, match=re.escape(f"{pref}:2: ") + "prompt, chosen and rejected must"):

@@ -40,7 +40,7 @@ def test_newton_schulz_flops_per_device_are_xlas_for_distributed_muon(layers):
     from zaya_jax.train.optimizer import MUON_MATRICES, distributed_muon
     from zaya_jax.train.settings import OptimizerSettings
     shape = (layers, 3, 16, 24)
-    tx = distributed_muon(OptimizerSettings())
+    tx = distributed_muon(OptimizerSettings(muon_distributed=True))
     grads = {"layers": {"moe": {"gate": jax.numpy.ones(shape)}}}
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     with jax.set_mesh(mesh):
@@ -49,7 +49,7 @@ def test_newton_schulz_flops_per_device_are_xlas_for_distributed_muon(layers):
     cost = compiled.cost_analysis()
     xla = (cost[0] if isinstance(cost, list) else cost)["flops"]
     (var_shape, dims, devices), = muon_matrices({"data": 8, "fsdp": 1, "expert": 1, "tensor": 1, "context": 1},
-                                               StepShape(8, 64, optimizer="muon"),
+                                               StepShape(8, 64, optimizer="muon", distributed_muon=True),
                                                [(("layers", "moe", "gate"), shape, PartitionSpec())])
     ours = newton_schulz_flops(var_shape, dims.reduction_axis, dims.output_axis, 5) / devices
     assert dims == MUON_MATRICES["layers/moe/gate"] and devices == layers * 3 / -(-layers * 3 // 8)

@@ -1,5 +1,6 @@
 """Which parameters Muon takes, per-matrix Newton-Schulz on stacked parameters, schedules."""
 
+import dataclasses
 import re
 
 import jax
@@ -100,7 +101,7 @@ def test_newton_schulz_is_spread_over_the_data_ranks_and_the_update_is_optax_muo
     reference = scale_by_muon(ns_steps=MUON.muon_ns_steps, beta=MUON.muon_momentum, eps=MUON.eps,
                               nesterov=MUON.muon_nesterov, weight_dimension_numbers=lambda u: jax.tree_util.
                               tree_map_with_path(lambda p, _: MUON_MATRICES[path_name(p)], u))
-    ours = distributed_muon(MUON)
+    ours = distributed_muon(dataclasses.replace(MUON, muon_distributed=True))
 
     def two_steps(tx, g0, g1):
         state = tx.init(g0)
@@ -122,3 +123,6 @@ def test_newton_schulz_is_spread_over_the_data_ranks_and_the_update_is_optax_muo
     assert _newton_schulz_batches(text, 16) == {share}, _newton_schulz_batches(text, 16)
     alone = jax.jit(lambda a, b: two_steps(ours, a, b)).lower(*grads).compile().as_text()  # no mesh: all of it
     assert _newton_schulz_batches(alone, 16) == {layers * 3}
+    with jax.set_mesh(mesh):  # the option off (the default): every rank orthogonalises every matrix
+        off = jax.jit(lambda a, b: two_steps(distributed_muon(MUON), a, b)).lower(*replicated).compile().as_text()
+    assert _newton_schulz_batches(off, 16) == {layers * 3}

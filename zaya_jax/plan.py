@@ -175,6 +175,7 @@ def step_shape(config) -> StepShape:
     return StepShape(global_batch=global_batch, seq_len=seq_len,
                      grad_accum=_ACCUM.value or train.get("microbatches", 1),
                      ns_steps=config.get("optimizer", {}).get("muon_ns_steps", 5),
+                     distributed_muon=bool(config.get("optimizer", {}).get("muon_distributed", False)),
                      loss_chunk=train.get("loss_chunk_size", 512), objective=train.get("objective", "lm"),
                      optimizer="muon" if "muon" in optimizer else "adamw", platform=_PLATFORM.value,
                      shard_optimizer_over_data=bool(_ZERO1.value if _ZERO1.value is not None

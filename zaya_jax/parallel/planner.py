@@ -40,6 +40,7 @@ class StepShape:
     shard_optimizer_over_data: bool = False
     platform: str = "gpu"       # the target's platform: picks the `auto` MoE backend
     ns_steps: int = 5           # Muon's Newton-Schulz iterations
+    distributed_muon: bool = False  # optimizer.muon_distributed: Newton-Schulz spread over the data ranks
     loss_chunk: int = 512       # train.loss_chunk_size: positions per chunk of the loss head
     objective: str = "lm"       # train.objective: lm | sft | dpo (dpo holds a reference model too)
 
@@ -92,19 +93,24 @@ def parameter_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape,
 
 def muon_matrices(mesh: dict[str, int], shape: StepShape, parameters: list) -> list[tuple]:
     """(shape, MuonDimensionNumbers, devices that split its Newton-Schulz) of each parameter Muon
-    orthogonalises: its [B, m, n] stack is spread over the data ranks (zaya_jax.train.optimizer,
-    distributed Muon: the busiest rank takes ceil(B / data) matrices), and the parameter's own
-    sharding splits each matrix further."""
+    orthogonalises. With shape.distributed_muon its [B, m, n] stack is spread over the data ranks
+    (zaya_jax.train.optimizer: each rank takes ceil(B / data) matrices) and the parameter's own
+    sharding splits each matrix further; without, the partitioner splits it as the optimizer state's
+    sharding does."""
     if shape.optimizer != "muon":
         return []
     out = []
     for path, var_shape, spec in parameters:
         dims = MUON_MATRICES.get("/".join(path))
-        if dims is not None:
+        if dims is None:
+            continue
+        if shape.distributed_muon:
             matrix = {a % len(var_shape) for a in (*dims.reduction_axis, *dims.output_axis)}
             stack = math.prod(n for a, n in enumerate(var_shape) if a not in matrix)
-            over_data = stack / math.ceil(stack / mesh.get("data", 1))
-            out.append((var_shape, dims, over_data * _shard_factor(spec, mesh)))
+            out.append((var_shape, dims, stack / math.ceil(stack / mesh.get("data", 1)) * _shard_factor(spec, mesh)))
+        else:
+            opt_spec = with_data_axis(spec, var_shape, mesh) if shape.shard_optimizer_over_data else spec
+            out.append((var_shape, dims, _shard_factor(opt_spec, mesh)))
     return out
 
 

@@ -11,13 +11,16 @@ leading axis (layers, experts) is a batch axis, so Newton-Schulz orthogonalises 
 AdamW takes everything else: the embedding (tied with the output head), norms, biases,
 residual scales, key temperatures and the small CCA convolutions.
 
-Distributed Muon: Newton-Schulz is per matrix, so it needs no data-parallel replica to repeat it.
-Muon runs on each parameter as a [B, m, n] stack of its matrices (layers x experts flattened);
-under a mesh with a `data` axis (the trainer's step) B is sharded over `data`: every data-parallel
-rank orthogonalises its own share of the stack (an uneven share where B does not divide), and the
-partitioner all-gathers the updates back to the parameters' sharding. The update equals single-device
-Muon (tests/test_train_optimizer.py, with the per-device batch of the compiled Newton-Schulz
-matmuls as proof that the work is split).
+Distributed Muon (optimizer.muon_distributed, off by default): Newton-Schulz is per matrix, so
+no data-parallel replica needs to repeat it. Muon always runs on each parameter as a [B, m, n]
+stack of its matrices (layers x experts flattened); with the option, under a mesh with a `data`
+axis (the trainer's step), the stack is zero-padded to a multiple of the data ranks and sharded
+over `data`: every data-parallel rank orthogonalises ceil(B / data) of the matrices, and the
+partitioner all-gathers the updates back to the parameters' sharding. The update equals
+single-device Muon (tests/test_train_optimizer.py, with the per-device batch of the compiled
+Newton-Schulz matmuls as proof that the work is split). Off by default: on 8 fake CPU devices
+under load, XLA:CPU's in-process all-reduce rendezvous timed out with it (a DPO resume test, 2
+of 3 runs on 2 loaded cores; 0 of 1 without it), which a GPU run has not yet ruled in or out.
 
 Weight decay: matrices, convolution kernels and (if optimizer.decay_embedding) the embedding;
 never norms, biases, scales or temperatures. Both groups share the schedule's shape; AdamW's
@@ -30,6 +33,7 @@ import math
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
@@ -127,14 +131,25 @@ def from_matrices(name: str, y: jax.Array, like: jax.Array) -> jax.Array:
     return y.reshape(tuple(like.shape[a] for a in order)).transpose(tuple(int(i) for i in np.argsort(order)))
 
 
-def spread_over_data(stacks):
-    """[B, m, n] stacks with B sharded over the mesh's `data` axis (unevenly where it does not divide),
-    m and n left to the partitioner; as they are without such a mesh."""
+def data_ranks() -> int:
+    """The size of the current mesh's `data` axis (1 without a mesh or without the axis)."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or "data" not in mesh.axis_names or mesh.shape["data"] == 1:
+    return 1 if mesh.empty or "data" not in mesh.axis_names else mesh.shape["data"]
+
+
+def spread_over_data(stacks, ranks: int):
+    """[B, m, n] stacks zero-padded to a multiple of `ranks` matrices and sharded over `data` (m and n
+    left to the partitioner), so that every rank holds ceil(B / ranks) whole matrices; as they are
+    with one rank. (An uneven sharding instead left XLA:CPU's collectives waiting for devices that
+    held no matrix.) Newton-Schulz maps a zero matrix to zero."""
+    if ranks == 1:
         return stacks
     spec = P("data", P.UNCONSTRAINED, P.UNCONSTRAINED)
-    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, spec), stacks)
+
+    def spread(x):
+        padded = jnp.pad(x, ((0, -x.shape[0] % ranks), (0, 0), (0, 0)))
+        return jax.lax.with_sharding_constraint(padded, spec)
+    return jax.tree.map(spread, stacks)
 
 
 def _on_matrices(fn, tree, like=None):
@@ -157,11 +172,14 @@ def distributed_muon(settings: OptimizerSettings) -> optax.GradientTransformatio
 
     def update(updates, state, params=None):
         del params
-        stacks = spread_over_data(_on_matrices(as_matrices, updates))
-        momentum = spread_over_data(_on_matrices(as_matrices, state.mu))
+        ranks = data_ranks() if s.muon_distributed else 1
+        stacks = spread_over_data(_on_matrices(as_matrices, updates), ranks)
+        momentum = spread_over_data(_on_matrices(as_matrices, state.mu), ranks)
         out, state = muon.update(stacks, state._replace(mu=momentum))
-        return (_on_matrices(from_matrices, out, updates),
-                state._replace(mu=_on_matrices(from_matrices, state.mu, updates)))
+
+        def back(name, y, like):  # the padding off, then the parameter's shape
+            return from_matrices(name, y[:math.prod(like.shape) // (y.shape[1] * y.shape[2])], like)
+        return _on_matrices(back, out, updates), state._replace(mu=_on_matrices(back, state.mu, updates))
     return optax.GradientTransformation(init, update)
 
 

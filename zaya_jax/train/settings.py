@@ -21,7 +21,7 @@ below, and every error names the offending `section.field`):
   optimizer   name ('muon' | 'adamw'), learning_rate, adam_learning_rate (0: learning_rate),
               schedule ('cosine' | 'wsd' | 'constant'), warmup_steps, decay_fraction (WSD),
               min_lr_ratio, b1, b2, eps, weight_decay, decay_embedding, grad_clip_norm (0: off),
-              muon_momentum, muon_ns_steps, muon_nesterov, muon_rms_scale
+              muon_momentum, muon_ns_steps, muon_nesterov, muon_rms_scale, muon_distributed
   balancing   enabled, rate, b1, b2, include_skip (whether the skip slot is balanced too)
   checkpoint  every_steps (0: only at the end and on a signal), max_to_keep, async_save
   eval        every_steps (0: never), max_batches (0: data.eval.max_batches)
@@ -91,6 +91,7 @@ class OptimizerSettings:
     muon_ns_steps: int = 5
     muon_nesterov: bool = True
     muon_rms_scale: float = 0.2
+    muon_distributed: bool = False  # Newton-Schulz spread over the data ranks (zaya_jax.train.optimizer)
 
 
 @dataclasses.dataclass(frozen=True)
