@@ -15,6 +15,10 @@ Algorithm (FlashAttention-2, Triton-style Pallas):
    query heads that share this kv head, so GQA gradients are summed inside the kernel.
 With causal attention, key blocks strictly below the diagonal skip the causal mask and blocks
 above it are never visited. Logits are scaled by sm_scale * log2(e) so the kernels use exp2.
+
+The forward's output and logsumexp, the residuals the backward needs, carry the checkpoint names
+RESIDUAL_NAMES: a remat policy that saves them (zaya_jax.model.zaya's `dots_no_batch_and_kernels`)
+keeps the backward from running the forward kernel again.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 
 from pallas_kernels import _backend
@@ -34,6 +39,7 @@ from pallas_kernels.platform_blocks import attention_blocks
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: fully masked blocks stay NaN-free
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
 _TN = (((0,), (0,)), ((), ()))  # a.T @ b
+RESIDUAL_NAMES = ("attention_out", "attention_lse")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +207,9 @@ def _seg_spec(seg, seq):
     return None if seg is None else pl.BlockSpec((None, seq), lambda t, b, h: (b, 0))
 
 
+# jitted: a remat policy saves the named outputs of a call (jit) in the custom_vjp's forward, but
+# recomputes a bare pallas_call's even when both its outputs are named (jax 0.10.2 and 0.11.2)
+@functools.partial(jax.jit, static_argnames="cfg")
 def _forward(q, k, v, seg, cfg: _Config):
     """Padded q: [B, Sp, N, Hp], k, v: [B, Sp, M, Hp], seg: [B, Sp] or None ->
     o: [B, Sp, N, Hp], lse: [B, N, Sp] fp32 (base 2)."""
@@ -263,7 +272,7 @@ def _flash(q, k, v, seg, cfg: _Config):
 
 
 def _flash_fwd(q, k, v, seg, cfg: _Config):
-    o, lse = _forward(q, k, v, seg, cfg)
+    o, lse = (checkpoint_name(x, name) for x, name in zip(_forward(q, k, v, seg, cfg), RESIDUAL_NAMES))
     return o, (q, k, v, seg, o, lse)
 
 

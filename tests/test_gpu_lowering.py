@@ -120,3 +120,23 @@ def test_dpo_step_lowers_with_the_reference_forward_inside_shard_map(platform):
         assert counts["dpo"][kernel] == 2 * counts["lm"][kernel] > 0, (kernel, counts)
     for kernel in ("cca_flash_attention_dq", "cca_flash_attention_dkdv", "gmm_transposed_rhs", "tgmm"):
         assert counts["dpo"][kernel] == counts["lm"][kernel] > 0, (kernel, counts)
+
+
+def test_kernel_saving_remat_runs_each_forward_kernel_once():
+    """Under `dots_no_batch` remat the backward pass runs the flash forward and the grouped matmul
+    forward again (their outputs are not dots without batch dimensions); `dots_no_batch_and_kernels`
+    saves their named outputs (the flash output and logsumexp, the expert matmul outputs), so each
+    forward kernel is called once per layer body, the backward kernels as often as before."""
+    counts = {}
+    for remat in ("dots_no_batch", "dots_no_batch_and_kernels"):
+        CONFIGS["remat_probe"] = ({"attention_kernel": "pallas", "remat": remat}, "data=2,fsdp=2,tensor=2", "adamw")
+        try:
+            calls = triton_calls(lowered_train_step("remat_probe", "cuda"))
+        finally:
+            del CONFIGS["remat_probe"]
+        counts[remat] = collections.Counter(kernel for kernel, _ in calls)
+    saved, recomputed = counts["dots_no_batch_and_kernels"], counts["dots_no_batch"]
+    for kernel in ("cca_flash_attention_fwd", "gmm"):
+        assert recomputed[kernel] == 2 * saved[kernel] > 0, (kernel, counts)
+    for kernel in ("cca_flash_attention_dq", "cca_flash_attention_dkdv", "gmm_transposed_rhs", "tgmm"):
+        assert recomputed[kernel] == saved[kernel] > 0, (kernel, counts)

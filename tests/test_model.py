@@ -1,5 +1,7 @@
 """Model-level properties: backends agree end to end, causality, documents, layouts, stats."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,12 +43,24 @@ def test_scan_and_python_loop_agree():
                                atol=1e-6)
 
 
-def test_remat_does_not_change_gradients():
+@pytest.mark.parametrize("remat", ["full", "dots_no_batch_and_kernels"])  # the CPU default: native experts
+def test_remat_does_not_change_gradients(remat):
     def grads(model):
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         return jax.jit(jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(IDS)[..., :5])))(params)
-    for a, b in zip(jax.tree.leaves(grads(tiny_model(remat="full"))), jax.tree.leaves(grads(tiny_model()))):
+    for a, b in zip(jax.tree.leaves(grads(tiny_model(remat=remat))), jax.tree.leaves(grads(tiny_model()))):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)  # recomputation reorders fp32 sums
+
+
+def test_kernel_saving_remat_does_not_run_the_expert_matmuls_again():
+    """In the lowered value-and-gradient of the tiny model (native CPU experts: an FFI call per
+    matmul), `dots_no_batch` runs the three forward expert matmuls again in the backward pass;
+    `dots_no_batch_and_kernels` saves their outputs, as no remat does."""
+    def forward_calls(remat):
+        graphdef, params, rest = nnx.split(tiny_model(remat=remat), nnx.Param, ...)
+        loss = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(IDS)[..., :5])
+        return len(re.findall(r'zaya_grouped_matmul\b(?!_)', jax.jit(jax.value_and_grad(loss)).lower(params).as_text()))
+    assert forward_calls("dots_no_batch") == 2 * forward_calls("dots_no_batch_and_kernels") == 2 * forward_calls("none") == 6
 
 
 def test_causality():

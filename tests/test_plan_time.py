@@ -55,6 +55,21 @@ def test_dots_no_batch_recomputes_ragged_experts_and_batched_dots():
         assert dots[name] == pytest.approx(none[name])
 
 
+@pytest.mark.parametrize("kernel", ["xla", "pallas"])
+def test_kernel_saving_remat_recomputes_only_the_unnamed_batched_ops(kernel):
+    """dots_no_batch_and_kernels saves the expert matmul outputs and the flash kernel's output and
+    logsumexp: the experts (and the flash scores) run no extra pass; the grouped convolution and
+    the XLA path's scores still do."""
+    mesh = resolve_mesh_shape({"data": 1024}, 1024)
+    shape = StepShape(4096, 4096, optimizer="adamw", platform="gpu")
+    none, dots, kernels = (matmul_flops(_zaya1(remat=r, attention_kernel=kernel), mesh, shape, _parameters(_zaya1(), mesh))
+                           for r in ("none", "dots_no_batch", "dots_no_batch_and_kernels"))
+    assert kernels["experts"] == pytest.approx(none["experts"]) and dots["experts"] > none["experts"]
+    assert kernels["attention/convolution"] == pytest.approx(dots["attention/convolution"])
+    scores = kernels["attention/scores"] / none["attention/scores"]
+    assert scores == pytest.approx(1.0 if kernel == "pallas" else 4 / 3)
+
+
 def test_links_follow_the_device_order():
     """Devices fill the mesh with the last axis fastest; 8 consecutive devices share a node."""
     assert link_of("data", resolve_mesh_shape({"data": 1024}, 1024), 8) == ("inter_node", 8)

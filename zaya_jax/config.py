@@ -22,7 +22,7 @@ from zaya_jax.errors import UserError
 LAYOUTS = ("base", "native")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 MOE_BACKENDS = ("auto", "dense", "capacity", "ragged", "tiles", "native")
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "dots_no_batch_and_kernels")
 KERNELS = ("auto", "xla", "pallas")
 EXPERT_PARALLEL = ("all_to_all", "all_gather", "ragged_all_to_all")
 # Fields that choose how the model runs, not what it computes; an HF checkpoint does not carry them.

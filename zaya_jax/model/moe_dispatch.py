@@ -13,6 +13,11 @@ all backends compute the same function whenever nothing is dropped.
             zaya_jax.model.kernels): each expert's exact rows on BLAS.
   tiles     dropless in plain XLA: sort by expert, then a loop over the experts and over windows
             of `tile` rows of each expert's run (zaya_jax.model.expert_windows).
+
+The expert matmul outputs of `capacity`, `ragged` and `native` carry the checkpoint names
+EXPERT_OUTPUT_NAMES (gate, up, down), which the `dots_no_batch_and_kernels` remat policy saves:
+neither a grouped matmul (ragged_dot, a Pallas or FFI kernel) nor a batched einsum is a dot
+without batch dimensions, so `dots_no_batch` recomputes them in the backward pass.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from zaya_jax.model.expert_windows import exclusive_cumsum, expert_runs, expert_windows
 
@@ -30,6 +36,9 @@ class ExpertWeights(NamedTuple):
     gate: jax.Array  # [E, D, I]
     up: jax.Array    # [E, D, I]
     down: jax.Array  # [E, I, D]
+
+
+EXPERT_OUTPUT_NAMES = ("expert_gate", "expert_up", "expert_down")
 
 
 class SortedTokens(NamedTuple):
@@ -58,8 +67,14 @@ def _swiglu(x, gate, up, down, spec: str):
     lhs, rhs_out = spec.split(",")
     rhs, out = rhs_out.split("->")
     down_spec = f"{out},{rhs[0]}{rhs[2]}{rhs[1]}->{lhs}"
-    hidden = jax.nn.silu(jnp.einsum(spec, x, gate)) * jnp.einsum(spec, x, up)
-    return jnp.einsum(down_spec, hidden, down)
+    return _named_swiglu(lambda w: jnp.einsum(spec, x, w), lambda h: jnp.einsum(down_spec, h, down), gate, up)
+
+
+def _named_swiglu(first: Callable, second: Callable, gate: jax.Array, up: jax.Array) -> jax.Array:
+    """second(silu(first(gate)) * first(up)), each matmul output named (EXPERT_OUTPUT_NAMES)."""
+    gate_name, up_name, down_name = EXPERT_OUTPUT_NAMES
+    hidden = jax.nn.silu(checkpoint_name(first(gate), gate_name)) * checkpoint_name(first(up), up_name)
+    return checkpoint_name(second(hidden), down_name)
 
 
 def dense(x: jax.Array, expert: jax.Array, w: ExpertWeights) -> tuple[jax.Array, jax.Array]:
@@ -103,8 +118,8 @@ def ragged(x: jax.Array, expert: jax.Array, w: ExpertWeights, *,
     if num_experts != groups:
         sizes = jax.lax.dynamic_update_slice(jnp.zeros((groups,), sizes.dtype), sizes, (first_group,))
     xs = x[s.order]
-    hidden = jax.nn.silu(matmul(xs, w.gate, sizes)) * matmul(xs, w.up, sizes)
-    return unsort(matmul(hidden, w.down, sizes), s.order), jnp.int32(0)
+    y = _named_swiglu(lambda wi: matmul(xs, wi, sizes), lambda h: matmul(h, w.down, sizes), w.gate, w.up)
+    return unsort(y, s.order), jnp.int32(0)
 
 
 def tiles(x: jax.Array, expert: jax.Array, w: ExpertWeights, *, tile: int) -> tuple[jax.Array, jax.Array]:

@@ -22,19 +22,27 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from pallas_kernels.flash_attention import RESIDUAL_NAMES as FLASH_RESIDUAL_NAMES
 from zaya_jax.config import ModelConfig
 from zaya_jax.model.cca import CCA
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn
 from zaya_jax.model.moe import MoE, MoEStats
+from zaya_jax.model.moe_dispatch import EXPERT_OUTPUT_NAMES
 from zaya_jax.model.norms import ResidualScaling, RMSNorm
 from zaya_jax.model.params import constant, param
 from zaya_jax.model.rope import rope_cos_sin
 from zaya_jax.parallel.activations import constrain_tokens
 
+# dots_no_batch_and_kernels: dots_no_batch, plus the outputs of the kernels it would recompute
+# (the expert matmuls, the flash attention forward's output and logsumexp), as MaxText saves its
+# MLP matmul outputs; the XLA attention path's probabilities stay recomputed.
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots_no_batch_and_kernels": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        jax.checkpoint_policies.save_only_these_names(*EXPERT_OUTPUT_NAMES, *FLASH_RESIDUAL_NAMES)),
 }
 
 

@@ -118,8 +118,9 @@ def saved_numbers_per_token_per_layer(cfg: ModelConfig, remat: str, seq_len: int
     """Numbers one decoder layer keeps per token for the backward pass (estimate).
 
     none: every intermediate (attention probabilities [N, S] per token on the XLA path, or the
-    logsumexp with a flash kernel); dots / dots_no_batch: the weight-matmul outputs; full: only
-    the layer inputs (stream and router state), everything else is recomputed.
+    logsumexp with a flash kernel); dots / dots_no_batch: the weight-matmul outputs;
+    dots_no_batch_and_kernels: those and, with a flash kernel, its output and fp32 logsumexp;
+    full: only the layer inputs (stream and router state), everything else is recomputed.
     """
     d, n, k, h, i, r = (cfg.hidden_size, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim,
                         cfg.moe_intermediate_size, cfg.router_hidden_size)
@@ -130,6 +131,8 @@ def saved_numbers_per_token_per_layer(cfg: ModelConfig, remat: str, seq_len: int
     matmul_outputs = (n + k) * h + k * h + d + 3 * r + (cfg.num_router_classes) + 3 * i + d
     if remat in ("dots", "dots_no_batch"):
         return carry + matmul_outputs + (2 * c * h if remat == "dots" else 0)
+    if remat == "dots_no_batch_and_kernels":
+        return carry + matmul_outputs + (n * h + 2 * n if attention == "flash" else 0)
     probs = 2 * n * seq_len if attention == "xla" else n
     elementwise = 6 * d + 7 * c * h + n * h + 6 * r + 2 * (cfg.num_router_classes) + 2 * i + 3 * d
     return carry + matmul_outputs + elementwise + probs

@@ -19,7 +19,9 @@ which recompute the probabilities), and 1 more where the remat policy recomputes
 `full` recomputes every layer op; `dots` saves dot_general/convolution outputs; `dots_no_batch`
 saves only dot_generals without batch dimensions (jax.checkpoint_policies): the attention
 scores and the grouped convolution have batch dimensions and `ragged_dot` is not a dot_general,
-so they are recomputed. The loss head runs under jax.checkpoint in a loop over sequence chunks
+so they are recomputed; `dots_no_batch_and_kernels` also saves the named kernel outputs (the
+expert matmuls of the capacity, ragged and native backends, the flash kernel's output and
+logsumexp), so only the convolution and the XLA path's scores are recomputed. The loss head runs under jax.checkpoint in a loop over sequence chunks
 (zaya_jax.train.loss): 4 passes (forward, recompute, backward 2). With a single chunk there is no
 loop, and jax 0.10.2's XLA merges the recompute into the forward: 3 passes there
 (zaya_jax.jax_versions.XLA_KEEPS_UNLOOPED_REMAT).
@@ -56,6 +58,7 @@ class LayerMatmul:
     batch_dims: bool             # a dot with batch dimensions (or not a dot_general): dots_no_batch recomputes it
     activation_bytes: float      # per token forward: activation inputs read and outputs written (HBM)
     saved_by_dots: bool = True   # the `dots` policy saves it (dot_general and convolutions)
+    saved_by_name: bool = False  # its outputs carry checkpoint names `dots_no_batch_and_kernels` saves
     tensor_split: bool = True    # the tensor axis splits it
     backward_passes: float = 2.0
 
@@ -101,7 +104,7 @@ def layer_matmuls(cfg: ModelConfig, seq_len: int, backend: str, rows_per_token: 
         LayerMatmul("attention/output_projection", 2 * n * h * d, False, b * (n * h + d)),
         LayerMatmul("attention/convolution", 2 * 2 * c * h * h, True, b * 3 * c * h),
         LayerMatmul("attention/scores", 2 * 2 * n * h * keys, True, scores_bytes, saved_by_dots=kernel != "pallas",
-                    backward_passes=2.5 if kernel == "pallas" else 2.0),
+                    saved_by_name=kernel == "pallas", backward_passes=2.5 if kernel == "pallas" else 2.0),
         LayerMatmul("router", 2 * (d * r + 2 * r * r + r * (e + 1)), False, b * (d + 6 * r + e + 1),
                     tensor_split=False),
     ]
@@ -112,7 +115,7 @@ def layer_matmuls(cfg: ModelConfig, seq_len: int, backend: str, rows_per_token: 
     else:  # capacity: batched einsums; ragged: ragged_dot; tiles: a custom VJP of loops; native: FFI calls
         ragged = backend in ("ragged", "tiles", "native")
         ops.append(LayerMatmul("experts", rows_per_token * 3 * 2 * d * i, True, b * rows_per_token * (2 * d + 4 * i),
-                               saved_by_dots=not ragged))
+                               saved_by_dots=not ragged, saved_by_name=backend != "tiles"))
     return ops
 
 
@@ -123,6 +126,8 @@ def recomputed(op: LayerMatmul, remat: str) -> bool:
         return not op.saved_by_dots
     if remat == "dots_no_batch":
         return op.batch_dims or not op.saved_by_dots
+    if remat == "dots_no_batch_and_kernels":
+        return (op.batch_dims or not op.saved_by_dots) and not op.saved_by_name
     return False
 
 
