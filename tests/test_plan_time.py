@@ -1,6 +1,7 @@
 """The planner's step-time prediction: FLOPs against the parameter counts, links from the device
 order, calibration files, the mesh search and the CLI."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -28,7 +29,8 @@ def _zaya1(**model):
 def test_layer_flops_are_six_per_active_parameter_and_token():
     """Without remat and with dropless experts, weight matmuls do 2 FLOPs per weight per token
     forward and 4 backward: 6 x the active non-embedding parameters (model_summary, counted from
-    the abstract model) per token; the tied loss head 8 x V x D (its checkpoint recomputes it)."""
+    the abstract model) per token; the tied loss head 6 x V x D for lm (its gradient computed with
+    its forward), 8 x V x D for dpo (its checkpoint recomputes it)."""
     cfg = _zaya1(remat="none")
     counts = model_summary(cfg)
     mesh = resolve_mesh_shape({"data": 1024}, 1024)
@@ -38,7 +40,9 @@ def test_layer_flops_are_six_per_active_parameter_and_token():
     weights = sum(v for k, v in flops.items() if k not in ("attention/scores", "loss_head", "optimizer/newton_schulz"))
     # not matmuls: norms, biases, scales, temperatures, the depthwise convolution's taps
     assert weights == pytest.approx(6 * tokens * counts["params_active_non_embedding"], rel=0.005)
-    assert flops["loss_head"] == pytest.approx(8 * tokens * counts["breakdown"]["embedding (tied)"], rel=1e-9)
+    assert flops["loss_head"] == pytest.approx(6 * tokens * counts["breakdown"]["embedding (tied)"], rel=1e-9)
+    dpo = matmul_flops(cfg, mesh, dataclasses.replace(shape, objective="dpo"), _parameters(cfg, mesh))
+    assert dpo["loss_head"] == pytest.approx(8 * tokens * counts["breakdown"]["embedding (tied)"], rel=1e-9)
     assert flops["optimizer/newton_schulz"] == 0
 
 
@@ -205,8 +209,9 @@ def test_search_leaves_out_context_parallel_meshes_for_the_flash_kernel():
 def test_a_dpo_step_also_moves_the_reference_models_bytes():
     """The reference model's HBM traffic, against the model's own parameter count (fp32, replicated
     over `data`) and the pass counts of the docstring: with remat 'none' an LM step's activation
-    traffic is 3 passes (forward, backward twice) and its logits 6; the reference runs 1 of each
-    and reads its parameters once per micro-batch."""
+    traffic is 3 passes (forward, backward twice) and its logits 4 trips (logits and their gradient,
+    each written and read: the fused loss head), a DPO step's own logits 6 (recomputed); the reference
+    runs 1 pass of each and reads its parameters once per micro-batch."""
     import dataclasses
     import jax
     from zaya_jax.model.build import abstract_model
@@ -219,7 +224,9 @@ def test_a_dpo_step_also_moves_the_reference_models_bytes():
                for shape in (lm_shape, dataclasses.replace(lm_shape, objective="dpo")))
     lm_bytes, dpo_bytes = lm["hbm_bytes_per_device"], dict(dpo["hbm_bytes_per_device"])
     reference = dpo_bytes.pop("reference_model")
-    assert dpo_bytes == lm_bytes
+    assert dpo_bytes.pop("loss_logits") == pytest.approx(lm_bytes["loss_logits"] / 4 * 6)
+    assert dpo_bytes == {k: v for k, v in lm_bytes.items() if k != "loss_logits"}
     numel = sum(math.prod(a.shape) for a in jax.tree.leaves(ModelParts.arrays(abstract_model(cfg))[0]))
-    assert reference == pytest.approx(2 * 4 * numel + lm_bytes["activations"] / 3 + lm_bytes["loss_logits"] / 6 * 2)
-    assert dpo["memory_s"] == pytest.approx(lm["memory_s"] + reference / PROFILES["mi300x"].achieved()["hbm_bytes"])
+    assert reference == pytest.approx(2 * 4 * numel + lm_bytes["activations"] / 3 + lm_bytes["loss_logits"] / 4 * 2)
+    extra = reference + lm_bytes["loss_logits"] / 4 * 2  # the reference, and the recomputed logits
+    assert dpo["memory_s"] == pytest.approx(lm["memory_s"] + extra / PROFILES["mi300x"].achieved()["hbm_bytes"])

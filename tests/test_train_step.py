@@ -3,15 +3,17 @@
 import functools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 from tests.model_fixtures import TINY, tiny_model
 from zaya_jax.train import balancing
 from zaya_jax.train.data import synthetic_batch
-from zaya_jax.train.loss import chunked_nll_sum, token_nll
+from zaya_jax.train.loss import chunked_nll_sum, token_nll, weighted_nll_sum
 from zaya_jax.train.settings import BalancingSettings
 from zaya_jax.train.state import ModelParts, initial_state
 from zaya_jax.train.step import train_step
@@ -58,6 +60,68 @@ def test_chunked_loss_equals_full_logits():
     ref = jax.jit(jax.grad(lambda h, e: _full_nll_sum(logits_fn(e), h), argnums=(0, 1)))
     for g, r in zip(grad(hidden, model.embed[...]), ref(hidden, model.embed[...])):
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
+
+def _vocab_matmuls(fn, *args) -> int:
+    """dot_generals with a vocabulary-sized operand in the jaxpr of fn's value and gradient."""
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(fn, argnums=(0, 1)))(*args)
+
+    def count(jaxpr):
+        n = 0
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                n += any(TINY.vocab_size in v.aval.shape for v in eqn.invars)
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                n += count(sub)
+        return n
+    return count(jaxpr.jaxpr)
+
+
+def test_fused_loss_head_equals_full_logits_and_runs_three_matmuls():
+    """weighted_nll_sum's value and gradients (hidden, tied embedding, token weights) equal autodiff
+    of the full-logits loss; its gradient is computed with the forward: 3 vocabulary matmuls per
+    chunk (logits, d hidden, d embed), against 4 for the checkpointed chunks (the logits again)."""
+    model = tiny_model()
+    hidden = jax.random.normal(jax.random.key(0), (B, S, TINY.hidden_size))
+    logits_fn = lambda h, e: jnp.einsum("...d,vd->...v", h, e)  # noqa: E731
+    weights = BATCH["loss_mask"] * jnp.linspace(0.5, 1.5, S)  # any weights, not only 0/1
+    ref = jax.jit(jax.value_and_grad(
+        lambda h, e, w: jnp.sum(token_nll(logits_fn(h, e), BATCH["targets"]) * w), argnums=(0, 1, 2)))
+    expected = ref(hidden, model.embed[...], weights)
+    for chunk in (8, 32):  # 4 chunks in a scan; one chunk, no loop
+        fused = jax.jit(jax.value_and_grad(
+            lambda h, e, w, c=chunk: weighted_nll_sum(logits_fn, h, e, BATCH["targets"], w, c), argnums=(0, 1, 2)))
+        got = fused(hidden, model.embed[...], weights)
+        for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+            np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+    mask = BATCH["loss_mask"]
+    assert _vocab_matmuls(lambda h, e: weighted_nll_sum(logits_fn, h, e, BATCH["targets"], mask, 8),
+                          hidden, model.embed[...]) == 3
+    assert _vocab_matmuls(lambda h, e: chunked_nll_sum(lambda x: logits_fn(x, e), h, BATCH["targets"], mask, 8),
+                          hidden, model.embed[...]) == 4
+
+
+def test_step_gradient_is_the_full_logits_gradient():
+    """The LM step (its loss head fused) moves every parameter by the gradient of the token-mean
+    nll of the model's full logits (SGD at rate 1, no balancing)."""
+    state = _state()
+    new, _ = _step(balance=False)(state, BATCH)
+    graphdef, params, rest = nnx.split(tiny_model(), nnx.Param, ...)
+
+    def loss(p):
+        logits = nnx.merge(graphdef, p, rest)(BATCH["inputs"], segment_ids=BATCH["segment_ids"],
+                                               positions=BATCH["positions"])
+        return jnp.sum(token_nll(logits, BATCH["targets"]) * BATCH["loss_mask"]) / jnp.sum(BATCH["loss_mask"])
+    grads = nnx.to_pure_dict(jax.jit(jax.grad(loss))(params))
+    moved = jax.tree.map(lambda a, b: a - b, state.params, new.params)
+    for path, g in jax.tree_util.tree_leaves_with_path(grads):
+        np.testing.assert_allclose(_at(moved, path), g, rtol=2e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+
+def _at(tree, path):
+    for key in path:
+        tree = tree[key.key]
+    return tree
 
 
 def test_step_loss_is_the_token_mean_nll():

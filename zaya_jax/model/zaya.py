@@ -46,6 +46,15 @@ REMAT_POLICIES = {
 }
 
 
+def tied_logits(hidden: jax.Array, embed: jax.Array, *, dtype: str) -> jax.Array:
+    """hidden [..., D] final-normed, embed [V, D] -> logits [..., V] float32.
+
+    Operands in the compute dtype, accumulated in fp32: at V = 262k this is the largest
+    matmul of the model, and bf16 runs it at the bf16 rate (8x MI300X's fp32 rate)."""
+    dt = jnp.dtype(dtype)
+    return jnp.einsum("...d,vd->...v", hidden.astype(dt), embed.astype(dt), preferred_element_type=jnp.float32)
+
+
 class LayerContext(NamedTuple):
     """What every layer needs besides its parameters and the carried streams."""
     cos: jax.Array                  # [B,S,R_rot]
@@ -117,13 +126,8 @@ class ZayaLM(nnx.Module):
         return self.logits(hidden), stats
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """hidden: [..., D] final-normed -> [..., V] float32 (tied embedding).
-
-        Operands in the compute dtype, accumulated in fp32: at V = 262k this is the largest
-        matmul of the model, and bf16 runs it at the bf16 rate (8x MI300X's fp32 rate)."""
-        dt = jnp.dtype(self.config.dtype)
-        return jnp.einsum("...d,vd->...v", hidden.astype(dt), self.embed[...].astype(dt),
-                          preferred_element_type=jnp.float32)
+        """hidden: [..., D] final-normed -> [..., V] float32 (tied embedding, `tied_logits`)."""
+        return tied_logits(hidden, self.embed[...], dtype=self.config.dtype)
 
     def hidden_states(self, input_ids, *, segment_ids=None, positions=None, rope_theta=None
                       ) -> tuple[jax.Array, MoEStats]:

@@ -8,6 +8,8 @@ once (one layer's gathered parameters and unsharded gradient: fsdp_gathered_memo
 collective bytes each device sends per step by kind. A DPO run (objective 'dpo') also holds its
 frozen reference model: an fp32 copy of the parameters, sharded like them (`reference_model`; its
 forward pass keeps no activations for a backward pass, so the per-layer live estimate covers it).
+The lm and sft loss head accumulates the fp32 gradient of the tied embedding with its forward
+(`loss_head_weight_grad`, sharded like the embedding; zaya_jax.train.loss.weighted_nll_sum).
 Activation counts are estimates (numbers saved per token per layer, listed below);
 benchmarks/planner_vs_xla.py compares them with XLA's compiled memory analysis.
 """
@@ -26,6 +28,7 @@ from zaya_jax.model.moe_dispatch import capacity_per_expert
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
 from zaya_jax.parallel.rules import state_specs, with_data_axis
 from zaya_jax.parallel.step_flops import expert_backend
+from zaya_jax.train.objectives import fuses_loss_head
 from zaya_jax.train.optimizer import MUON_MATRICES
 
 GIB = 2**30
@@ -273,6 +276,9 @@ def plan(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, device_memory
     mem = parameter_memory(cfg, mesh, shape, parameters)
     act = activation_memory(cfg, mesh, shape)
     act["fsdp_gathered"] = fsdp_gathered_memory(cfg, mesh, parameters)
+    if fuses_loss_head(shape.objective):
+        (embed_shape, embed_spec), = [(s, spec) for path, s, spec in parameters if path == ("embed",)]
+        act["loss_head_weight_grad"] = math.prod(embed_shape) * 4 / _shard_factor(embed_spec, mesh)
     total = sum(mem.values()) + sum(v for k, v in act.items() if k != "tokens_per_device_per_microbatch")
     return {
         "mesh": mesh, "devices": math.prod(mesh.values()),

@@ -21,10 +21,12 @@ saves only dot_generals without batch dimensions (jax.checkpoint_policies): the 
 scores and the grouped convolution have batch dimensions and `ragged_dot` is not a dot_general,
 so they are recomputed; `dots_no_batch_and_kernels` also saves the named kernel outputs (the
 expert matmuls of the capacity, ragged and native backends, the flash kernel's output and
-logsumexp), so only the convolution and the XLA path's scores are recomputed. The loss head runs under jax.checkpoint in a loop over sequence chunks
-(zaya_jax.train.loss): 4 passes (forward, recompute, backward 2). With a single chunk there is no
-loop, and jax 0.10.2's XLA merges the recompute into the forward: 3 passes there
-(zaya_jax.jax_versions.XLA_KEEPS_UNLOOPED_REMAT).
+logsumexp), so only the convolution and the XLA path's scores are recomputed.
+The loss head of lm and sft computes its gradient with its forward, chunk by chunk
+(zaya_jax.train.loss.weighted_nll_sum): 3 passes (logits, d hidden, d weight). A DPO step's
+loss head runs under jax.checkpoint in a loop over sequence chunks: 4 passes (forward,
+recompute, backward 2); with a single chunk there is no loop, and jax 0.10.2's XLA merges the
+recompute into the forward: 3 passes there (zaya_jax.jax_versions.XLA_KEEPS_UNLOOPED_REMAT).
 A DPO step (objective 'dpo') also runs the frozen reference model forward once, without a
 backward or recompute: `reference_model`, one pass of every layer op and of the loss head.
 The optimizer adds Muon's Newton-Schulz iterations, 4 a^2 b + 2 a^3 per step for an a x b
@@ -49,6 +51,7 @@ from zaya_jax.model.attention_core import query_block_size
 from zaya_jax.model.kernels import resolve_attention_kernel, resolve_moe_backend
 from zaya_jax.model.moe_dispatch import capacity_per_expert
 from zaya_jax.train.loss import chunk_size_for
+from zaya_jax.train.objectives import fuses_loss_head
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +164,7 @@ def step_flops(cfg: ModelConfig, mesh: dict[str, int], *, global_batch: int, seq
         out[op.name] = op.forward_per_token * passes * tokens * cfg.num_layers / split
         forward += op.forward_per_token * tokens * cfg.num_layers / split
     looped = seq_len // chunk_size_for(seq_len, loss_chunk) > 1
-    loss_passes = 4 if looped or XLA_KEEPS_UNLOOPED_REMAT else 3
+    loss_passes = 3 if fuses_loss_head(objective) or not (looped or XLA_KEEPS_UNLOOPED_REMAT) else 4
     loss_forward = 2 * cfg.hidden_size * cfg.vocab_size * tokens / (devices_per_token * mesh["tensor"])
     out["loss_head"] = loss_forward * loss_passes
     if objective == "dpo":

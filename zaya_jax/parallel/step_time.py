@@ -6,7 +6,9 @@
                   is its matmuls' activation inputs read and outputs written (step_flops.LayerMatmul;
                   the XLA attention path also writes and reads fp32 logits and the probabilities),
                   once forward, twice backward, once more where remat recomputes the matmul
-                loss head: the fp32 logits of each chunk, written and read forward, recomputed, backward
+                loss head: the fp32 logits of each chunk, written and read, and their gradient, written
+                  and read (lm, sft: one pass, train.loss.weighted_nll_sum); for dpo the logits
+                  again where they are recomputed (6 trips)
                 optimizer: the update reads and writes its shard of parameters and optimizer state
                   and reads the gradient; gradients accumulate once per micro-batch
                 reference model (objective 'dpo'; step_flops counts its forward as one pass of every
@@ -33,6 +35,7 @@ from zaya_jax.config import ModelConfig
 from zaya_jax.parallel.hardware import HardwareProfile
 from zaya_jax.parallel.mesh import MESH_AXES
 from zaya_jax.parallel.planner import Collective, StepShape, collectives, muon_matrices
+from zaya_jax.train.objectives import fuses_loss_head
 from zaya_jax.parallel.step_flops import expert_backend, expert_rows_per_token, layer_matmuls, recomputed, step_flops
 
 OVERLAP_ASSUMPTIONS = (
@@ -80,7 +83,7 @@ def hbm_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_res
     opt_fraction = 1 / mesh["data"] if shape.shard_optimizer_over_data else 1.0
     traffic = {
         "activations": sum(per_pass[op.name] * (1 + 2 + recomputed(op, cfg.remat)) for op in ops),
-        "loss_logits": logits * 6,
+        "loss_logits": logits * (4 if fuses_loss_head(shape.objective) else 6),
         "optimizer": opt_fraction * (2 * mem["params"] + mem["grads"]) + 2 * mem["optimizer_state"]
                      + mem["grads"] * shape.grad_accum,
     }

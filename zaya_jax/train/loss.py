@@ -10,11 +10,20 @@ the token after `inputs[t]`, and `loss_mask` is 1 on real targets (0 on padding)
 Only one chunk's logits are live in the forward pass and, because of the checkpoint, in the
 backward pass too (they are recomputed there). At ZAYA1 scale (V=262,272, S=4096) a chunk of
 512 positions keeps 0.5 GiB of logits per sequence instead of 4 GiB.
+
+weighted_nll_sum, for losses linear in the nll (lm, sft: sum(nll * loss_mask)), also takes the
+output projection's weight and computes the gradient in the same pass over the chunks, as fused
+linear + cross-entropy kernels do (Liger's, tokamax's):
+  for each chunk: logits, nll and, by jax.vjp of the chunk, d hidden [B,C,D] and d weight [V,D]
+  (accumulated in fp32); the backward pass only scales them by the incoming cotangent.
+So the loss head runs 3 matmul passes instead of 4 (no recompute), with one chunk's logits live.
 """
 
 from __future__ import annotations
 
 from typing import Callable
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -56,3 +65,50 @@ def chunked_nll_sum(logits_fn: Callable[[jax.Array], jax.Array], hidden: jax.Arr
                     loss_mask: jax.Array, max_chunk: int) -> jax.Array:
     """Sum over tokens of nll * loss_mask (shapes as chunked_token_nll; loss_mask [B,S] float) -> scalar fp32."""
     return jnp.sum(chunked_token_nll(logits_fn, hidden, targets, max_chunk) * loss_mask.astype(jnp.float32))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 5))
+def weighted_nll_sum(logits_fn: Callable[[jax.Array, jax.Array], jax.Array], hidden: jax.Array, weight: jax.Array,
+                     targets: jax.Array, token_weights: jax.Array, max_chunk: int) -> jax.Array:
+    """sum over tokens of nll * token_weights -> scalar fp32, its gradient computed with its forward.
+
+    logits_fn(hidden [B,C,D], weight) -> [B,C,V] fp32; hidden [B,S,D]; targets [B,S] int;
+    token_weights [B,S] float (the loss mask). Differentiable in hidden, weight and token_weights.
+    """
+    return chunked_nll_sum(lambda h: logits_fn(h, weight), hidden, targets, token_weights, max_chunk)
+
+
+def _weighted_nll_sum_fwd(logits_fn, hidden, weight, targets, token_weights, max_chunk):
+    b, s, d = hidden.shape
+    c = chunk_size_for(s, max_chunk)
+    n = s // c
+    token_weights = token_weights.astype(jnp.float32)
+
+    def chunk(h, t, w):  # -> (nll [B,C]), (d h [B,C,D], d weight [V,D] fp32)
+        def value(h, weight):
+            nll = token_nll(logits_fn(h, weight), t)
+            return jnp.sum(nll * w), nll
+        (_, nll), (d_h, d_weight) = jax.value_and_grad(value, argnums=(0, 1), has_aux=True)(h, weight)
+        return nll, d_h, d_weight.astype(jnp.float32)
+
+    if n == 1:
+        nll, d_hidden, d_weight = chunk(hidden, targets, token_weights)
+    else:
+        def to_chunks(x):  # [B,S,...] -> [n,B,C,...]
+            return jnp.moveaxis(x.reshape(b, n, c, *x.shape[2:]), 1, 0)
+
+        def step(d_weight, xs):
+            nll, d_h, d_w = chunk(*xs)
+            return d_weight + d_w, (nll, d_h)
+        d_weight, (nll, d_hidden) = jax.lax.scan(step, jnp.zeros(weight.shape, jnp.float32),
+                                                 (to_chunks(hidden), to_chunks(targets), to_chunks(token_weights)))
+        nll, d_hidden = (jnp.moveaxis(x, 0, 1).reshape(b, s, *x.shape[3:]) for x in (nll, d_hidden))
+    return jnp.sum(nll * token_weights), (d_hidden, d_weight, nll)
+
+
+def _weighted_nll_sum_bwd(logits_fn, max_chunk, residuals, g):
+    d_hidden, d_weight, nll = residuals
+    return (g * d_hidden).astype(d_hidden.dtype), g * d_weight, None, g * nll
+
+
+weighted_nll_sum.defvjp(_weighted_nll_sum_fwd, _weighted_nll_sum_bwd)

@@ -39,14 +39,22 @@ class TokenObjective:
     """lm / sft: the masked token-mean nll."""
     name: str = "lm"
     needs_reference = False
+    linear_in_nll = True  # value = sum(nll * token_weights): the step fuses the loss head's gradient
     sum_keys = ("nll", "tokens")
     count_key = "tokens"
     metric_keys = ("loss",)
 
+    def token_weights(self, batch: dict) -> jax.Array:
+        """[B,S]: the value is sum(nll * token_weights)."""
+        return batch["loss_mask"]
+
+    def weighted_sums(self, value: jax.Array, batch: dict) -> tuple[jax.Array, dict]:
+        """value = sum(nll * token_weights) [] -> (value to differentiate [], {nll, tokens} sums [])."""
+        return value, {"nll": value, "tokens": jnp.sum(batch["loss_mask"])}
+
     def micro_sums(self, nll: jax.Array, reference_nll, batch: dict) -> tuple[jax.Array, dict]:
         """nll [B,S] -> (value to differentiate [], {nll, tokens} sums [])."""
-        value = jnp.sum(nll * batch["loss_mask"])
-        return value, {"nll": value, "tokens": jnp.sum(batch["loss_mask"])}
+        return self.weighted_sums(jnp.sum(nll * self.token_weights(batch)), batch)
 
     def metrics(self, sums: dict) -> dict:
         return {"loss": sums["nll"] / jnp.maximum(sums["tokens"], 1.0)}
@@ -65,6 +73,7 @@ class DPOObjective:
     rpo_alpha: float = 0.0
     name: str = "dpo"
     needs_reference = True
+    linear_in_nll = False
     sum_keys = ("loss", "chosen_reward", "rejected_reward", "correct", "pairs")
     count_key = "pairs"
     metric_keys = ("loss", "reward_margin", "reward_accuracy", "chosen_reward", "rejected_reward", "pairs")
@@ -111,6 +120,12 @@ def pair_slices(per_segment: jax.Array) -> tuple[jax.Array, jax.Array]:
     """[B, S+1] per segment -> (segments 1, 3, ..., 2P-1 [B, P], segments 2, 4, ..., 2P [B, P]), P = S // 2."""
     pairs = (per_segment.shape[1] - 1) // 2
     return per_segment[:, 1:2 * pairs:2], per_segment[:, 2:2 * pairs + 1:2]
+
+
+def fuses_loss_head(name: str) -> bool:
+    """Whether objective `name`'s step computes the loss head's gradient with its forward (its value
+    is linear in the nll: loss.weighted_nll_sum); the planner counts passes and bytes by it."""
+    return (DPOObjective if name == "dpo" else TokenObjective).linear_in_nll
 
 
 def make_objective(settings):

@@ -5,8 +5,10 @@ B global batch, M micro-batches, S seq, L layers, E experts (+1 skip).
   micro-batches: batch [B,S] -> [M, B/M, S]; rows are dealt round-robin (row r goes to
       micro-batch r mod M), so every micro-batch keeps the batch's sharding over devices
   lax.scan over micro-batches (objectives.py: lm / sft / dpo):
-      nll = per-token nll of the policy [b,S]; for dpo also of the frozen reference (stop_gradient)
-      value, sums = objective.micro_sums(nll, reference nll, micro-batch)
+      lm, sft: value = sum(nll * token weights), the loss head's gradient computed with its
+               forward (loss.weighted_nll_sum); value, sums = objective.weighted_sums(value, micro-batch)
+      dpo:     nll = per-token nll of the policy [b,S] and of the frozen reference (stop_gradient);
+               value, sums = objective.micro_sums(nll, reference nll, micro-batch)
       grads += d value / d params; sums += sums; counts += expert_counts
   grads /= count (masked tokens, or valid DPO pairs, of the whole global batch: accumulating M
       micro-batches gives exactly the gradient of one big batch); metrics = objective.metrics(sums)
@@ -28,9 +30,10 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from zaya_jax.model.zaya import tied_logits
 from zaya_jax.parallel.rules import batch_spec
 from zaya_jax.train import balancing
-from zaya_jax.train.loss import chunked_token_nll
+from zaya_jax.train.loss import chunked_token_nll, weighted_nll_sum
 from zaya_jax.train.objectives import TokenObjective, zero_sums
 from zaya_jax.train.optimizer import applied_updates
 from zaya_jax.train.state import ModelParts, TrainState
@@ -38,12 +41,18 @@ from zaya_jax.train.state import ModelParts, TrainState
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
 
 
-def batch_nll(parts: ModelParts, params: dict, biases: jax.Array, batch: dict, rope_theta: float,
-              loss_chunk: int):
-    """-> (per-token nll [b, S], MoEStats with [L] leading axes) for one batch of [b, S] arrays."""
+def batch_hidden(parts: ModelParts, params: dict, biases: jax.Array, batch: dict, rope_theta: float):
+    """-> (model, final-normed hidden [b, S, D], MoEStats with [L] leading axes) for one batch of [b, S] arrays."""
     model = parts.merge(params, biases)
     hidden, stats = model.hidden_states(batch["inputs"], segment_ids=batch["segment_ids"],
                                         positions=batch["positions"], rope_theta=rope_theta)
+    return model, hidden, stats
+
+
+def batch_nll(parts: ModelParts, params: dict, biases: jax.Array, batch: dict, rope_theta: float,
+              loss_chunk: int):
+    """-> (per-token nll [b, S], MoEStats with [L] leading axes) for one batch of [b, S] arrays."""
+    model, hidden, stats = batch_hidden(parts, params, biases, batch, rope_theta)
     with jax.named_scope("loss_head"):
         return chunked_token_nll(model.logits, hidden, batch["targets"], loss_chunk), stats
 
@@ -60,6 +69,13 @@ def reference_nll(parts: ModelParts, reference: dict | None, batch: dict, rope_t
 def objective_value(parts: ModelParts, objective, params: dict, biases: jax.Array, reference: dict | None,
                     batch: dict, rope_theta: float, loss_chunk: int):
     """-> (value [] to differentiate, (sums {objective.sum_keys: []}, MoEStats)) of one micro-batch."""
+    if objective.linear_in_nll:
+        model, hidden, stats = batch_hidden(parts, params, biases, batch, rope_theta)
+        with jax.named_scope("loss_head"):
+            value = weighted_nll_sum(functools.partial(tied_logits, dtype=model.config.dtype), hidden,
+                                     model.embed[...], batch["targets"], objective.token_weights(batch), loss_chunk)
+        value, sums = objective.weighted_sums(value, batch)
+        return value, (sums, stats)
     ref_nll = reference_nll(parts, reference, batch, rope_theta, loss_chunk)
     nll, stats = batch_nll(parts, params, biases, batch, rope_theta, loss_chunk)
     value, sums = objective.micro_sums(nll, ref_nll, batch)
