@@ -1,4 +1,4 @@
-"""Measured GPU rates for the planner's `--calibration FILE` (format: zaya_jax.parallel.hardware).
+"""Measured GPU rates for the planner's `--calibration FILE` (format: zaya_jax.hardware).
 
 `measure()` (GPU only, a few seconds; part of benchmarks/gpu_selftest.py) times on the devices of
 this process:

@@ -26,8 +26,8 @@ import jax  # noqa: E402
 from benchmarks.common import print_and_save  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
 from zaya_jax.parallel.mesh import MESH_AXES, resolve_mesh_shape  # noqa: E402
-from zaya_jax.parallel.planner import StepShape, _parameters  # noqa: E402
-from zaya_jax.parallel.step_time import matmul_flops  # noqa: E402
+from zaya_jax.planner.step_plan import StepShape, _parameters  # noqa: E402
+from zaya_jax.planner.step_time import matmul_flops  # noqa: E402
 from zaya_jax.train.loop import Trainer  # noqa: E402
 
 CASES = (("configs/tiny.py", "capacity", "dots_no_batch"), ("configs/tiny.py", "dense", "full"),

@@ -1,6 +1,6 @@
 """The planner's predictions for ZAYA1-base on 1,024 MI300X, set beside the seed run's report.
 Prints JSON; writes benchmarks/results/planner_predictions.json. Nothing runs on a GPU: these are
-the planner's paper numbers (zaya_jax.parallel.step_time), no timing of this machine.
+the planner's paper numbers (zaya_jax.planner.step_time), no timing of this machine.
 
   python benchmarks/planner_predictions.py
 
@@ -23,11 +23,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import print_and_save  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
-from zaya_jax.parallel.hardware import PROFILES  # noqa: E402
+from zaya_jax.hardware import PROFILES  # noqa: E402
 from zaya_jax.parallel.mesh import parse_mesh_flag, resolve_mesh_shape  # noqa: E402
-from zaya_jax.parallel.mesh_search import search  # noqa: E402
-from zaya_jax.parallel.phase_plan import config_phases, phase_mesh, phase_shape, plan_phase  # noqa: E402
-from zaya_jax.parallel.planner import StepShape  # noqa: E402
+from zaya_jax.planner.mesh_search import search  # noqa: E402
+from zaya_jax.planner.phase_plan import config_phases, phase_mesh, phase_shape, plan_phase  # noqa: E402
+from zaya_jax.planner.step_plan import StepShape  # noqa: E402
 
 DEVICES = 1024
 SEED_PFLOPS = 750.0

@@ -27,8 +27,8 @@ from jax.sharding import NamedSharding  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
 from zaya_jax.model.build import abstract_model  # noqa: E402
 from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag, resolve_mesh_shape  # noqa: E402
-from zaya_jax.parallel.planner import StepShape, plan  # noqa: E402
 from zaya_jax.parallel.rules import batch_spec, state_shardings  # noqa: E402
+from zaya_jax.planner.step_plan import StepShape, plan  # noqa: E402
 
 
 def xla_memory(cfg, mesh, batch: int, seq: int) -> dict:

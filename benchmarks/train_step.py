@@ -11,7 +11,7 @@ output projection + cross-entropy forward+backward; optimizer: the AdamW update)
 bottleneck is visible; `other` is the step minus those parts. --muon adds our Muon step's time;
 --versus-moe-backend B times our step with MoE backend B alternately with the default one.
 What stays between each side and the machine: the step's matmul FLOPs (the planner's count,
-zaya_jax.parallel.step_flops, within 7% of XLA's own count in planner_flops_vs_xla_cpu.json) over
+zaya_jax.planner.step_flops, within 7% of XLA's own count in planner_flops_vs_xla_cpu.json) over
 its time, against the float32 matmul peak measured in the same process (common.matmul_peak_gflops);
 `step_s_at_matmul_peak` is the step's matmuls alone at that peak, and
 `max_speedup_vs_hf_at_matmul_peak` what HF's time over it allows.
@@ -46,7 +46,7 @@ from benchmarks.common import alternate_times, matmul_peak_gflops, median_time  
 from benchmarks.hf_pair import bench_small, same_weights_pair  # noqa: E402
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn, resolve_moe_backend  # noqa: E402
 from zaya_jax.model.rope import rope_cos_sin  # noqa: E402
-from zaya_jax.parallel.step_flops import step_flops  # noqa: E402
+from zaya_jax.planner.step_flops import step_flops  # noqa: E402
 from zaya_jax.train import balancing  # noqa: E402
 from zaya_jax.train.loss import chunked_nll_sum  # noqa: E402
 from zaya_jax.train.optimizer import make_optimizer  # noqa: E402

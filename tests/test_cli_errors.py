@@ -15,7 +15,7 @@ from zaya_jax.train.checkpoint import save_model
 from zaya_jax.train.state import ModelParts
 
 TINY = os.path.join(REPO, "configs", "tiny.py")
-ENTRY_POINTS = ("zaya_jax.train", "zaya_jax.plan", "zaya_jax.generate", "zaya_jax.evaluate", "zaya_jax.convert",
+ENTRY_POINTS = ("zaya_jax.train", "zaya_jax.planner", "zaya_jax.generate", "zaya_jax.evaluate", "zaya_jax.convert",
                 "zaya_jax.data.prepare", "zaya_jax.data.train_tokenizer", "zaya_jax.data.demo_corpus")
 
 
@@ -99,7 +99,7 @@ def test_an_hf_directory_given_as_checkpoint_is_pointed_to_hf(tmp_path):
 
 def test_plan_accepts_the_spelling_its_help_shows(tmp_path):
     for flag in ("--device_memory_gb", "--device-memory-gb"):
-        done = cli("zaya_jax.plan", "--config", "configs/tiny.py", "--mesh", "data=8", flag, "80")
+        done = cli("zaya_jax.planner", "--config", "configs/tiny.py", "--mesh", "data=8", flag, "80")
         assert done.returncode == 0 and "fits in 80 GB" in done.stdout, done.stderr[-3000:]
 
 

@@ -97,7 +97,7 @@ def test_overrides_change_the_model_config():
 
 def test_plan_cli_applies_a_model_override():
     """`--config.model.expert_parallel=all_gather` reaches the planner: no all-to-all traffic left."""
-    out = subprocess.run([sys.executable, "-m", "zaya_jax.plan", "--config", "configs/tiny.py", "--json",
+    out = subprocess.run([sys.executable, "-m", "zaya_jax.planner", "--config", "configs/tiny.py", "--json",
                           "--mesh", "data=2,expert=4", "--config.model.expert_parallel=all_gather"],
                          capture_output=True, text=True, check=True, timeout=120)
     traffic = json.loads(out.stdout)["plan"]["collective_bytes_per_step_per_device"]

@@ -19,10 +19,10 @@ from packaging.requirements import Requirement
 from benchmarks import gpu_calibration, gpu_proxy, gpu_selftest
 from zaya_jax.config import ConfigError
 from zaya_jax.config_files import load_config_file, model_config
-from zaya_jax.parallel.hardware import PROFILES, calibrated
+from zaya_jax.hardware import PROFILES, calibrated
 from zaya_jax.parallel.mesh import resolve_mesh_shape
-from zaya_jax.parallel.phase_plan import config_phases, phase_shape, plan_phase
-from zaya_jax.parallel.planner import StepShape
+from zaya_jax.planner.phase_plan import config_phases, phase_shape, plan_phase
+from zaya_jax.planner.step_plan import StepShape
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -21,7 +21,7 @@ import pytest
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.data import parse_phases
 from zaya_jax.parallel.mesh import phase_mesh_sizes, resolve_mesh_shape
-from zaya_jax.parallel.planner import StepShape, plan
+from zaya_jax.planner.step_plan import StepShape, plan
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,9 +75,9 @@ def test_job_mesh_is_the_planner_search_pick(name, case):
     picks the job's mesh for the whole run; and the recorded results hold that pick. The search ran
     on the XLA attention path, which the job's kernels.attention=auto runs on GPU."""
     from benchmarks.planner_predictions import base_shape
-    from zaya_jax.parallel.hardware import PROFILES
-    from zaya_jax.parallel.mesh_search import search
-    from zaya_jax.parallel.phase_plan import config_phases
+    from zaya_jax.hardware import PROFILES
+    from zaya_jax.planner.mesh_search import search
+    from zaya_jax.planner.phase_plan import config_phases
 
     options, args, _ = read_job(name)
     config = job_config(args)

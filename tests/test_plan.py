@@ -9,7 +9,7 @@ import pytest
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.mesh import resolve_mesh_shape
-from zaya_jax.parallel.planner import StepShape, dispatch_numbers_per_layer, plan
+from zaya_jax.planner.step_plan import StepShape, dispatch_numbers_per_layer, plan
 
 
 def test_zaya1_base_counts():
@@ -23,7 +23,7 @@ def test_zaya1_base_counts():
 
 
 def test_plan_cli_json_with_override():
-    out = subprocess.run([sys.executable, "-m", "zaya_jax.plan", "--config", "configs/zaya1_base.py", "--json",
+    out = subprocess.run([sys.executable, "-m", "zaya_jax.planner", "--config", "configs/zaya1_base.py", "--json",
                           "--config.model.num_layers=20"], capture_output=True, text=True, check=True,
                          env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
     s = json.loads(out.stdout)
@@ -31,7 +31,7 @@ def test_plan_cli_json_with_override():
 
 
 def test_plan_cli_names_a_bad_field():
-    out = subprocess.run([sys.executable, "-m", "zaya_jax.plan", "--config", "configs/tiny.py",
+    out = subprocess.run([sys.executable, "-m", "zaya_jax.planner", "--config", "configs/tiny.py",
                           "--config.model.layout=sideways"], capture_output=True, text=True,
                          env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
     assert out.returncode != 0 and "model.layout='sideways' does not exist" in out.stderr
@@ -40,7 +40,7 @@ def test_plan_cli_names_a_bad_field():
 def _plan_cli(*args) -> subprocess.CompletedProcess:
     from tests.train_helpers import REPO, cli_env
 
-    return subprocess.run([sys.executable, "-m", "zaya_jax.plan", *args], cwd=REPO, env=cli_env(),
+    return subprocess.run([sys.executable, "-m", "zaya_jax.planner", *args], cwd=REPO, env=cli_env(),
                           capture_output=True, text=True, timeout=300)
 
 
@@ -92,7 +92,7 @@ def test_planner_state_bytes_equal_xla_arguments():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag, resolve_mesh_shape
-    from zaya_jax.parallel.planner import StepShape, plan
+    from zaya_jax.planner.step_plan import StepShape, plan
 
     cfg = model_config(load_config_file("configs/tiny.py"))
     flag = "data=2,fsdp=2,expert=2"

@@ -35,8 +35,8 @@ def test_newton_schulz_flops_per_device_are_xlas_for_distributed_muon(layers):
     import jax
     from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-    from zaya_jax.parallel.planner import StepShape, muon_matrices
-    from zaya_jax.parallel.step_flops import newton_schulz_flops
+    from zaya_jax.planner.step_flops import newton_schulz_flops
+    from zaya_jax.planner.step_plan import StepShape, muon_matrices
     from zaya_jax.train.optimizer import MUON_MATRICES, distributed_muon
     from zaya_jax.train.settings import OptimizerSettings
     shape = (layers, 3, 16, 24)

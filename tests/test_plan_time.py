@@ -11,13 +11,13 @@ import pytest
 
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.errors import UserError
+from zaya_jax.hardware import PROFILES, calibrated
 from zaya_jax.model.accounting import model_summary
-from zaya_jax.parallel.hardware import PROFILES, calibrated
 from zaya_jax.parallel.mesh import resolve_mesh_shape
-from zaya_jax.parallel.mesh_search import search
-from zaya_jax.parallel.phase_plan import config_phases, phase_shape, plan_phase
-from zaya_jax.parallel.planner import StepShape, _parameters
-from zaya_jax.parallel.step_time import link_of, matmul_flops
+from zaya_jax.planner.mesh_search import search
+from zaya_jax.planner.phase_plan import config_phases, phase_shape, plan_phase
+from zaya_jax.planner.step_plan import StepShape, _parameters
+from zaya_jax.planner.step_time import link_of, matmul_flops
 
 ZAYA1 = "configs/zaya1_base.py"
 
@@ -188,7 +188,7 @@ def test_search_ranks_feasible_meshes_and_counts_the_rest():
 
 
 def test_plan_cli_predicts_every_phase():
-    out = subprocess.run([sys.executable, "-m", "zaya_jax.plan", "--config", ZAYA1, "--mesh", "data=1024",
+    out = subprocess.run([sys.executable, "-m", "zaya_jax.planner", "--config", ZAYA1, "--mesh", "data=1024",
                           "--hardware", "mi300x", "--json"], capture_output=True, text=True, check=True,
                          env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
     phases = json.loads(out.stdout)["prediction"]["phases"]

@@ -20,8 +20,8 @@ from zaya_jax.model import moe_dispatch
 from zaya_jax.model.moe_dispatch import ExpertWeights
 from zaya_jax.parallel.mesh import check_platform_support, make_mesh, parse_mesh_flag
 from zaya_jax.parallel.moe_sharding import dispatch_on_mesh
-from zaya_jax.parallel.planner import StepShape, plan
 from zaya_jax.parallel.ragged_exchange import exchange_plan
+from zaya_jax.planner.step_plan import StepShape, plan
 from zaya_jax.train.loop import Trainer
 
 

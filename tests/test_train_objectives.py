@@ -20,7 +20,7 @@ from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.data import prepare
 from zaya_jax.errors import UserError
 from zaya_jax.model.build import create_model
-from zaya_jax.parallel.planner import StepShape, plan
+from zaya_jax.planner.step_plan import StepShape, plan
 from zaya_jax.train import balancing
 from zaya_jax.train.checkpoint import config_json, load_checkpoint_model, save_model
 from zaya_jax.train.data import open_training_data, synthetic_batch

@@ -18,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from zaya_jax.config import ModelConfig
+from zaya_jax.hardware import profile_for_device_kind
 from zaya_jax.model.accounting import model_summary
-from zaya_jax.parallel.hardware import profile_for_device_kind
 
-# GPU peaks come from the hardware profiles (zaya_jax.parallel.hardware.PROFILES); on CPU hosts
+# GPU peaks come from the hardware profiles (zaya_jax.hardware.PROFILES); on CPU hosts
 # the peak is per process, not per fake device: the fp32 matmul peak of the project's 2-core CPU
 # machine as XLA reaches it (matmul_peak_gflops in benchmarks/results/train_step_cpu_native.json).
 CPU_PEAK_FLOPS = 208e9

@@ -1,9 +1,9 @@
 """Plan a run before launching it, from an abstract init (nothing is allocated).
 
-  python -m zaya_jax.plan --config configs/zaya1_base.py [--json] [--config.model.num_layers=4]
-  python -m zaya_jax.plan --config configs/zaya1_base.py --mesh data=128,fsdp=8 [--device_memory_gb 192]
-  python -m zaya_jax.plan --config configs/zaya1_base.py --mesh data=1024 --hardware mi300x [--calibration rates.json]
-  python -m zaya_jax.plan --config configs/zaya1_base.py --search --devices 1024 --hardware mi300x
+  python -m zaya_jax.planner --config configs/zaya1_base.py [--json] [--config.model.num_layers=4]
+  python -m zaya_jax.planner --config configs/zaya1_base.py --mesh data=128,fsdp=8 [--device_memory_gb 192]
+  python -m zaya_jax.planner --config configs/zaya1_base.py --mesh data=1024 --hardware mi300x [--calibration rates.json]
+  python -m zaya_jax.planner --config configs/zaya1_base.py --search --devices 1024 --hardware mi300x
 
 Always: parameter counts and the KV-cache size. With --mesh: per-device bytes of parameters,
 gradients, optimizer state and activations, collective bytes per step by kind, and whether it
@@ -27,14 +27,14 @@ from zaya_jax import cli
 
 from zaya_jax.config import ConfigError
 from zaya_jax.config_files import model_config
+from zaya_jax.hardware import PROFILES, calibrated
 from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.attention_sharding import KernelLayoutError
-from zaya_jax.parallel.hardware import PROFILES, calibrated
 from zaya_jax.parallel.mesh import parse_mesh_flag, resolve_mesh_shape
-from zaya_jax.parallel.mesh_search import mesh_name, search
-from zaya_jax.parallel.phase_plan import config_phases, phase_mesh, phase_shape, plan_phase, run_time
-from zaya_jax.parallel.planner import GIB, StepShape, plan
-from zaya_jax.parallel.step_time import OVERLAP_ASSUMPTIONS
+from zaya_jax.planner.mesh_search import mesh_name, search
+from zaya_jax.planner.phase_plan import config_phases, phase_mesh, phase_shape, plan_phase, run_time
+from zaya_jax.planner.step_plan import GIB, StepShape, plan
+from zaya_jax.planner.step_time import OVERLAP_ASSUMPTIONS
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).")
 _JSON = flags.DEFINE_bool("json", False, "Print machine-readable JSON.")
@@ -43,7 +43,7 @@ _MEMORY = flags.DEFINE_float("device_memory_gb", None, "Device memory in GB (def
                              "else 192, an MI300X).")
 _HARDWARE = flags.DEFINE_enum("hardware", None, sorted(PROFILES),
                               "Predict each curriculum phase's step time, tokens/s and MFU on this GPU "
-                              "(profiles: zaya_jax/parallel/hardware.py).")
+                              "(profiles: zaya_jax/hardware.py).")
 _CALIBRATION = flags.DEFINE_string("calibration", None, "JSON of measured rates (device_kind, matmul_tflops, "
                                    "hbm_gbps, intra_node_gbps, inter_node_gbps) replacing the --hardware "
                                    "profile's efficiency assumptions.")

@@ -1,6 +1,6 @@
 """Predicted time of one training step on a hardware profile, from FLOPs, HBM bytes and collectives.
 
-  compute     matmul FLOPs per device (zaya_jax.parallel.step_flops) / achieved matmul rate
+  compute     matmul FLOPs per device (zaya_jax.planner.step_flops) / achieved matmul rate
   memory      HBM bytes the non-matmul work moves per device / achieved HBM bandwidth:
                 activations: elementwise work is assumed fused between matmuls, so a layer's traffic
                   is its matmuls' activation inputs read and outputs written (step_flops.LayerMatmul;
@@ -32,11 +32,11 @@ from __future__ import annotations
 import math
 
 from zaya_jax.config import ModelConfig
-from zaya_jax.parallel.hardware import HardwareProfile
+from zaya_jax.hardware import HardwareProfile
 from zaya_jax.parallel.mesh import MESH_AXES
-from zaya_jax.parallel.planner import Collective, StepShape, collectives, muon_matrices
+from zaya_jax.planner.step_flops import expert_backend, expert_rows_per_token, layer_matmuls, recomputed, step_flops
+from zaya_jax.planner.step_plan import Collective, StepShape, collectives, muon_matrices
 from zaya_jax.train.objectives import fuses_loss_head
-from zaya_jax.parallel.step_flops import expert_backend, expert_rows_per_token, layer_matmuls, recomputed, step_flops
 
 OVERLAP_ASSUMPTIONS = (
     "matmuls, memory-bound work and activation collectives (expert all-to-all, tensor all-reduce, context "

@@ -27,7 +27,7 @@ from zaya_jax.model.build import abstract_model
 from zaya_jax.model.moe_dispatch import capacity_per_expert
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
 from zaya_jax.parallel.rules import state_specs, with_data_axis
-from zaya_jax.parallel.step_flops import expert_backend
+from zaya_jax.planner.step_flops import expert_backend
 from zaya_jax.train.objectives import fuses_loss_head
 from zaya_jax.train.optimizer import MUON_MATRICES
 

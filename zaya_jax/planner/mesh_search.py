@@ -14,11 +14,11 @@ import math
 
 from zaya_jax.config import ModelConfig
 from zaya_jax.data.curriculum import PhaseInfo
+from zaya_jax.hardware import HardwareProfile
 from zaya_jax.parallel.attention_sharding import KernelLayoutError
-from zaya_jax.parallel.hardware import HardwareProfile
 from zaya_jax.parallel.mesh import MESH_AXES
-from zaya_jax.parallel.phase_plan import phase_shape, plan_phase
-from zaya_jax.parallel.planner import StepShape, _parameters
+from zaya_jax.planner.phase_plan import phase_shape, plan_phase
+from zaya_jax.planner.step_plan import StepShape, _parameters
 
 
 def _divisors(n: int) -> list[int]:

@@ -36,7 +36,7 @@ each parameter's stack of matrices spread over the data ranks, zaya_jax.train.op
 Per device: divided by the devices that split the work (batch axes, context, and tensor for
 the ops whose heads / hidden / vocab it shards; ops it does not shard, the value projections
 and the router, are computed by every tensor shard). Elementwise work is not counted here; it
-is memory traffic (zaya_jax.parallel.step_time). tests/test_plan_flops.py checks the count
+is memory traffic (zaya_jax.planner.step_time). tests/test_plan_flops.py checks the count
 against XLA's cost_analysis() of the compiled train step.
 """
 
