@@ -6,11 +6,12 @@ belong to groups consecutively, rows past sum(group_sizes) to none (their output
 Kernels (Triton-style Pallas, no scalar prefetch, no atomics, so every program owns its output):
 1. `gmm`, grid (m tile, n tile): before the pallas_call, plain JAX computes which groups each row
    tile touches (`_tile_groups`). A tile inside one group runs one k loop; a tile that straddles
-   a boundary runs one k loop per group it touches, zeroing the rows of the other groups, and
-   sums them in one fp32 accumulator. Empty groups skip their k loop.
+   a boundary runs one k loop per group it touches, loading the rows of the other groups as zeros
+   (masked loads, no select on the operand), and sums them in one fp32 accumulator. Empty groups
+   skip their k loop.
    Transposed-rhs mode (`lhs @ rhs[g].T`) gives the lhs gradient without copying rhs.
 2. `tgmm`, grid (group, k tile, n tile): out[g] = lhs[rows of g].T @ grad[rows of g], walking
-   only the row tiles of group g and zeroing rows outside it; an empty group writes zeros.
+   only the row tiles of group g, rows outside it loaded as zeros; an empty group writes zeros.
 `grouped_matmul`'s custom_vjp uses gmm for d lhs and tgmm for d rhs.
 """
 
@@ -23,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import _backend
 from pallas_kernels.platform_blocks import matmul_blocks
@@ -77,7 +79,7 @@ def _gmm_kernel(offsets_ref, first_ref, stop_ref, lhs_ref, rhs_ref, out_ref, *, 
 
         def c_body(c, acc):
             cols = pl.ds(pl.multiple_of(c * tc, tc), tc)
-            x = jnp.where(member, lhs_ref[:, cols], 0)
+            x = plgpu.load(lhs_ref.at[:, cols], mask=jnp.broadcast_to(member, (tm, tc)), other=0)
             if transpose_rhs:
                 return acc + lax.dot_general(x, rhs_ref[group, :, cols], _NT,
                                              preferred_element_type=jnp.float32)
@@ -125,7 +127,8 @@ def _tgmm_kernel(offsets_ref, lhs_ref, grad_ref, out_ref, *, tm: int):
     def body(t, acc):
         rows = pl.ds(pl.multiple_of(t * tm, tm), tm)
         pos = t * tm + jnp.arange(tm)
-        x = jnp.where(((pos >= lo) & (pos < hi))[:, None], lhs_ref[rows, :], 0)
+        member = jnp.broadcast_to(((pos >= lo) & (pos < hi))[:, None], (tm, lhs_ref.shape[1]))
+        x = plgpu.load(lhs_ref.at[rows, :], mask=member, other=0)
         return acc + lax.dot_general(x, grad_ref[rows, :], _TN, preferred_element_type=jnp.float32)
 
     first = lax.div(lo, tm)
