@@ -12,7 +12,9 @@ Algorithm (FlashAttention-2, Triton-style Pallas):
 2. backward `dq`, grid (query block, B, N): the same walk, recomputing probabilities from the
    logsumexp; `delta = rowsum(o * do)` comes from plain JAX.
 3. backward `dk, dv`, grid (key block, B, M): hold one key block, walk the query blocks of all G
-   query heads that share this kv head, so GQA gradients are summed inside the kernel.
+   query heads that share this kv head, so GQA gradients are summed inside the kernel. It computes
+   the transposed tiles k.q^T and v.do^T ([bk, bq]) so p and ds enter the dk and dv matmuls
+   untransposed.
 With causal attention, key blocks strictly below the diagonal skip the causal mask and blocks
 above it are never visited. Logits are scaled by sm_scale * log2(e) so the kernels use exp2.
 
@@ -38,7 +40,6 @@ from pallas_kernels.platform_blocks import attention_blocks
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: fully masked blocks stay NaN-free
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
-_TN = (((0,), (0,)), ((), ()))  # a.T @ b
 RESIDUAL_NAMES = ("attention_out", "attention_lse")
 
 
@@ -73,17 +74,20 @@ class _Config:
         return _backend.pallas_call_options(self.interpret, num_warps=warps, num_stages=self.num_stages)
 
 
-def _logits(q, k, q_pos, k_pos, q_seg, k_seg, *, cfg: _Config, causal_mask: bool):
-    """q: [bq, Hp], k: [bk, Hp], positions and segment ids [bq] / [bk] -> fp32 logits [bq, bk]."""
-    s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * cfg.logit_scale
+def _logits(a, b, a_pos, b_pos, a_seg, b_seg, *, cfg: _Config, causal_mask: bool, keys_first: bool = False):
+    """Masked fp32 logits a @ b.T: q: [bq, Hp] against k: [bk, Hp] -> [bq, bk], or with keys_first
+    k against q -> [bk, bq] (the transpose, computed directly); positions and segment ids per row
+    of a and b."""
+    s = lax.dot_general(a, b, _NT, preferred_element_type=jnp.float32) * cfg.logit_scale
+    q_pos, k_pos = (b_pos[None, :], a_pos[:, None]) if keys_first else (a_pos[:, None], b_pos[None, :])
     mask = None
     if causal_mask:
-        mask = q_pos[:, None] >= k_pos[None, :]
-    if q_seg is not None:
-        same = q_seg[:, None] == k_seg[None, :]
+        mask = q_pos >= k_pos
+    if a_seg is not None:
+        same = a_seg[:, None] == b_seg[None, :]
         mask = same if mask is None else mask & same
     if cfg.kv_len is not None:
-        valid = jnp.broadcast_to(k_pos[None, :] < cfg.kv_len, s.shape)
+        valid = jnp.broadcast_to(k_pos < cfg.kv_len, s.shape)
         mask = valid if mask is None else mask & valid
     return s if mask is None else jnp.where(mask, s, MASK_VALUE)
 
@@ -184,13 +188,15 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, seg_ref, do_ref, lse_ref, delta_ref, dk_re
         q, do = q_ref[rows, g, :], do_ref[rows, g, :]
         lse, delta = lse_ref[g, rows], delta_ref[g, rows]
         q_seg = None if seg_ref is None else seg_ref[rows]
-        s = _logits(q, k, i * bq + jnp.arange(bq), k_pos, q_seg, k_seg, cfg=cfg,
-                    causal_mask=causal_mask)
-        p = jnp.exp2(s - lse[:, None])
-        dv = dv + lax.dot_general(p.astype(do.dtype), do, _TN, preferred_element_type=jnp.float32)
-        dp = lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
-        ds = p * (dp - delta[:, None])
-        dk = dk + lax.dot_general(ds.astype(q.dtype), q, _TN, preferred_element_type=jnp.float32)
+        # transposed tiles [bk, bq] computed as k.q^T and v.do^T: the p and ds tiles feed the
+        # dk and dv matmuls as they are, with no transpose through shared memory
+        s_t = _logits(k, q, k_pos, i * bq + jnp.arange(bq), k_seg, q_seg, cfg=cfg,
+                      causal_mask=causal_mask, keys_first=True)
+        p_t = jnp.exp2(s_t - lse[None, :])
+        dv = dv + jnp.dot(p_t.astype(do.dtype), do, preferred_element_type=jnp.float32)
+        dp_t = lax.dot_general(v, do, _NT, preferred_element_type=jnp.float32)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = dk + jnp.dot(ds_t.astype(q.dtype), q, preferred_element_type=jnp.float32)
         return dk, dv
 
     carry = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
