@@ -55,14 +55,14 @@ def summarise(result: dict) -> dict:
 
 
 def phase_cases(cfg, config, mesh: str | None, hw) -> list[dict]:
-    """Every phase on `mesh` (None: the config's own mesh for each phase)."""
+    """Every phase on `mesh` (None: the config's own mesh for each phase), with the days it takes."""
     out = []
     for phase in config_phases(config):
         sizes = phase_mesh(config, phase, parse_mesh_flag(mesh) if mesh else None)
         try:
-            out.append({"phase": phase.name, **summarise(plan_phase(
-                cfg, phase_shape(base_shape(config), phase), resolve_mesh_shape(sizes, DEVICES), hw,
-                hw.memory_gb))})
+            case = summarise(plan_phase(cfg, phase_shape(base_shape(config), phase), resolve_mesh_shape(sizes, DEVICES),
+                                        hw, hw.memory_gb))
+            out.append({"phase": phase.name, **case, "days": phase.num_batches * case["step_s"] / 86400})
         except ValueError as e:
             out.append({"phase": phase.name, "error": str(e)})
     return out
@@ -122,6 +122,8 @@ def main():
             "flash_attention_no_remat_data1024": matmul_efficiency_for(flash.replace(remat="none"), config,
                                                                        "data=1024", seed_mfu)},
     }
+    result["whole_run_days"] = {name: sum(p["days"] for p in phases) for name, phases in result.items()
+                                if isinstance(phases, list) and all("days" in p for p in phases)}
     print_and_save(result, "planner_predictions.json")
 
 

@@ -18,7 +18,7 @@ def get_config():
         num_experts=16, moe_intermediate_size=2048, router_hidden_size=256,
         rope_theta=5_000_000.0, partial_rotary_factor=0.5, max_position_embeddings=131_072,
         rms_norm_eps=1e-5, router_norm_eps=1e-5, layout="native", residual_in_fp32=True,
-        dtype="bfloat16", scan_layers=True, remat="dots_no_batch", moe_backend="auto",
+        dtype="bfloat16", scan_layers=True, remat="dots_no_batch_and_kernels", moe_backend="auto",
         pad_token_id=0, bos_token_id=2, eos_token_id=106,
     )
     return config

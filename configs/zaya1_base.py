@@ -15,7 +15,7 @@ Mesh: data=-1, context=2 (context pairs are neighbouring GPUs of a node), one me
 phases, the mesh `python -m zaya_jax.planner --search --devices 1024` picks for this config on MI300X
 and on H200 with the XLA attention path that kernels.attention=auto runs on GPU: on 1,024 GPUs
 data=512 splits every phase's batch (4096, 4096 and the 32k phase's 512), which data=1024 cannot,
-and the planner predicts 0.445 s per 4k step against 0.508 s for data=512,tensor=2
+and the planner predicts 0.445 s per 4k step against 0.453 s for data=512,tensor=2
 (launch/README.md, docs/parallel.md). The Pallas flash kernel refuses context > 1: with
 kernels.attention=pallas use mesh.context=1, tensor=2. The config declares mesh.platform=gpu: on
 a jax without a GPU plugin the trainer stops and names the install.
@@ -34,7 +34,7 @@ def get_config():
         num_experts=16, moe_intermediate_size=2048, router_hidden_size=256,
         rope_theta=1_000_000.0, partial_rotary_factor=0.5, max_position_embeddings=32_768,
         rms_norm_eps=1e-5, router_norm_eps=1e-6, layout="base", residual_in_fp32=False,
-        dtype="bfloat16", scan_layers=True, remat="dots_no_batch", moe_backend="auto",
+        dtype="bfloat16", scan_layers=True, remat="dots_no_batch_and_kernels", moe_backend="auto",
         pad_token_id=0, bos_token_id=2, eos_token_id=1,
     )
     config.kernels = ml_collections.ConfigDict(dict(attention="auto", moe_matmul="auto"))
