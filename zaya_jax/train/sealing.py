@@ -109,9 +109,12 @@ class Sealer:
         """The errors of this process's finished checksum threads (all of them, waiting, with `wait`)."""
         if wait:
             concurrent.futures.wait(self._shares)
-        done = [f for f in self._shares if f.done()]
-        self._shares = [f for f in self._shares if not f.done()]
-        return [f.exception() for f in done if f.exception() is not None]
+        done, pending = [], []
+        for share in self._shares:  # one done() per future: one finishing meanwhile is not lost
+            (done if share.done() else pending).append(share)
+        self._shares = pending
+        errors = (share.exception() for share in done)
+        return [e for e in errors if e is not None]
 
     def close(self) -> None:
         self._helpers.shutdown(wait=False, cancel_futures=True)
