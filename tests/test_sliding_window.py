@@ -1,0 +1,87 @@
+"""Sliding-window CCA layers (model.layer_types "hybrid_sliding"): config errors, packed documents,
+HF config.json both schemas. The torch proofs are tests/test_proof_hf_gradients.py (logits and
+gradients) and tests/test_infer_sliding.py (greedy generation)."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import zaya_jax
+from tests.model_fixtures import TINY, tiny_model
+from zaya_jax.config import ConfigError
+
+MIXED = dict(layer_types=("hybrid_sliding", "hybrid"), sliding_window=6, sliding_rope_theta=500.0)
+IDS = np.random.default_rng(5).integers(3, 64, (2, 30))
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(layer_types=("hybrid", "sliding")), r"model.layer_types=.*must be one of"),
+    (dict(layer_types=("hybrid_sliding",), sliding_window=4), r"lists 1 layers but model.num_layers is 2"),
+    (dict(layer_types=("hybrid_sliding", "hybrid")), r"model.sliding_window=0 .*set model.sliding_window"),
+    (dict(sliding_window=-3), r"model.sliding_window must be a non-negative integer"),
+    (dict(sliding_rope_theta=0.0), r"model.sliding_rope_theta must be > 0"),
+])
+def test_bad_layer_type_settings_are_named(changes, match):
+    with pytest.raises(ConfigError, match=match):
+        TINY.replace(**changes)
+
+
+def test_every_layer_full_is_spelled_empty():
+    assert TINY.replace(layer_types=["hybrid", "hybrid"]).layer_types == ()
+    assert TINY.replace(**MIXED).sliding_layers == (True, False)
+
+
+def test_window_and_sliding_rope_act():
+    model = tiny_model(**MIXED)
+    logits = np.asarray(model(IDS))
+    for other in (dict(MIXED, sliding_window=30), dict(MIXED, sliding_rope_theta=10_000.0), {}):
+        changed = np.asarray(tiny_model(**other)(IDS))  # same seed: the same weights
+        assert np.abs(changed - logits).max() > 1e-3, other
+    np.testing.assert_allclose(np.asarray(tiny_model(**dict(MIXED, sliding_window=31))(IDS)),  # past the
+                               np.asarray(tiny_model(**dict(MIXED, sliding_window=30))(IDS)), atol=1e-6)  # sequence
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_packed_documents_equal_each_document_alone(scan_layers):
+    """Window 6 inside packed documents of 13 and 17 tokens: each document's logits equal its run
+    alone, so a key is visible only when in the query's document, causal and within the window."""
+    model = tiny_model(**MIXED, scan_layers=scan_layers)
+    ids = IDS[:1]
+    segments = np.array([[1] * 13 + [2] * 17])
+    packed = np.asarray(model(ids, segment_ids=segments))
+    np.testing.assert_allclose(packed[:, :13], np.asarray(model(ids[:, :13])), atol=2e-5)
+    np.testing.assert_allclose(packed[:, 13:], np.asarray(model(ids[:, 13:])), atol=2e-5)
+
+
+@pytest.mark.parametrize("schema", ["native", "original"])
+def test_hf_config_round_trip(schema, tmp_path):
+    native = dict(layout="native", router_norm_eps=TINY.rms_norm_eps, residual_in_fp32=True)
+    model = tiny_model(**MIXED, **(native if schema == "native" else {}))
+    zaya_jax.save_hf(model, tmp_path / "ckpt", schema=schema)  # the export check reads it back
+    written = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert written["sliding_window"] == 6
+    if schema == "native":
+        assert written["layer_types"] == ["hybrid_sliding", "hybrid"]
+        assert written["rope_parameters"]["hybrid_sliding"]["rope_theta"] == 500.0
+        assert written["rope_parameters"]["hybrid"]["rope_theta"] == TINY.rope_theta
+    else:
+        assert (written["swa_layers"], written["swa_rope_theta"]) == ([True, False], 500.0)
+    again = zaya_jax.load_hf(tmp_path / "ckpt")
+    assert (again.config.layer_types, again.config.sliding_window, again.config.sliding_rope_theta) == (
+        MIXED["layer_types"], 6, 500.0)
+    np.testing.assert_array_equal(np.asarray(again(IDS)), np.asarray(model(IDS)))
+
+
+def test_hf_config_errors_name_the_key():
+    from zaya_jax.convert.hf_config import HFCheckpointError, hf_config_from_model, model_config_from_hf
+    native = hf_config_from_model(TINY.replace(**MIXED, layout="native"), "native")
+    with pytest.raises(HFCheckpointError, match="sliding_window is null"):
+        model_config_from_hf({**native, "sliding_window": None})
+    with pytest.raises(HFCheckpointError, match="layer_types .* not all among"):
+        model_config_from_hf({**native, "layer_types": ["hybrid", "chunked"]})
+    original = hf_config_from_model(TINY.replace(**MIXED), "original")
+    with pytest.raises(HFCheckpointError, match="swa_layers must list one boolean per CCA layer"):
+        model_config_from_hf({**original, "swa_layers": [True]})
+    assert jax.tree.leaves(model_config_from_hf(original)[0].sliding_layers) == [True, False]
