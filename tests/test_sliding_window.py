@@ -85,3 +85,33 @@ def test_hf_config_errors_name_the_key():
     with pytest.raises(HFCheckpointError, match="swa_layers must list one boolean per CCA layer"):
         model_config_from_hf({**original, "swa_layers": [True]})
     assert jax.tree.leaves(model_config_from_hf(original)[0].sliding_layers) == [True, False]
+
+
+@pytest.mark.parametrize("window", [None, 16])
+def test_planner_counts_the_keys_xla_computes(window):
+    """The planner's attention-score FLOPs (2 x 2 N H keys per query) against XLA's cost analysis of
+    the XLA attention path at S = 512: a window of 16 computes about a quarter of the full keys."""
+    from zaya_jax.model.attention_core import xla_attention
+    from zaya_jax.parallel.step_flops import attention_keys_per_query
+    seq, heads, dim = 512, 4, 64
+    q = jax.ShapeDtypeStruct((1, seq, heads, dim), np.float32)
+    kv = jax.ShapeDtypeStruct((1, seq, 2, dim), np.float32)
+    compiled = jax.jit(lambda q, k, v: xla_attention(q, k, v, None, window)).lower(q, kv, kv).compile()
+    analysis = compiled.cost_analysis()
+    xla_flops = (analysis[0] if isinstance(analysis, list) else analysis)["flops"]
+    keys = attention_keys_per_query(seq, "xla", window)
+    assert 2 * 2 * heads * dim * seq * keys == pytest.approx(xla_flops, rel=0.05)
+    if window:
+        assert attention_keys_per_query(seq, "xla") > 3.5 * keys  # blocks of 64 rows: 77 keys against 288
+        assert attention_keys_per_query(seq, "pallas", window) == pytest.approx(window - (window - 1) * window / 2 / seq)
+
+
+def test_planner_cache_bytes_stop_at_the_window():
+    from zaya_jax.model.accounting import model_summary
+    from zaya_jax.parallel.step_flops import mean_attention_keys
+    cfg = TINY.replace(**MIXED)
+    summary = model_summary(cfg)
+    assert summary["kv_cache_bytes_per_token"] == 1 * 2 * 2 * 8 * 2  # one full layer, K and V of 2 x 8, bf16
+    assert summary["kv_cache_window_bytes"] == 6 * 1 * 2 * 2 * 8 * 2
+    windowed = (1 + 2 + 3 + 4 + 5 + 6 * 59) / 64  # window 6 over 64 queries; full: 65 / 2
+    assert mean_attention_keys(cfg, 64, "pallas") == pytest.approx((windowed + 65 / 2) / 2)
