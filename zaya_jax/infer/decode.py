@@ -160,8 +160,7 @@ def decode_step(model: ZayaLM, state: DecodeState, tokens: jax.Array) -> tuple[j
     in_place = stacked_experts_dispatch(model)
     graphdef, layer_states = nnx.split(model.layers)
     batch = jnp.arange(b)
-
-    ring = state.window_keys.shape[2]
+    ring = state.window_keys.shape[2]  # W slots of each sliding layer
 
     def body(carry, xs):
         stream, router_state, caches = carry

@@ -8,8 +8,9 @@ The queries are cut into at most MAX_QUERY_BLOCKS blocks of c rows (at least MIN
 block i only reads the keys [0, end of block i), so the masked upper triangle is mostly never
 computed (about half the logits at many blocks). With a sliding window W (query s sees keys
 s-W < t <= s, transformers' `sliding_window`), block i also starts reading at its first row's
-first visible key, so keys before every row's window are never computed either. Each KV head's G query heads are one matmul
-operand ([G*c, H] against [L, H]), which XLA runs as one dot per (batch, KV head).
+first visible key, so keys before every row's window are never computed either. Each KV head's
+G query heads are one matmul operand ([G*c, H] against [L, H]), which XLA runs as one dot per
+(batch, KV head).
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ and rotates with its own RoPE base (`sliding_rope_theta`, transformers'
 
 The layers stay stacked under `lax.scan`: each layer's type is a bool scanned beside its
 parameters (`layer_flags`), and `LayerKinds.for_layer` picks that layer's RoPE table and
-attention from it (`LayerKinds.rope`: the table alone, for decoding). With both types present the attention is a `lax.cond` between the windowed
-and the full call, so each keeps a static window and its block skipping (XLA path and Pallas
-kernel); a model of one type calls its attention directly.
+attention from it (`LayerKinds.rope`: the table alone, for decoding). With both types present
+the attention is a `lax.cond` between the windowed and the full call, so each keeps a static
+window and its block skipping (XLA path and Pallas kernel); a model of one type calls its
+attention directly.
 """
 
 from __future__ import annotations
@@ -55,10 +56,12 @@ class LayerKinds(NamedTuple):
             return jax.lax.cond(sliding, windowed, self.attention, q, k, v, segment_ids)
         return *self.rope(sliding), either
 
+
 def layer_kinds(cfg: ModelConfig, positions: jax.Array, attention: Callable | None = None,
                 rope_theta: float | None = None) -> LayerKinds:
-    """positions: [B,S] int; attention: as attention_fn's (None: only `rope` is called). rope_theta: the full layers' RoPE base (default cfg.rope_theta; a
-    curriculum phase's overrides it); sliding layers always rotate with cfg.sliding_rope_theta."""
+    """positions: [B,S] int; attention: as attention_fn's (None: only `rope` is called).
+    rope_theta: the full layers' RoPE base (default cfg.rope_theta; a curriculum phase's
+    overrides it); sliding layers always rotate with cfg.sliding_rope_theta."""
     types = frozenset(cfg.sliding_layers)
     full = rope_cos_sin(positions, cfg.rotary_dim, rope_theta or cfg.rope_theta) if False in types else None
     sliding = rope_cos_sin(positions, cfg.rotary_dim, cfg.sliding_rope_theta) if True in types else None
