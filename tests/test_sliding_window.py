@@ -120,3 +120,13 @@ def test_pallas_kernel_in_the_model_equals_the_xla_path():
     ids = IDS[:1, :12]
     np.testing.assert_allclose(np.asarray(tiny_model(**MIXED, attention_kernel="pallas")(ids)),
                                np.asarray(tiny_model(**MIXED)(ids)), atol=2e-5)
+
+
+def test_a_phase_rope_theta_moves_the_full_layers_only():
+    """hidden_states(rope_theta=...) (a curriculum phase's base) leaves an all-sliding model as it is."""
+    sliding = tiny_model(layer_types=("hybrid_sliding",) * 2, sliding_window=6)
+    mixed = tiny_model(**MIXED)
+    for model, moves in ((sliding, False), (mixed, True)):
+        base, phase = (np.asarray(jax.jit(lambda m, t=t: m.hidden_states(IDS[:1], rope_theta=t)[0])(model))
+                       for t in (None, 77.0))
+        assert (np.abs(phase - base).max() > 1e-3) == moves
