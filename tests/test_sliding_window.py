@@ -130,3 +130,18 @@ def test_a_phase_rope_theta_moves_the_full_layers_only():
         base, phase = (np.asarray(jax.jit(lambda m, t=t: m.hidden_states(IDS[:1], rope_theta=t)[0])(model))
                        for t in (None, 77.0))
         assert (np.abs(phase - base).max() > 1e-3) == moves
+
+
+def test_planner_activations_shrink_with_the_window():
+    """XLA path, no remat, S = 2048: a sliding layer's probabilities span its query block (128 rows)
+    plus the window, not the sequence, in the saved and the live activations."""
+    from zaya_jax.parallel.planner import StepShape, activation_memory, probability_widths
+    cfg = TINY.replace(**MIXED)
+    assert probability_widths(cfg, 2048) == [128 + 5, 2048]
+    mesh = dict(data=1, fsdp=1, expert=1, tensor=1, context=1)
+    windowed, full = (activation_memory(c, mesh, StepShape(1, 2048, platform="cpu")) for c in (cfg, TINY))
+    probs = 2048 * 2 * 4 * 4  # tokens x 2 N per key x fp32, per key of width
+    assert full["activations_saved"] - windowed["activations_saved"] == pytest.approx(probs * (2048 - 133))
+    assert windowed["activations_live_layer"] == full["activations_live_layer"]  # the full layer's
+    all_sliding = activation_memory(cfg.replace(layer_types=("hybrid_sliding",) * 2), mesh, StepShape(1, 2048))
+    assert all_sliding["activations_live_layer"] < full["activations_live_layer"]
