@@ -1,6 +1,7 @@
 """Sliding-window CCA layers (model.layer_types "hybrid_sliding"): config errors, packed documents,
-HF config.json both schemas. The torch proofs are tests/test_proof_hf_gradients.py (logits and
-gradients) and tests/test_infer_sliding.py (greedy generation)."""
+HF config.json both schemas (and transformers loading our export), the planner. The torch proofs
+of logits and gradients are in tests/test_proof_hf_gradients.py, of greedy generation in
+tests/test_infer_sliding.py."""
 
 import json
 
@@ -14,6 +15,7 @@ from zaya_jax.config import ConfigError
 
 MIXED = dict(layer_types=("hybrid_sliding", "hybrid"), sliding_window=6, sliding_rope_theta=500.0)
 IDS = np.random.default_rng(5).integers(3, 64, (2, 30))
+NATIVE = dict(layout="native", router_norm_eps=TINY.rms_norm_eps, residual_in_fp32=True)  # what transformers runs
 
 
 @pytest.mark.parametrize("changes,match", [
@@ -54,8 +56,7 @@ def test_packed_documents_equal_each_document_alone():
 
 @pytest.mark.parametrize("schema", ["native", "original"])
 def test_hf_config_round_trip(schema, tmp_path):
-    native = dict(layout="native", router_norm_eps=TINY.rms_norm_eps, residual_in_fp32=True)
-    model = tiny_model(**MIXED, **(native if schema == "native" else {}))
+    model = tiny_model(**MIXED, **(NATIVE if schema == "native" else {}))
     zaya_jax.save_hf(model, tmp_path / "ckpt", schema=schema)  # the export check reads it back
     written = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert written["sliding_window"] == 6
@@ -145,3 +146,16 @@ def test_planner_activations_shrink_with_the_window():
     assert windowed["activations_live_layer"] == full["activations_live_layer"]  # the full layer's
     all_sliding = activation_memory(cfg.replace(layer_types=("hybrid_sliding",) * 2), mesh, StepShape(1, 2048))
     assert all_sliding["activations_live_layer"] < full["activations_live_layer"]
+
+
+@pytest.mark.torch_reference
+def test_save_hf_loads_in_transformers_with_its_layer_types_and_logits(tmp_path):
+    from transformers import ZayaForCausalLM
+
+    from tests.hf_reference import hf_logits
+    model = tiny_model(**MIXED, **NATIVE)
+    zaya_jax.save_hf(model, tmp_path / "ckpt")
+    reloaded = ZayaForCausalLM.from_pretrained(tmp_path / "ckpt").eval()
+    assert reloaded.config.layer_types == ["hybrid_sliding", "hybrid"] and reloaded.config.sliding_window == 6
+    assert reloaded.config.rope_parameters["hybrid_sliding"]["rope_theta"] == 500.0
+    np.testing.assert_allclose(hf_logits(reloaded, IDS), np.asarray(model(IDS)), atol=1e-4, rtol=0)
