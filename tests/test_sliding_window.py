@@ -90,7 +90,7 @@ def test_planner_counts_the_keys_xla_computes(window):
     """The planner's attention-score FLOPs (2 x 2 N H keys per query) against XLA's cost analysis of
     the XLA attention path at S = 512: a window of 16 computes about a quarter of the full keys."""
     from zaya_jax.model.attention_core import xla_attention
-    from zaya_jax.parallel.step_flops import attention_keys_per_query
+    from zaya_jax.planner.step_flops import attention_keys_per_query
     seq, heads, dim = 512, 4, 64
     q = jax.ShapeDtypeStruct((1, seq, heads, dim), np.float32)
     kv = jax.ShapeDtypeStruct((1, seq, 2, dim), np.float32)
@@ -107,7 +107,7 @@ def test_planner_counts_the_keys_xla_computes(window):
 
 def test_planner_cache_bytes_stop_at_the_window():
     from zaya_jax.model.accounting import model_summary
-    from zaya_jax.parallel.step_flops import mean_attention_keys
+    from zaya_jax.planner.step_flops import mean_attention_keys
     cfg = TINY.replace(**MIXED)
     summary = model_summary(cfg)
     assert summary["kv_cache_bytes_per_token"] == 1 * 2 * 2 * 8 * 2  # one full layer, K and V of 2 x 8, bf16
@@ -136,7 +136,7 @@ def test_a_phase_rope_theta_moves_the_full_layers_only():
 def test_planner_activations_shrink_with_the_window():
     """XLA path, no remat, S = 2048: a sliding layer's probabilities span its query block (128 rows)
     plus the window, not the sequence, in the saved and the live activations."""
-    from zaya_jax.parallel.planner import StepShape, activation_memory, probability_widths
+    from zaya_jax.planner.step_plan import StepShape, activation_memory, probability_widths
     cfg = TINY.replace(**MIXED)
     assert probability_widths(cfg, 2048) == [128 + 5, 2048]
     mesh = dict(data=1, fsdp=1, expert=1, tensor=1, context=1)
