@@ -12,11 +12,15 @@ import jax.numpy as jnp
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def attention_mask(seq_len: int, segment_ids: jax.Array | None, causal: bool) -> jax.Array:
-    """Which keys each query may see. segment_ids: [B, S] int32 -> bool [B or 1, 1, S, S]."""
+def attention_mask(seq_len: int, segment_ids: jax.Array | None, causal: bool,
+                   window: int | None = None) -> jax.Array:
+    """Which keys each query may see. segment_ids: [B, S] int32; window: query s sees keys
+    s - window < t <= s (causal only) -> bool [B or 1, 1, S, S]."""
     mask = jnp.ones((1, 1, seq_len, seq_len), bool)
     if causal:
         mask = jnp.tril(mask)
+    if window is not None:
+        mask = mask & jnp.triu(mask, -(window - 1))
     if segment_ids is not None:
         same = segment_ids[:, :, None] == segment_ids[:, None, :]
         mask = mask & same[:, None]
@@ -25,11 +29,12 @@ def attention_mask(seq_len: int, segment_ids: jax.Array | None, causal: bool) ->
 
 def attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, *,
                         segment_ids: jax.Array | None = None, causal: bool = True,
-                        sm_scale: float | None = None) -> jax.Array:
+                        sm_scale: float | None = None, window: int | None = None) -> jax.Array:
     """Softmax attention in fp32.
 
     q: [B, S, N, H]; k, v: [B, S, M, H]; segment_ids: [B, S] int32 (a query sees only keys of its
-    own segment). Returns [B, S, N, H] in q.dtype. Every query must see at least one key (with
+    own segment); window: sliding-window attention (query s sees keys s - window < t <= s; needs
+    causal). Returns [B, S, N, H] in q.dtype. Every query must see at least one key (with
     causal attention the diagonal is always visible).
     """
     num_heads, num_kv_heads, head_dim = q.shape[2], k.shape[2], q.shape[3]
@@ -40,7 +45,7 @@ def attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, *,
     k = jnp.repeat(k.astype(jnp.float32), group, axis=2)
     v = jnp.repeat(v.astype(jnp.float32), group, axis=2)
     logits = jnp.einsum("bqnh,bknh->bnqk", q.astype(jnp.float32), k, precision=_HIGHEST) * scale
-    mask = attention_mask(q.shape[1], segment_ids, causal)
+    mask = attention_mask(q.shape[1], segment_ids, causal, window)
     logits = jnp.where(mask, logits, -jnp.inf)
     weights = jax.nn.softmax(logits, axis=-1)
     return jnp.einsum("bnqk,bknh->bqnh", weights, v, precision=_HIGHEST).astype(q.dtype)

@@ -16,7 +16,9 @@ Algorithm (FlashAttention-2, Triton-style Pallas):
    the transposed tiles k.q^T and v.do^T ([bk, bq]) so p and ds enter the dk and dv matmuls
    untransposed.
 With causal attention, key blocks strictly below the diagonal skip the causal mask and blocks
-above it are never visited. Logits are scaled by sm_scale * log2(e) so the kernels use exp2.
+above it are never visited. With a sliding window W (query s sees keys s-W < t <= s), blocks
+wholly before every row's window are never visited either (in all three walks) and every
+visited block is masked. Logits are scaled by sm_scale * log2(e) so the kernels use exp2.
 
 The forward's output and logsumexp, the residuals the backward needs, carry the checkpoint names
 RESIDUAL_NAMES: a remat policy that saves them (zaya_jax.model.zaya's `dots_no_batch_and_kernels`)
@@ -48,6 +50,7 @@ class _Config:
     """Static parameters of one attention call (hashable: a custom_vjp nondiff argument)."""
     sm_scale: float
     causal: bool
+    window: int | None  # sliding window (keys per query, causal only) or None
     seq_len: int  # S before padding; keys past it are masked when not causal
     block_q: int  # blocks of the kernels being built (forward ones until `backward()`)
     block_k: int
@@ -83,6 +86,8 @@ def _logits(a, b, a_pos, b_pos, a_seg, b_seg, *, cfg: _Config, causal_mask: bool
     mask = None
     if causal_mask:
         mask = q_pos >= k_pos
+        if cfg.window is not None:
+            mask = mask & (k_pos > q_pos - cfg.window)
     if a_seg is not None:
         same = a_seg[:, None] == b_seg[None, :]
         mask = same if mask is None else mask & same
@@ -99,6 +104,9 @@ def _kv_loops(i, cfg: _Config, num_kv_blocks: int):
     below = lax.div(i * cfg.block_q, cfg.block_k)  # blocks entirely at or below the diagonal
     stop = jnp.minimum(lax.div((i + 1) * cfg.block_q + cfg.block_k - 1, cfg.block_k),
                        num_kv_blocks)
+    if cfg.window is not None:  # from the block of the first row's first visible key, all masked
+        first = lax.div(jnp.maximum(i * cfg.block_q - cfg.window + 1, 0), cfg.block_k)
+        return [(first, stop, True)]
     return [(0, below, False), (below, stop, True)]
 
 
@@ -110,6 +118,9 @@ def _q_loops(j, cfg: _Config):
     first = lax.div(j * cfg.block_k, cfg.block_q)
     above = jnp.maximum(jnp.minimum(pl.cdiv((j + 1) * cfg.block_k, cfg.block_q), num_q_blocks),
                         first)  # from here on every query is past every key of the block
+    if cfg.window is not None:  # up to the block of the last query that sees the last key, all masked
+        last = jnp.minimum(lax.div((j + 1) * cfg.block_k + cfg.window - 2, cfg.block_q) + 1, num_q_blocks)
+        return [(first, jnp.maximum(last, first), True)]
     return [(first, above, True), (above, jnp.maximum(num_q_blocks, above), False)]
 
 
@@ -294,15 +305,17 @@ def cca_flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                         segment_ids: jax.Array | None = None, causal: bool = True,
                         sm_scale: float | None = None, block_q: int | None = None,
                         block_k: int | None = None, block_q_bwd: int | None = None,
-                        block_k_bwd: int | None = None, interpret: bool | None = None) -> jax.Array:
-    """Flash attention with GQA, causal and segment (packed-document) masking.
+                        block_k_bwd: int | None = None, interpret: bool | None = None,
+                        window: int | None = None) -> jax.Array:
+    """Flash attention with GQA, causal, sliding-window and segment (packed-document) masking.
 
     q: [B, S, N, H]; k, v: [B, S, M, H] with N % M == 0; segment_ids: [B, S] int32 (a query sees
     only keys with its segment id). Returns [B, S, N, H] in q.dtype; differentiable in q, k, v.
     block_q, block_k (forward) and block_q_bwd, block_k_bwd (both backward kernels): powers of two
     (>= 16 on GPU); S need not be a multiple of them (padded and masked). None: the platform's
     (pallas_kernels.platform_blocks, which also sets the pipeline stages).
-    interpret: None = interpret mode on CPU only. Matches `attention_reference`.
+    interpret: None = interpret mode on CPU only. window: query s sees keys s - window < t <= s
+    (needs causal). Matches `attention_reference`.
     """
     batch, seq, heads, dim = q.shape
     if k.shape != v.shape or k.shape[:2] != (batch, seq) or k.shape[3] != dim:
@@ -310,6 +323,8 @@ def cca_flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                          f"{v.shape}")
     if heads % k.shape[2]:
         raise ValueError(f"q heads {heads} not a multiple of kv heads {k.shape[2]}")
+    if window is not None and (not causal or window < 1):
+        raise ValueError(f"window={window} needs causal attention and window >= 1")
     if segment_ids is not None and segment_ids.shape != (batch, seq):
         raise ValueError(f"segment_ids {segment_ids.shape} != (B, S) = {(batch, seq)}")
     table = attention_blocks(_backend.target(), jnp.dtype(q.dtype).itemsize)
@@ -317,7 +332,7 @@ def cca_flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                  block_k_bwd or table.block_k_bwd)
     blocks = [_backend.block_size(b, seq) for b in requested]
     cfg = _Config(sm_scale=dim ** -0.5 if sm_scale is None else float(sm_scale), causal=causal,
-                  seq_len=seq, block_q=blocks[0], block_k=blocks[1], block_q_bwd=blocks[2],
+                  window=window, seq_len=seq, block_q=blocks[0], block_k=blocks[1], block_q_bwd=blocks[2],
                   block_k_bwd=blocks[3], num_stages=table.num_stages,
                   interpret=_backend.resolve_interpret(interpret))
     padded_seq = _backend.round_up(seq, max(blocks))

@@ -59,11 +59,16 @@ def different_value(name: str, cfg: ModelConfig):
         return 1.0 if value != 1.0 else 0.5
     if name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         return (value + 3) % cfg.vocab_size
+    if name == "layer_types":  # needs a window (COMPANIONS)
+        return ("hybrid_sliding",) + ("hybrid",) * (cfg.num_layers - 1)
     if name == "num_kv_heads":  # stays even and divides the query heads
         return next(k for k in range(2, cfg.num_q_heads + 1, 2) if k != value and cfg.num_q_heads % k == 0)
     if isinstance(value, float) or name in ("num_q_heads", "head_dim"):  # doubling keeps the head rules
         return value * 2
     return value + 1
+
+
+COMPANIONS = {"layer_types": {"sliding_window": 8}}  # fields a valid new value needs set with it
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES)
@@ -74,8 +79,10 @@ def test_every_model_field_override_changes_that_field_only(path):
     for name in ModelConfig.defaults():
         new = different_value(name, before)
         assert new != getattr(before, name)
-        after = model_config(parse_command_line("--config", path, f"--config.model.{name}={as_flag(new)}"))
-        assert after == before.replace(**{name: new}), name
+        changes = {name: new, **COMPANIONS.get(name, {})}
+        after = model_config(parse_command_line("--config", path, *(f"--config.model.{field}={as_flag(value)}"
+                                                                    for field, value in changes.items())))
+        assert after == before.replace(**changes), name
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES)

@@ -38,6 +38,9 @@ CONFIGS = {
     "ragged_all_to_all": ({"expert_parallel": "ragged_all_to_all", "attention_kernel": "pallas"},
                           "data=2,expert=4", "adamw"),
     "launch_xla_attention_context": ({}, "data=4,context=2", "muon"),
+    # a sliding and a full layer: the layer's lax.cond holds a windowed and a full kernel call
+    "pallas_sliding_window": ({"attention_kernel": "pallas", "layer_types": ("hybrid_sliding", "hybrid"),
+                               "sliding_window": 16}, "data=2,fsdp=2,tensor=2", "adamw"),
 }
 
 
@@ -104,6 +107,8 @@ def test_train_step_lowers_with_kernels_inside_shard_map(name, platform):
         assert GMM_KERNELS <= kernels and "ragged_dot" not in text, kernels
     if name == "ragged_all_to_all":
         assert "ragged_all_to_all" in text
+    if "layer_types" in overrides:  # both branches of the layer's cond: the windowed and the full kernels
+        assert sorted(k for k, _ in calls if k in ATTENTION_KERNELS) == sorted([*ATTENTION_KERNELS] * 2)
 
 
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])

@@ -32,26 +32,29 @@ def _value_and_grads(fn, q, k, v, do):
     return (out, *vjp(do))
 
 
-# (batch, seq, heads, kv_heads, dim, causal, segments, sm_scale, blocks fwd q/k + bwd q/k, dtype)
+# (batch, seq, heads, kv_heads, dim, causal, segments, sm_scale, blocks fwd q/k + bwd q/k, dtype, window)
 CASES = {
-    "gqa_ragged_tail": (1, 40, 4, 2, 16, True, False, None, (16, 16, 16, 32), jnp.float32),
-    "bidirectional_segments": (1, 37, 2, 2, 16, False, True, 0.3, (32, 16, 16, 16), jnp.float32),
-    "one_token": (2, 1, 2, 1, 16, True, False, None, (16, 16, 16, 16), jnp.float32),
+    "gqa_ragged_tail": (1, 40, 4, 2, 16, True, False, None, (16, 16, 16, 32), jnp.float32, None),
+    "bidirectional_segments": (1, 37, 2, 2, 16, False, True, 0.3, (32, 16, 16, 16), jnp.float32, None),
+    "one_token": (2, 1, 2, 1, 16, True, False, None, (16, 16, 16, 16), jnp.float32, None),
     # ZAYA1's 8:2 heads, packed documents, head dim 24 (padded to 32 inside), mixed blocks
-    "bf16_packed_docs": (2, 50, 8, 2, 24, True, True, None, (16, 32, 32, 16), jnp.bfloat16),
+    "bf16_packed_docs": (2, 50, 8, 2, 24, True, True, None, (16, 32, 32, 16), jnp.bfloat16, None),
+    # sliding windows with packed documents: narrower than a block, and spanning several
+    "window_in_block_packed": (2, 70, 4, 2, 16, True, True, None, (16, 16, 16, 32), jnp.float32, 5),
+    "window_over_blocks": (1, 90, 4, 2, 16, True, False, None, (32, 16, 16, 16), jnp.float32, 37),
 }
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_matches_reference(case):
-    batch, seq, heads, kv_heads, dim, causal, segments, sm_scale, blocks, dtype = case
+    batch, seq, heads, kv_heads, dim, causal, segments, sm_scale, blocks, dtype, window = case
     q, k, v, do = _inputs(batch, seq, heads, kv_heads, dim, dtype)
     segment_ids = _packed_segments(batch, seq, seed=seq) if segments else None
     kernel = jax.jit(functools.partial(
         cca_flash_attention, segment_ids=segment_ids, causal=causal, sm_scale=sm_scale,
-        block_q=blocks[0], block_k=blocks[1], block_q_bwd=blocks[2], block_k_bwd=blocks[3]))
+        block_q=blocks[0], block_k=blocks[1], block_q_bwd=blocks[2], block_k_bwd=blocks[3], window=window))
     reference = functools.partial(attention_reference, segment_ids=segment_ids, causal=causal,
-                                  sm_scale=sm_scale)
+                                  sm_scale=sm_scale, window=window)
     got = _value_and_grads(kernel, q, k, v, do)
     as_f32 = [x.astype(jnp.float32) for x in (q, k, v, do)]
     want = _value_and_grads(reference, *as_f32)
@@ -60,6 +63,21 @@ def test_matches_reference(case):
         assert g.dtype == dtype, name
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w), atol=atol,
                                    rtol=rtol, err_msg=name)
+
+
+def test_window_skips_blocks_before_it():
+    """Window 8, blocks of 16: NaN values in key block 0 reach only the query blocks that visit it
+    (0-1; block 2 starts at key 25), and NaN output gradients of query block 3 only the key blocks
+    it visits (2-3); a kernel walking every causal block would spread both everywhere."""
+    q, k, v, do = _inputs(1, 64, 2, 1, 16, jnp.float32)
+    attend = functools.partial(cca_flash_attention, block_q=16, block_k=16, block_q_bwd=16, block_k_bwd=16,
+                               window=8)
+    out, vjp = jax.vjp(attend, q, k, v.at[:, :16].set(jnp.nan))
+    assert np.isnan(out[:, 16:24]).all() and np.isfinite(out[:, 32:]).all()
+    _, vjp = jax.vjp(attend, q, k, v)
+    dq, dk, dv = vjp(do.at[:, 48:].set(jnp.nan))
+    assert np.isfinite(dq[:, :48]).all() and np.isfinite(dk[:, :32]).all() and np.isfinite(dv[:, :32]).all()
+    assert np.isnan(dv[:, 48:]).all()
 
 
 def test_segments_isolate_documents():
@@ -81,13 +99,13 @@ def test_rejects_bad_head_ratio():
         cca_flash_attention(q, k, v)
 
 
-@pytest.mark.parametrize("platform", ["cuda", "rocm"])
-def test_lowers_to_triton(platform):
+@pytest.mark.parametrize("platform,window", [("cuda", None), ("rocm", None), ("cuda", 64)])
+def test_lowers_to_triton(platform, window):
     """Forward and backward kernels lower with the Pallas Triton backend (no GPU needed)."""
     spec = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.bfloat16)
 
     def loss(q, k, v, segment_ids):
-        out = cca_flash_attention(q, k, v, segment_ids=segment_ids, interpret=False)
+        out = cca_flash_attention(q, k, v, segment_ids=segment_ids, interpret=False, window=window)
         return out.astype(jnp.float32).sum()
 
     text = lower_for_gpu(platform, jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))),

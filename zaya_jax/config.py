@@ -25,6 +25,7 @@ MOE_BACKENDS = ("auto", "dense", "capacity", "ragged", "tiles", "native")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "dots_no_batch_and_kernels")
 KERNELS = ("auto", "xla", "pallas")
 EXPERT_PARALLEL = ("all_to_all", "all_gather", "ragged_all_to_all")
+LAYER_TYPES = ("hybrid", "hybrid_sliding")  # transformers' ZayaConfig.layer_types: full / sliding-window CCA
 # Fields that choose how the model runs, not what it computes; an HF checkpoint does not carry them.
 RUNTIME_MODEL_FIELDS = ("dtype", "scan_layers", "remat", "moe_backend", "capacity_factor", "moe_tile_size",
                         "expert_parallel", "attention_kernel", "moe_matmul_kernel", "init_std",
@@ -53,6 +54,12 @@ class ModelConfig:
     moe_intermediate_size: int = 2048
     router_hidden_size: int = 256
     rope_theta: float = 1_000_000.0
+    # per-layer attention: () = every layer "hybrid" (full causal), else one of LAYER_TYPES per layer;
+    # a "hybrid_sliding" layer's query sees its own and the sliding_window - 1 keys before it, and
+    # rotates with sliding_rope_theta (curriculum phases change rope_theta only; docs/model.md)
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int = 0
+    sliding_rope_theta: float = 10_000.0
     partial_rotary_factor: float = 0.5
     max_position_embeddings: int = 32_768
     rms_norm_eps: float = 1e-5
@@ -76,6 +83,9 @@ class ModelConfig:
     eos_token_id: int = 1
 
     def __post_init__(self):
+        if isinstance(self.layer_types, (list, tuple)):  # a config file or ConfigDict may hold a list;
+            types = tuple(self.layer_types)                 # every layer full is spelled ()
+            object.__setattr__(self, "layer_types", () if set(types) == {"hybrid"} else types)
         _validate(self)
 
     @classmethod
@@ -111,6 +121,11 @@ class ModelConfig:
         return int(self.head_dim * self.partial_rotary_factor)
 
     @property
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """[L] True where the layer is "hybrid_sliding" (windowed attention)."""
+        return tuple(t == "hybrid_sliding" for t in self.layer_types) or (False,) * self.num_layers
+
+    @property
     def group_size(self) -> int:
         """Query heads per KV head (GQA)."""
         return self.num_q_heads // self.num_kv_heads
@@ -129,7 +144,7 @@ def _validate(c: ModelConfig) -> None:
         value = getattr(c, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
-    for name in ("rope_theta", "rms_norm_eps", "router_norm_eps", "capacity_factor", "init_std"):
+    for name in ("rope_theta", "sliding_rope_theta", "rms_norm_eps", "router_norm_eps", "capacity_factor", "init_std"):
         if not getattr(c, name) > 0:
             raise ConfigError(f"model.{name} must be > 0, got {getattr(c, name)!r}")
     if c.num_q_heads % c.num_kv_heads:
@@ -149,3 +164,19 @@ def _validate(c: ModelConfig) -> None:
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if not 0 <= getattr(c, name) < c.vocab_size:
             raise ConfigError(f"model.{name} ({getattr(c, name)}) must lie in [0, vocab_size={c.vocab_size})")
+    _validate_layer_types(c)
+
+
+def _validate_layer_types(c: ModelConfig) -> None:
+    if not isinstance(c.layer_types, tuple) or any(t not in LAYER_TYPES for t in c.layer_types):
+        raise ConfigError(f"model.layer_types={c.layer_types!r}: each entry must be one of {LAYER_TYPES} "
+                          "(or leave it empty: every layer 'hybrid')")
+    if c.layer_types and len(c.layer_types) != c.num_layers:
+        raise ConfigError(f"model.layer_types lists {len(c.layer_types)} layers but model.num_layers is "
+                          f"{c.num_layers}; give one type per layer")
+    window = c.sliding_window
+    if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+        raise ConfigError(f"model.sliding_window must be a non-negative integer, got {window!r}")
+    if any(c.sliding_layers) and window <= 0:
+        raise ConfigError(f"model.sliding_window={window} but model.layer_types has 'hybrid_sliding' layers; "
+                          "set model.sliding_window to the window (keys per query, > 0)")

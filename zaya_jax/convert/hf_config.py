@@ -1,17 +1,23 @@
 """HF `config.json` <-> ModelConfig, for both ZAYA checkpoint schemas.
 
 native   (transformers `ZayaConfig`, ZAYA1-8B): num_hidden_layers = decoder layers (CCA + MoE),
-         rope in `rope_parameters`, skip slot outputs 0, residual stream in fp32.
+         skip slot outputs 0, residual stream in fp32; `layer_types` ("hybrid" | "hybrid_sliding"
+         per layer), `sliding_window`, and one RoPE entry per layer type in `rope_parameters`
+         ("hybrid" -> rope_theta, "hybrid_sliding" -> sliding_rope_theta; transformers' defaults
+         5e6 and 1e4; both written).
 original (Zyphra's ZAYA1-base): `zaya_layers` lists 2L alternating sub-layers ('a' = CCA,
          an int = a MoE block with that many experts); `num_hidden_layers` is ignored (the
          released config says 120); skip slot outputs p * x; router norm eps `layernorm_epsilon`.
+         Sliding-window layers: `swa_layers`, one boolean per CCA layer (legacy converters map it
+         to transformers' "hybrid_sliding"), `sliding_window`, and `swa_rope_theta` for their RoPE
+         base (a key of ours: the legacy configs' own name for it is not known; default 1e4).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from zaya_jax.config import ModelConfig
+from zaya_jax.config import LAYER_TYPES, ModelConfig
 from zaya_jax.errors import UserError
 
 
@@ -50,18 +56,23 @@ def _native_to_model(hf: dict) -> dict:
     _expect(hf, "cca_time1", (2,), 2)
     layers = _require(hf, "num_hidden_layers")
     layer_types = hf.get("layer_types") or ["hybrid"] * layers
-    if set(layer_types) - {"hybrid", "full_attention"}:
-        raise HFCheckpointError(f"config.json: layer_types {sorted(set(layer_types))} include sliding-window layers, "
-                                "which zaya_jax does not implement")
-    rope = (hf.get("rope_parameters") or {}).get(layer_types[0]) or {}
+    if set(layer_types) - set(LAYER_TYPES):
+        raise HFCheckpointError(f"config.json: layer_types {sorted(set(layer_types))} are not all among {LAYER_TYPES}")
+    ropes = hf.get("rope_parameters") or {}
+    rope, sliding_rope = ropes.get("hybrid") or {}, ropes.get("hybrid_sliding") or {}
+    factor = float(rope.get("partial_rotary_factor", 0.5))
+    if "hybrid_sliding" in layer_types and float(sliding_rope.get("partial_rotary_factor", 0.5)) != factor:
+        raise HFCheckpointError("config.json: rope_parameters give the 'hybrid' and 'hybrid_sliding' layers different "
+                                "partial_rotary_factor values; zaya_jax rotates the same dims in both")
     return dict(
+        **_layer_types_to_model(["hybrid_sliding" if t == "hybrid_sliding" else "hybrid" for t in layer_types],
+                                hf.get("sliding_window"), sliding_rope.get("rope_theta", 10_000.0)),
         vocab_size=_require(hf, "vocab_size"), hidden_size=_require(hf, "hidden_size"), num_layers=layers,
         num_q_heads=_require(hf, "num_attention_heads"), num_kv_heads=_require(hf, "num_key_value_heads"),
         head_dim=_require(hf, "head_dim"), num_experts=_require(hf, "num_experts"),
         moe_intermediate_size=_require(hf, "moe_intermediate_size"),
         router_hidden_size=hf.get("router_hidden_size", 256),
-        rope_theta=float(rope.get("rope_theta", 5_000_000.0)),
-        partial_rotary_factor=float(rope.get("partial_rotary_factor", 0.5)),
+        rope_theta=float(rope.get("rope_theta", 5_000_000.0)), partial_rotary_factor=factor,
         max_position_embeddings=hf.get("max_position_embeddings", 131_072),
         rms_norm_eps=hf.get("rms_norm_eps", 1e-5), router_norm_eps=hf.get("rms_norm_eps", 1e-5),
         layout="native", residual_in_fp32=True,
@@ -72,6 +83,25 @@ def _native_to_model(hf: dict) -> dict:
 
 def _first(value):
     return value[0] if isinstance(value, (list, tuple)) else value
+
+
+def _layer_types_to_model(layer_types: list[str], window, sliding_theta) -> dict:
+    """ModelConfig's layer_types (() when every layer is full), sliding_window, sliding_rope_theta."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise HFCheckpointError(f"config.json: sliding_window={window!r} must be a positive integer or null")
+    if "hybrid_sliding" in layer_types and window is None:
+        raise HFCheckpointError("config.json: layer_types has 'hybrid_sliding' layers but sliding_window is null")
+    return dict(layer_types=tuple(layer_types) if "hybrid_sliding" in layer_types else (),
+                sliding_window=window or 0, sliding_rope_theta=float(sliding_theta))
+
+
+def _swa_layers(hf: dict, num_layers: int) -> list[str]:
+    """The original schema's `swa_layers` (one boolean per CCA layer) -> layer types."""
+    flags = hf.get("swa_layers") or [False] * num_layers
+    if len(flags) != num_layers or any(not isinstance(f, (bool, int)) for f in flags):
+        raise HFCheckpointError(f"config.json: swa_layers must list one boolean per CCA layer ({num_layers}); "
+                                f"got {flags[:6]}...")
+    return ["hybrid_sliding" if f else "hybrid" for f in flags]
 
 
 def _original_to_model(hf: dict) -> dict:
@@ -94,6 +124,8 @@ def _original_to_model(hf: dict) -> dict:
     head_dim = hf.get("kv_channels") or hidden // heads
     kv_heads = hf.get("num_query_groups_list", [None])[0] or hf.get("num_key_value_heads", 2)
     return dict(
+        **_layer_types_to_model(_swa_layers(hf, len(sub_layers) // 2), hf.get("sliding_window"),
+                                hf.get("swa_rope_theta", 10_000.0)),
         vocab_size=_require(hf, "vocab_size"), hidden_size=hidden, num_layers=len(sub_layers) // 2,
         num_q_heads=hf.get("cca_num_q_heads") or heads // 2, num_kv_heads=kv_heads, head_dim=head_dim,
         num_experts=experts.pop(), moe_intermediate_size=_require(hf, "ffn_hidden_size") // 2,
@@ -131,7 +163,11 @@ def hf_config_from_model(cfg: ModelConfig, schema: str) -> dict[str, Any]:
             "moe_router_topk": 1, "zaya_use_mod": True, "zaya_use_eda": True, "scale_residual_merge": True,
             "add_bias_linear": False, "tie_word_embeddings": True, "pad_token_id": cfg.pad_token_id,
             "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+            "swa_layers": list(cfg.sliding_layers), "sliding_window": cfg.sliding_window or None,
+            "swa_rope_theta": cfg.sliding_rope_theta,
         }
+    rope = lambda theta: {"rope_type": "default", "rope_theta": theta,  # noqa: E731
+                          "partial_rotary_factor": cfg.partial_rotary_factor}
     return {
         "model_type": "zaya", "architectures": ["ZayaForCausalLM"],
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
@@ -139,9 +175,9 @@ def hf_config_from_model(cfg: ModelConfig, schema: str) -> dict[str, Any]:
         "head_dim": cfg.head_dim, "num_experts": cfg.num_experts, "num_experts_per_tok": 1,
         "moe_intermediate_size": cfg.moe_intermediate_size, "router_hidden_size": cfg.router_hidden_size,
         "max_position_embeddings": cfg.max_position_embeddings, "rms_norm_eps": cfg.rms_norm_eps,
-        "layer_types": ["hybrid"] * cfg.num_layers,
-        "rope_parameters": {"hybrid": {"rope_type": "default", "rope_theta": cfg.rope_theta,
-                                       "partial_rotary_factor": cfg.partial_rotary_factor}},
+        "layer_types": list(cfg.layer_types) or ["hybrid"] * cfg.num_layers,
+        "sliding_window": cfg.sliding_window or None,
+        "rope_parameters": {"hybrid": rope(cfg.rope_theta), "hybrid_sliding": rope(cfg.sliding_rope_theta)},
         "tie_word_embeddings": True, "attention_bias": False, "lm_head_bias": False,
         "cca_time0": 2, "cca_time1": 2, "hidden_act": "silu",
         "pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,

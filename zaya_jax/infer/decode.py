@@ -7,11 +7,14 @@ Both walk the same stacked layers as ZayaLM._run_layers (lax.scan, or a Python l
   prefill      prompts right-padded to S, with per-sequence `lengths`. The padding comes after
                every real token, so causal attention, the convolutions and the value shift of
                real tokens never see it; it is the plain causal forward. Keys and values of all S
-               slots go into the cache (slots past a sequence's length are hidden by the decode
-               mask until decoding overwrites them); the CCA carry is taken at each sequence's
-               last real token.
+               slots go into the full layers' cache (slots past a sequence's length are hidden by
+               the decode mask until decoding overwrites them), each sequence's last W into the
+               sliding layers' ring buffers; the CCA carry is taken at each sequence's last real
+               token.
   decode_step  one token per sequence at position `lengths`: CCA continues from the carry,
-               writes its key and value into slot `lengths`, attends to slots 0..lengths.
+               writes its key and value into slot `lengths` (a sliding layer: slot lengths % W)
+               and attends to the slots holding positions 0..lengths (a sliding layer: the last
+               W); with both layer types, a lax.cond per layer picks its stack.
                When the batch has no more tokens than there are experts, each token's expert
                weights are gathered (rows of integers, for a quantized model) instead of
                running the dispatch backend over every expert.
@@ -24,21 +27,23 @@ slice, and slicing a layer's experts out copies 3 x E x D x I weights per layer 
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from zaya_jax.infer.cache import DecodeState, cached_attention
+from zaya_jax.infer.cache import DecodeState, cache_index, cached_attention, ring_from_prompt, ring_slots
 from zaya_jax.infer.quantize import QuantizedArray, rows
 from zaya_jax.model import moe_dispatch
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn, resolve_moe_backend
+from zaya_jax.model.layer_types import layer_flags, layer_kinds
 from zaya_jax.model.moe import MoE
 from zaya_jax.model.moe_dispatch import ExpertWeights
 from zaya_jax.native.grouped_matmul import grouped_matmul
 from zaya_jax.parallel.context import current_mesh_shape
-from zaya_jax.model.rope import rope_cos_sin
 from zaya_jax.model.zaya import ZayaLM
 
 
@@ -107,18 +112,19 @@ def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int
     dtype = jnp.dtype(cfg.dtype)
     stream_dtype = jnp.float32 if cfg.residual_in_fp32 else dtype
     b, s = ids.shape
-    cos, sin = rope_cos_sin(jnp.broadcast_to(jnp.arange(s), (b, s)), cfg.rotary_dim, cfg.rope_theta)
+    kinds = layer_kinds(cfg, jnp.broadcast_to(jnp.arange(s), (b, s)), attention_fn(cfg))
     continues = jnp.broadcast_to(jnp.arange(s) > 0, (b, s))
     token_mask = jnp.arange(s)[None, :] < lengths[:, None]
-    attention, dispatch = attention_fn(cfg), moe_dispatch_fn(cfg)
+    dispatch = moe_dispatch_fn(cfg)
     in_place = stacked_experts_dispatch(model)
     last = lengths - 1
     graphdef, layer_states = nnx.split(model.layers)
 
     def body(carry, xs):
         stream, router_state = carry
-        layer_state, index = xs
+        layer_state, index, sliding = xs
         layer = nnx.merge(graphdef, layer_state)
+        cos, sin, attention = kinds.for_layer(sliding)
         q, k, v, cca_carry = layer.attention.qkv(layer.input_norm(stream, dtype), cos, sin, continues)
         a = layer.attention.output(attention(q, k, v, None))
         stream = layer.attention_residual(a, stream, stream_dtype)
@@ -129,10 +135,12 @@ def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int
 
     router_state = jnp.zeros((b, s, cfg.router_hidden_size), jnp.float32)  # fp32 router
     (stream, _), (keys, values, carry) = _over_layers(body, (_embed(model, ids), router_state),
-                                                      (layer_states, jnp.arange(cfg.num_layers)),
+                                                      (layer_states, jnp.arange(cfg.num_layers), layer_flags(cfg)),
                                                       cfg.num_layers, cfg.scan_layers)
+    sliding, slots = np.asarray(cfg.sliding_layers), ring_slots(cfg, cache_size)
     pad = [(0, 0), (0, 0), (0, cache_size - s), (0, 0), (0, 0)]
-    state = DecodeState(jnp.pad(keys, pad), jnp.pad(values, pad), carry, lengths.astype(jnp.int32))
+    full, ring = (lambda x: jnp.pad(x[~sliding], pad)), (lambda x: ring_from_prompt(x[sliding], lengths, slots))
+    state = DecodeState(full(keys), full(values), ring(keys), ring(values), carry, lengths.astype(jnp.int32))
     hidden = model.final_norm(stream[jnp.arange(b), last], dtype)
     return model.logits(hidden), state
 
@@ -145,22 +153,34 @@ def decode_step(model: ZayaLM, state: DecodeState, tokens: jax.Array) -> tuple[j
     stream_dtype = jnp.float32 if cfg.residual_in_fp32 else dtype
     b = tokens.shape[0]
     positions = state.lengths
-    cos, sin = rope_cos_sin(positions[:, None], cfg.rotary_dim, cfg.rope_theta)
+    kinds = layer_kinds(cfg, positions[:, None])
     continues = jnp.ones((b, 1), bool)
     few_tokens = b <= cfg.num_experts
     dispatch = moe_dispatch_fn(cfg)
     in_place = stacked_experts_dispatch(model)
     graphdef, layer_states = nnx.split(model.layers)
     batch = jnp.arange(b)
+    ring = state.window_keys.shape[2]  # W slots of each sliding layer
 
     def body(carry, xs):
-        stream, router_state, keys, values = carry
-        layer_state, index, prev = xs
+        stream, router_state, caches = carry
+        layer_state, index, prev, sliding, slot = xs
         layer = nnx.merge(graphdef, layer_state)
+        cos, sin = kinds.rope(sliding)
         q, k, v, new = layer.attention.qkv(layer.input_norm(stream, dtype), cos, sin, continues, prev)
-        keys = keys.at[index, batch, positions].set(k[:, 0])
-        values = values.at[index, batch, positions].set(v[:, 0])
-        o = cached_attention(q, keys[index], values[index], positions)
+
+        def attend(caches, windowed: bool):
+            keys, values = caches[2:] if windowed else caches[:2]
+            written = positions % ring if windowed else positions
+            keys = keys.at[slot, batch, written].set(k[:, 0])
+            values = values.at[slot, batch, written].set(v[:, 0])
+            o = cached_attention(q, keys[slot], values[slot], positions)
+            return o, ((*caches[:2], keys, values) if windowed else (keys, values, *caches[2:]))
+        if len(kinds.types) == 2:
+            o, caches = jax.lax.cond(sliding, functools.partial(attend, windowed=True),
+                                     functools.partial(attend, windowed=False), caches)
+        else:
+            o, caches = attend(caches, windowed=True in kinds.types)
         stream = layer.attention_residual(layer.attention.output(o), stream, stream_dtype)
         x = layer.post_attention_norm(stream, dtype)
         if in_place is not None:
@@ -170,11 +190,11 @@ def decode_step(model: ZayaLM, state: DecodeState, tokens: jax.Array) -> tuple[j
         else:
             m, router_state, _ = layer.moe(x, router_state, jnp.ones((b, 1), bool), dispatch)
         stream = layer.moe_residual(m, stream, stream_dtype)
-        return (stream, router_state, keys, values), jax.tree.map(lambda x: x[:, 0], new)
+        return (stream, router_state, caches), jax.tree.map(lambda x: x[:, 0], new)
 
     init = (_embed(model, tokens[:, None]), jnp.zeros((b, 1, cfg.router_hidden_size), jnp.float32),
-            state.keys, state.values)
-    (stream, _, keys, values), carry = _over_layers(
-        body, init, (layer_states, jnp.arange(cfg.num_layers), state.carry), cfg.num_layers, cfg.scan_layers)
+            (state.keys, state.values, state.window_keys, state.window_values))
+    xs = (layer_states, jnp.arange(cfg.num_layers), state.carry, layer_flags(cfg), jnp.asarray(cache_index(cfg)))
+    (stream, _, caches), carry = _over_layers(body, init, xs, cfg.num_layers, cfg.scan_layers)
     logits = model.logits(model.final_norm(stream[:, 0], dtype))
-    return logits, DecodeState(keys, values, carry, state.lengths + 1)
+    return logits, DecodeState(*caches, carry, state.lengths + 1)

@@ -45,18 +45,23 @@ def kv_cache_numbers_per_token_per_layer(cfg: ModelConfig) -> int:
 
 
 def model_summary(cfg: ModelConfig, kv_bytes_per_number: int = 2) -> dict:
+    """kv_cache_bytes_per_token: what each decoded token adds (the full layers' caches);
+    kv_cache_window_bytes: what the sliding layers' ring buffers hold once full (per sequence,
+    whatever its length; zaya_jax.infer.cache)."""
     breakdown = parameter_breakdown(cfg)
     total = sum(breakdown.values())
     embedding = breakdown["embedding (tied)"]
     experts = breakdown["experts"]
     active_experts = experts // cfg.num_experts  # top-1: one expert per token per layer
     kv_numbers = kv_cache_numbers_per_token_per_layer(cfg)
+    sliding = sum(cfg.sliding_layers)
     return {
         "params_total": total,
         "params_non_embedding": total - embedding,
         "params_active_non_embedding": total - embedding - experts + active_experts,
         "params_active_total": total - experts + active_experts,
         "kv_cache_numbers_per_token_per_layer": kv_numbers,
-        "kv_cache_bytes_per_token": cfg.num_layers * kv_numbers * kv_bytes_per_number,
+        "kv_cache_bytes_per_token": (cfg.num_layers - sliding) * kv_numbers * kv_bytes_per_number,
+        "kv_cache_window_bytes": sliding * cfg.sliding_window * kv_numbers * kv_bytes_per_number,
         "breakdown": breakdown,
     }

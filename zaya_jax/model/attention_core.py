@@ -6,8 +6,11 @@ This is the always-working path; the Pallas flash kernel (pallas_kernels/) is ch
 
 The queries are cut into at most MAX_QUERY_BLOCKS blocks of c rows (at least MIN_QUERY_BLOCK);
 block i only reads the keys [0, end of block i), so the masked upper triangle is mostly never
-computed (about half the logits at many blocks). Each KV head's G query heads are one matmul
-operand ([G*c, H] against [L, H]), which XLA runs as one dot per (batch, KV head).
+computed (about half the logits at many blocks). With a sliding window W (query s sees keys
+s-W < t <= s, transformers' `sliding_window`), block i also starts reading at its first row's
+first visible key, so keys before every row's window are never computed either. Each KV head's
+G query heads are one matmul operand ([G*c, H] against [L, H]), which XLA runs as one dot per
+(batch, KV head).
 """
 
 from __future__ import annotations
@@ -25,18 +28,30 @@ def query_block_size(seq: int) -> int:
     return max(MIN_QUERY_BLOCK, math.ceil(seq / MAX_QUERY_BLOCKS))
 
 
-def block_mask(segment_ids: jax.Array | None, q_start: int, q_end: int) -> jax.Array:
-    """Query rows [q_start, q_end) against keys [0, q_end): causal, and the same document when
-    segment_ids [B, S] are given -> [B or 1, 1, 1, c, q_end] bool (query s attends key t)."""
-    causal = jnp.arange(q_end)[None, :] <= jnp.arange(q_start, q_end)[:, None]
+def first_visible_key(q_start: int, window: int | None) -> int:
+    """The first key any query row >= q_start can see (0 without a window)."""
+    return 0 if window is None else max(0, q_start - window + 1)
+
+
+def block_mask(segment_ids: jax.Array | None, q_start: int, q_end: int, window: int | None = None) -> jax.Array:
+    """Query rows [q_start, q_end) against keys [k_start, q_end), k_start = first_visible_key:
+    causal, within `window` keys (query s sees s-window < t <= s) when given, and the same document
+    when segment_ids [B, S] are given -> [B or 1, 1, 1, c, q_end - k_start] bool."""
+    k_start = first_visible_key(q_start, window)
+    keys, queries = jnp.arange(k_start, q_end)[None, :], jnp.arange(q_start, q_end)[:, None]
+    visible = keys <= queries
+    if window is not None:
+        visible = visible & (keys > queries - window)
     if segment_ids is None:
-        return causal[None, None, None]
-    same_doc = segment_ids[:, q_start:q_end, None] == segment_ids[:, None, :q_end]
-    return (causal & same_doc)[:, None, None]
+        return visible[None, None, None]
+    same_doc = segment_ids[:, q_start:q_end, None] == segment_ids[:, None, k_start:q_end]
+    return (visible & same_doc)[:, None, None]
 
 
-def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
-    """q: [B, S, N, H]; k, v: [B, S, K, H]; segment_ids: [B, S] or None  ->  [B, S, N, H].
+def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None,
+                  window: int | None = None) -> jax.Array:
+    """q: [B, S, N, H]; k, v: [B, S, K, H]; segment_ids: [B, S] or None; window: keys per query
+    (sliding-window attention) or None (full causal)  ->  [B, S, N, H].
 
     Query head n uses KV head n // (N // K). Logits and softmax in fp32, scale 1/sqrt(H).
     """
@@ -48,10 +63,11 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Arr
     outs = []
     for start in range(0, s, block):
         end = min(start + block, s)
-        logits = jnp.einsum("bkgch,bkth->bkgct", qt[:, :, :, start:end], kt[:, :, :end],
+        keys = slice(first_visible_key(start, window), end)
+        logits = jnp.einsum("bkgch,bkth->bkgct", qt[:, :, :, start:end], kt[:, :, keys],
                             preferred_element_type=jnp.float32) * (h ** -0.5)
-        logits = jnp.where(block_mask(segment_ids, start, end), logits, jnp.finfo(jnp.float32).min)
+        logits = jnp.where(block_mask(segment_ids, start, end, window), logits, jnp.finfo(jnp.float32).min)
         weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-        outs.append(jnp.einsum("bkgct,bkth->bkgch", weights, vt[:, :, :end]))
+        outs.append(jnp.einsum("bkgct,bkth->bkgch", weights, vt[:, :, keys]))
     out = jnp.concatenate(outs, axis=3)                             # [B,K,G,S,H]
     return out.transpose(0, 3, 1, 2, 4).reshape(b, s, n, h)

@@ -68,12 +68,13 @@ def resolve_moe_matmul_kernel(name: str, target_platform: str | None = None) -> 
 
 
 def attention_fn(cfg: ModelConfig) -> Callable:
-    """-> attention(q [B,S,N,H], k [B,S,K,H], v [B,S,K,H], segment_ids [B,S] | None) -> [B,S,N,H]."""
+    """-> attention(q [B,S,N,H], k [B,S,K,H], v [B,S,K,H], segment_ids [B,S] | None, window=None)
+    -> [B,S,N,H]; window: keys per query of a sliding-window layer (static), None for full causal."""
     if resolve_attention_kernel(cfg.attention_kernel) == "pallas":
         from pallas_kernels import cca_flash_attention
 
-        def pallas_attention(q, k, v, seg):
-            return cca_flash_attention(q, k, v, segment_ids=seg, causal=True)
+        def pallas_attention(q, k, v, seg, window=None):
+            return cca_flash_attention(q, k, v, segment_ids=seg, causal=True, window=window)
         return functools.partial(attention_on_mesh, pallas_attention)
     return xla_attention
 

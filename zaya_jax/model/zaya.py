@@ -6,8 +6,9 @@ alternating sub-layers of Zyphra's code).
 
   stream = (embed[ids] + b_in) * s_in                      [B,S,D]  (fp32 if residual_in_fp32)
   router_state = 0                                         [B,S,R]
-  for each layer (stacked parameters, run with lax.scan):
+  for each layer (stacked parameters and layer types, run with lax.scan):
       a = CCA(RMSNorm(stream));        stream = ResScale_attn(a, stream)
+                                       (full or sliding-window attention; zaya_jax.model.layer_types)
       m, router_state = MoE(RMSNorm(stream), router_state);  stream = ResScale_moe(m, stream)
   logits = RMSNorm(stream) @ embed^T                       [B,S,V]  fp32, tied, no soft-cap
                                      (bf16 operands, fp32 accumulation when dtype is bf16)
@@ -26,11 +27,11 @@ from pallas_kernels.flash_attention import RESIDUAL_NAMES as FLASH_RESIDUAL_NAME
 from zaya_jax.config import ModelConfig
 from zaya_jax.model.cca import CCA
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn
+from zaya_jax.model.layer_types import LayerKinds, layer_flags, layer_kinds
 from zaya_jax.model.moe import MoE, MoEStats
 from zaya_jax.model.moe_dispatch import EXPERT_OUTPUT_NAMES
 from zaya_jax.model.norms import ResidualScaling, RMSNorm
 from zaya_jax.model.params import constant, param
-from zaya_jax.model.rope import rope_cos_sin
 from zaya_jax.parallel.activations import constrain_tokens
 
 # dots_no_batch_and_kernels: dots_no_batch, plus the outputs of the kernels it would recompute
@@ -56,12 +57,13 @@ def tied_logits(hidden: jax.Array, embed: jax.Array, *, dtype: str) -> jax.Array
 
 
 class LayerContext(NamedTuple):
-    """What every layer needs besides its parameters and the carried streams."""
+    """What a layer needs besides its parameters and the carried streams (cos, sin and attention
+    are that layer's type's: LayerKinds.for_layer)."""
     cos: jax.Array                  # [B,S,R_rot]
     sin: jax.Array                  # [B,S,R_rot]
     segment_ids: jax.Array | None   # [B,S]
     token_mask: jax.Array           # [B,S] bool, False on padding
-    attention: Callable
+    attention: Callable             # attention(q, k, v, segment_ids)
     dispatch: Callable
     dtype: jnp.dtype
     stream_dtype: jnp.dtype
@@ -135,7 +137,7 @@ class ZayaLM(nnx.Module):
 
         segment_ids: [B,S] packed document ids (0 = padding) or None; positions default to
         0..S-1, or restart per document when segment_ids are given. rope_theta overrides the
-        config's (curriculum phases change it).
+        config's full-layer base (curriculum phases change it; sliding layers keep theirs).
         """
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
@@ -144,9 +146,9 @@ class ZayaLM(nnx.Module):
         if positions is None:
             positions = (positions_from_segments(segment_ids) if segment_ids is not None
                          else jnp.broadcast_to(jnp.arange(s), (b, s)))
-        cos, sin = rope_cos_sin(positions, cfg.rotary_dim, rope_theta or cfg.rope_theta)
+        kinds = layer_kinds(cfg, positions, attention_fn(cfg), rope_theta)
         token_mask = segment_ids > 0 if segment_ids is not None else jnp.ones((b, s), bool)
-        ctx = LayerContext(cos, sin, segment_ids, token_mask, attention_fn(cfg), moe_dispatch_fn(cfg),
+        ctx = LayerContext(*kinds.full_rope, segment_ids, token_mask, kinds.attention, moe_dispatch_fn(cfg),
                            dtype, stream_dtype)
 
         emb = jnp.take(self.embed[...], input_ids, axis=0)
@@ -156,26 +158,29 @@ class ZayaLM(nnx.Module):
         emb = emb - is_pad * (emb - jax.lax.stop_gradient(emb))
         stream = constrain_tokens(((emb + self.input_bias[...]) * self.input_scale[...]).astype(stream_dtype))
         router_state = jnp.zeros((b, s, cfg.router_hidden_size), jnp.float32)
-        stream, stats = self._run_layers(stream, router_state, ctx)
+        stream, stats = self._run_layers(stream, router_state, ctx, kinds)
         return self.final_norm(stream, dtype), stats
 
-    def _run_layers(self, stream, router_state, ctx: LayerContext) -> tuple[jax.Array, MoEStats]:
+    def _run_layers(self, stream, router_state, ctx: LayerContext, kinds: LayerKinds
+                    ) -> tuple[jax.Array, MoEStats]:
         cfg = self.config
         graphdef, layer_states = nnx.split(self.layers)
 
-        def body(carry, layer_state):
+        def body(carry, xs):
+            layer_state, sliding = xs
             layer = nnx.merge(graphdef, layer_state)
-            stream, router_state, stats = layer(*carry, ctx)
+            cos, sin, attention = kinds.for_layer(sliding)
+            stream, router_state, stats = layer(*carry, ctx._replace(cos=cos, sin=sin, attention=attention))
             return (constrain_tokens(stream), constrain_tokens(router_state)), stats
 
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=REMAT_POLICIES[cfg.remat])
-        carry = (stream, router_state)
+        carry, xs = (stream, router_state), (layer_states, layer_flags(cfg))
         if cfg.scan_layers:
-            (stream, _), stats = jax.lax.scan(body, carry, layer_states)
+            (stream, _), stats = jax.lax.scan(body, carry, xs)
             return stream, stats
         # unstack (not x[i]): its gradient is one concatenate, not L zero-padded stacks summed
-        leaves, treedef = jax.tree.flatten(layer_states)
+        leaves, treedef = jax.tree.flatten(xs)
         per_leaf = [jnp.unstack(leaf) for leaf in leaves]
         per_layer = []
         for i in range(cfg.num_layers):

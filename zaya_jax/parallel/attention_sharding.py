@@ -16,6 +16,7 @@ live on other devices, so `check_attention_layout` refuses that layout before an
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Mapping
 
 import jax
@@ -40,9 +41,10 @@ def check_attention_layout(kernel: str, mesh_shape: Mapping[str, int]) -> None:
 
 
 def attention_on_mesh(attention: Callable, q: jax.Array, k: jax.Array, v: jax.Array,
-                      segment_ids: jax.Array | None) -> jax.Array:
-    """attention(q [b,S,n,H], k, v [b,S,k,H], segment_ids [b,S] | None) -> [b,S,n,H], run per
-    device on the active mesh (as is without one) -> [B,S,N,H]."""
+                      segment_ids: jax.Array | None, window: int | None = None) -> jax.Array:
+    """attention(q [b,S,n,H], k, v [b,S,k,H], segment_ids [b,S] | None, window) -> [b,S,n,H], run
+    per device on the active mesh (as is without one) -> [B,S,N,H]."""
+    attention = functools.partial(attention, window=window)
     shape = current_mesh_shape()
     if not any(n > 1 for n in shape.values()):
         return attention(q, k, v, segment_ids)

@@ -74,6 +74,9 @@ def render(summary: dict) -> str:
     for key in ("params_total", "params_non_embedding", "params_active_non_embedding", "params_active_total"):
         lines.append(f"{key:<30}{_human(summary[key]):>12}")
     lines.append(f"{'kv_cache_bytes_per_token':<30}{summary['kv_cache_bytes_per_token'] / 1024:>10.1f}KiB (bf16)")
+    if summary["kv_cache_window_bytes"]:
+        lines.append(f"{'kv_cache_window_bytes':<30}{summary['kv_cache_window_bytes'] / 2**20:>10.1f}MiB (bf16, "
+                     "sliding layers' ring buffers, per sequence)")
     if "plan" in summary:
         p = summary["plan"]
         mesh = ",".join(f"{a}={n}" for a, n in p["mesh"].items() if n > 1) or "1 device"

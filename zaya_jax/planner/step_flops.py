@@ -6,7 +6,9 @@ I expert hidden, V vocab, S sequence, L layers. Forward FLOPs per token of one l
   attention/projections   2 D (N + K) H + 2 D K H (values) + 2 N H D (output)
   attention/convolution   2 * 2 C H H             the grouped kernel-2 convolution, two einsums
   attention/scores        2 * 2 N H keys          QK^T and AV; `keys` is the mean number of keys
-                                                  a query's block reads (attention_keys_per_query)
+                                                  a query's block reads (attention_keys_per_query),
+                                                  averaged over the layers: a sliding layer's
+                                                  blocks read only keys that meet their window
   router                  2 (D R + 2 R R + R (E + 1))
   experts                 rows * 3 * 2 D I        rows per token: 1 for the dropless backends
                                                   (every token routed to a real expert: an upper
@@ -47,7 +49,7 @@ import math
 
 from zaya_jax.config import ModelConfig
 from zaya_jax.jax_versions import XLA_KEEPS_UNLOOPED_REMAT
-from zaya_jax.model.attention_core import query_block_size
+from zaya_jax.model.attention_core import first_visible_key, query_block_size
 from zaya_jax.model.kernels import resolve_attention_kernel, resolve_moe_backend
 from zaya_jax.model.moe_dispatch import capacity_per_expert
 from zaya_jax.train.loss import chunk_size_for
@@ -66,15 +68,23 @@ class LayerMatmul:
     backward_passes: float = 2.0
 
 
-def attention_keys_per_query(seq_len: int, kernel: str) -> float:
+def attention_keys_per_query(seq_len: int, kernel: str, window: int | None = None) -> float:
     """Mean keys each query's scores are computed against: the XLA path reads keys [0, end of
-    its query block) (zaya_jax.model.attention_core); the flash kernel skips blocks above the
-    diagonal (about half, plus the diagonal block's masked half)."""
+    its query block), from the block's first visible key with a window
+    (zaya_jax.model.attention_core); the flash kernel skips blocks above the diagonal and before
+    the window (counted as the visible keys: about half, plus the diagonal block's masked half)."""
     if kernel == "pallas":
-        return (seq_len + 1) / 2
+        return sum(min(q + 1, window or seq_len) for q in range(seq_len)) / seq_len
     block = query_block_size(seq_len)
-    ends = [min(start + block, seq_len) for start in range(0, seq_len, block)]
-    return sum((end - start) * end for start, end in zip(range(0, seq_len, block), ends)) / seq_len
+    starts = range(0, seq_len, block)
+    return sum((min(start + block, seq_len) - start) * (min(start + block, seq_len) - first_visible_key(start, window))
+               for start in starts) / seq_len
+
+
+def mean_attention_keys(cfg: ModelConfig, seq_len: int, kernel: str) -> float:
+    """attention_keys_per_query averaged over the layers, each with its type's window."""
+    return sum(attention_keys_per_query(seq_len, kernel, cfg.sliding_window if sliding else None)
+               for sliding in cfg.sliding_layers) / cfg.num_layers
 
 
 def expert_backend(cfg: ModelConfig, mesh: dict[str, int], platform: str) -> str:
@@ -98,7 +108,7 @@ def layer_matmuls(cfg: ModelConfig, seq_len: int, backend: str, rows_per_token: 
     c = n + k
     b = 2 if cfg.dtype == "bfloat16" else 4
     kernel = resolve_attention_kernel(cfg.attention_kernel)
-    keys = attention_keys_per_query(seq_len, kernel)
+    keys = mean_attention_keys(cfg, seq_len, kernel)
     # the XLA path writes fp32 logits, reads them for the softmax, writes and reads the probabilities
     scores_bytes = b * (n + 2 * k) * h + b * n * h + (n * keys * (4 + 4 + 2 * b) if kernel != "pallas" else 0)
     ops = [

@@ -23,6 +23,7 @@ import math
 from flax import nnx
 
 from zaya_jax.config import ModelConfig
+from zaya_jax.model.attention_core import query_block_size
 from zaya_jax.model.build import abstract_model
 from zaya_jax.model.moe_dispatch import capacity_per_expert
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
@@ -117,8 +118,16 @@ def muon_matrices(mesh: dict[str, int], shape: StepShape, parameters: list) -> l
     return out
 
 
+def probability_widths(cfg: ModelConfig, seq_len: int) -> list[int]:
+    """[L] keys per query row of each layer's XLA attention probabilities: S for a full layer; a
+    sliding layer's query block reads at most its rows plus window - 1 keys (attention_core)."""
+    windowed = min(seq_len, query_block_size(seq_len) + cfg.sliding_window - 1)
+    return [windowed if sliding else seq_len for sliding in cfg.sliding_layers]
+
+
 def saved_numbers_per_token_per_layer(cfg: ModelConfig, remat: str, seq_len: int, attention: str) -> float:
-    """Numbers one decoder layer keeps per token for the backward pass (estimate).
+    """Numbers one decoder layer keeps per token for the backward pass (estimate); seq_len: the
+    keys its probabilities span (probability_widths).
 
     none: every intermediate (attention probabilities [N, S] per token on the XLA path, or the
     logsumexp with a flash kernel); dots / dots_no_batch: the weight-matmul outputs;
@@ -161,12 +170,12 @@ def activation_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape) 
     tokens = shape.global_batch * shape.seq_len / shape.grad_accum / token_shards
     dtype_bytes = 2 if cfg.dtype == "bfloat16" else 4
     attention = "xla" if cfg.attention_kernel in ("auto", "xla") else "flash"
-    per_layer = saved_numbers_per_token_per_layer(cfg, cfg.remat, shape.seq_len // mesh["context"], attention)
-    saved = tokens * per_layer * cfg.num_layers * dtype_bytes
+    widths = probability_widths(cfg, shape.seq_len // mesh["context"])
+    saved = tokens * sum(saved_numbers_per_token_per_layer(cfg, cfg.remat, w, attention) for w in widths) * dtype_bytes
     if cfg.remat != "full":
         saved += dispatch_numbers_per_layer(cfg, tokens, mesh, shape.platform) * cfg.num_layers * dtype_bytes
-    # during the backward of one layer its full set of intermediates is live again
-    live = tokens * saved_numbers_per_token_per_layer(cfg, "none", shape.seq_len // mesh["context"], attention)
+    # during the backward of one layer its full set of intermediates is live again (the widest layer's)
+    live = tokens * max(saved_numbers_per_token_per_layer(cfg, "none", w, attention) for w in widths)
     live *= dtype_bytes
     logits_chunk = tokens * cfg.vocab_size / mesh["tensor"] * 4 / max(1, shape.seq_len // 512)
     return {"activations_saved": saved, "activations_live_layer": live, "loss_logits_chunk": logits_chunk,
