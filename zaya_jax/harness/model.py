@@ -71,19 +71,24 @@ class ZayaHarnessLM(TemplateLM):
     or tokenizer_config.json (default: the run's recorded one, or DIR/tokenizer_config.json's);
     batch_size: rows scored together (rounded up to a multiple of the local device count);
     max_length: the context window (default max_position_embeddings); max_gen_toks: the default cap
-    of generate_until; seed: the sampling seed; dtype / quantize: as zaya_jax.generate's flags.
+    of generate_until; seed: the sampling seed; dtype / quantize: as zaya_jax.generate's flags;
+    model: a ZayaLM in memory instead of checkpoint / hf (the trainer's, zaya_jax.harness.in_training),
+    with `tokenizer` given.
     """
 
     def __init__(self, checkpoint: str | None = None, hf: str | None = None, step: int | None = None,
                  tokenizer: str | None = None, chat_template: str | None = None, batch_size: int | str = 8,
                  max_length: int | None = None, max_gen_toks: int = 256, seed: int = 0,
-                 dtype: str | None = None, quantize: str | None = None, **ignored):
+                 dtype: str | None = None, quantize: str | None = None, model=None, **ignored):
         super().__init__()
         from zaya_jax.harness.loading import load_model, load_tokenizer
         if ignored:  # what lm_eval's CLI may add (device, ...) that a JAX model has no use for
             log.info("zaya_jax harness model: ignoring %s", sorted(ignored))
         self.source = {"checkpoint": checkpoint, "hf": hf, "step": step}
-        self.model = load_model(checkpoint, hf, None if step is None else int(step), dtype, quantize)
+        if model is not None and (checkpoint is not None or hf is not None or tokenizer is None):
+            raise ValueError("model= (a ZayaLM in memory, e.g. the trainer's) goes with tokenizer= and no "
+                             "checkpoint or hf")
+        self.model = model or load_model(checkpoint, hf, None if step is None else int(step), dtype, quantize)
         cfg = self.model.config
         self.tokenizer, self.tokenizer_path = load_tokenizer(checkpoint, hf, step, tokenizer, cfg)
         self.template_override = chat_template
@@ -228,6 +233,9 @@ class ZayaHarnessLM(TemplateLM):
         if self._template is None:
             from zaya_jax.data.chat_template import ChatTemplate
             from zaya_jax.infer.chat import chat_template_for
+            if self.template_override is None and self.source["checkpoint"] is self.source["hf"] is None:
+                raise UserError("apply_chat_template: a model given in memory has no recorded chat template; "
+                                "pass chat_template=FILE (a .jinja or a tokenizer_config.json)")
             found = chat_template_for(checkpoint=self.source["checkpoint"], hf=self.source["hf"],
                                       override=self.template_override)
             cfg = self.model.config
