@@ -21,11 +21,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import lm_eval  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from tests.harness_fixtures import MC, write_model, write_tasks  # noqa: E402
-from tests.train_helpers import REPO, cli_env  # noqa: E402
+from tests.harness_fixtures import GEN, MC, ROLLING, write_model, write_tasks  # noqa: E402
+from tests.train_helpers import REPO, cli_env, run_train  # noqa: E402
 from zaya_jax.data.chat_template import PLAIN, ChatTemplate, encode_prompt  # noqa: E402
 from zaya_jax.data.tokenizer import Tokenizer  # noqa: E402
-from zaya_jax.errors import UserError  # noqa: E402
+from zaya_jax.errors import EXIT_PREEMPTED, UserError  # noqa: E402
 from zaya_jax.harness.model import ZayaHarnessLM  # noqa: E402
 from zaya_jax.harness.tasks import task_manager  # noqa: E402
 
@@ -78,17 +78,17 @@ def test_scores_do_not_depend_on_the_batch_or_its_padding(on_export):
 
 
 def test_checkpoint_and_its_export_score_alike(exported, on_export):
-    checkpoint, _, tasks = exported
-    from_checkpoint = run_tasks(ZayaHarnessLM(checkpoint=str(checkpoint), batch_size=4), tasks)
-    from_export = run_tasks(on_export, tasks)
-    assert from_checkpoint["config"]["model"] == "ZayaHarnessLM"
-    for task in LOCAL_TASKS:
-        a, b = scores(from_checkpoint, task), scores(from_export, task)
-        if task == "local_gen":
-            assert a == b and all(isinstance(t, str) for t in a)
-        else:
-            flat = lambda xs: np.ravel([x[0] if isinstance(x, (list, tuple)) else x for x in xs])  # noqa: E731
-            np.testing.assert_allclose(flat(a), flat(b), atol=1e-5, rtol=0)
+    from_checkpoint = ZayaHarnessLM(checkpoint=str(exported[0]), batch_size=4)
+    pairs = [(d["question"], c) for d in MC[:2] for c in d["choices"]]
+    for kind, args in (("loglikelihood", pairs), ("loglikelihood_rolling", [(r["text"],) for r in ROLLING])):
+        a = from_checkpoint.loglikelihood(requests(kind, args)) if kind == "loglikelihood" else \
+            from_checkpoint.loglikelihood_rolling(requests(kind, args))
+        b = on_export.loglikelihood(requests(kind, args)) if kind == "loglikelihood" else \
+            on_export.loglikelihood_rolling(requests(kind, args))
+        np.testing.assert_allclose(np.ravel(a), np.ravel(b), atol=1e-5, rtol=0)
+    gen = [(r["question"], {"until": ["\n"], "max_gen_toks": 6}) for r in GEN]
+    assert from_checkpoint.generate_until(requests("generate_until", gen)) == \
+        on_export.generate_until(requests("generate_until", gen))
 
 
 def test_sampled_generation_follows_its_seed(on_export):
@@ -164,3 +164,43 @@ def test_the_harness_hf_backend_gives_the_same_scores_and_generations(exported, 
     assert scores(ours, "local_gen") == scores(theirs, "local_gen")
     for task, metric in (("local_mc", "acc,none"), ("local_mc", "acc_norm,none"), ("local_gen", "exact_match,none")):
         assert ours["results"][task][metric] == theirs["results"][task][metric]
+
+
+def training_config(directory, tokenizer) -> str:
+    """configs/tiny.py (synthetic data) with the fixture's tokenizer as its data.tokenizer."""
+    path = directory / "tiny_with_tokenizer.py"
+    path.write_text(f"import ml_collections\nfrom zaya_jax.config_files import load_config_file\n\n"
+                    f"def get_config():\n    config = load_config_file({os.path.join(REPO, 'configs', 'tiny.py')!r})\n"
+                    f"    config.data = ml_collections.ConfigDict({{'tokenizer': {str(tokenizer)!r}}})\n"
+                    f"    return config\n")
+    return str(path)
+
+
+def test_training_scores_the_tasks_at_its_checkpoints_and_resumes_after_a_stop(exported, tmp_path):
+    checkpoint, _, tasks = exported
+    config = training_config(tmp_path, checkpoint.parent / "tokenizer" / "tokenizer.json")
+    workdir = tmp_path / "run"
+    harness_flags = ("--config.train.steps=4", "--config.checkpoint.every_steps=2", "--config.eval.every_steps=0",
+                     "--config.optimizer.warmup_steps=1", "--config.eval.harness_tasks=local_mc",
+                     f"--config.eval.harness_include_path={tasks}", "--config.eval.harness_limit=3")
+    stopped = run_train(workdir, *harness_flags, config=config, faults={"KILL_AT_STEP": 2, "KILL_SIGNAL": "SIGTERM"})
+    assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
+    resumed = run_train(workdir, *harness_flags, config=config)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in lines if r["kind"] == "harness"]
+    assert [r["step"] for r in records] == [2, 4]  # the stopped step's scores (once), then the resumed run's
+    assert all(0 <= r["harness/local_mc/acc"] <= 1 and "harness/local_mc/acc_norm" in r for r in records)
+    assert "harness/local_mc/acc=" in resumed.stderr + resumed.stdout
+    events = b"".join(p.read_bytes() for p in (workdir / "tensorboard").iterdir())
+    assert b"harness/local_mc/acc" in events
+
+
+def test_a_training_config_naming_an_unknown_task_stops_before_compiling(exported, tmp_path):
+    checkpoint, _, tasks = exported
+    config = training_config(tmp_path, checkpoint.parent / "tokenizer" / "tokenizer.json")
+    done = run_train(tmp_path / "run", "--config.eval.harness_tasks=local_mcq",
+                     f"--config.eval.harness_include_path={tasks}", config=config)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "eval.harness_tasks" in done.stderr and "unknown task local_mcq" in done.stderr
+    assert "compiling" not in done.stderr + done.stdout
