@@ -58,30 +58,6 @@ _CHAT_TEMPLATE = flags.DEFINE_string("chat_template", None, "A .jinja or tokeniz
 _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Compute dtype (default: the model's).")
 
 
-def task_names(manager, requested: str) -> list[str]:
-    """--tasks as a list; UserError naming the unknown ones and where names come from."""
-    from zaya_jax.errors import UserError
-    names = [n.strip() for n in requested.split(",") if n.strip()]
-    unknown = [n for n in names if not manager.match_tasks([n]) and not os.path.isfile(n)]
-    if unknown:
-        raise UserError(f"--tasks: unknown task {', '.join(unknown)}; list the known ones with "
-                        "`python -m lm_eval ls tasks`, or add a directory of task YAMLs with --include_path DIR")
-    return names
-
-
-def parse_metadata(text: str | None) -> dict | None:
-    from zaya_jax.errors import UserError
-    if text is None:
-        return None
-    try:
-        metadata = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UserError(f"--metadata {text!r}: not JSON ({err.msg}); e.g. --metadata '{{\"max_docs\": 40}}'") from None
-    if not isinstance(metadata, dict):
-        raise UserError(f"--metadata {text!r}: must be a JSON object")
-    return metadata
-
-
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -92,7 +68,7 @@ def main(argv: list[str]) -> None:
     check_source(_CHECKPOINT.value, _HF.value, _STEP.value)
     if _INCLUDE_PATH.value and not os.path.isdir(_INCLUDE_PATH.value):
         raise UserError(f"--include_path {_INCLUDE_PATH.value}: no such directory of task YAMLs")
-    from zaya_jax.harness.tasks import task_manager
+    from zaya_jax.harness.tasks import parse_metadata, task_manager, task_names
     manager = task_manager(_INCLUDE_PATH.value, parse_metadata(_METADATA.value))
     tasks = task_names(manager, _TASKS.value)
 

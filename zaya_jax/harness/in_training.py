@@ -17,9 +17,11 @@ scores for every step it saved, and a resumed run goes on from there.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 from zaya_jax.config import ConfigError
+from zaya_jax.errors import UserError
 
 INSTALL = "pip install 'zaya-jax[eval]'"
 
@@ -31,25 +33,24 @@ class TrainingHarness:
         if jax.process_count() > 1:
             raise ConfigError("eval.harness_tasks runs in single-process training; evaluate the checkpoints with "
                               "`python -m zaya_jax.harness --checkpoint WORKDIR --step N --tasks ...`")
-        try:
-            from zaya_jax.harness.tasks import task_manager
-        except ModuleNotFoundError as err:
-            raise ConfigError(f"eval.harness_tasks needs lm-eval, which is not installed ({err.name}): {INSTALL}")
+        if importlib.util.find_spec("lm_eval") is None:
+            raise ConfigError(f"eval.harness_tasks needs lm-eval, which is not installed: {INSTALL}")
         if "data" not in config or not config.data.get("tokenizer"):
             raise ConfigError("eval.harness_tasks needs the run's tokenizer (data.tokenizer); synthetic data has none")
         from zaya_jax.data.sources import tokenizer_path
-        from zaya_jax.harness.__main__ import task_names
+        from zaya_jax.harness.tasks import task_manager, task_names
         self.tokenizer = tokenizer_path(config.data)
         try:
             self.manager = task_manager(e.harness_include_path or None)
             self.tasks = task_names(self.manager, e.harness_tasks)
-        except Exception as err:  # the CLI's UserError, or lm_eval's complaint about a task directory
+        except (UserError, OSError, ValueError) as err:  # an unknown task, or lm_eval refusing a YAML directory
             raise ConfigError(f"eval.harness_tasks / harness_include_path: {err}") from err
         self.every = e.harness_every_steps or settings.checkpoint.every_steps
         self.limit, self.batch_size = e.harness_limit or None, e.harness_batch_size
 
-    def due(self, step: int, final: bool = False) -> bool:
-        return final or bool(self.every and step % self.every == 0)
+    def due(self, step: int) -> bool:
+        """Whether `step` is one the tasks are scored at during training (the final step is scored too)."""
+        return bool(self.every and step % self.every == 0)
 
     def run(self, step: int, model) -> dict:
         """Scores `model` (a ZayaLM) on the tasks -> the metrics record of `step`."""
