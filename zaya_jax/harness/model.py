@@ -18,7 +18,8 @@ Encoding is the export's: `tokenizers` with bos put first (convert.hf_tokenizer.
 what `convert to_hf` writes), not added to a string that starts with bos (a chat-templated one).
 
 Scoring is batched by length (longest first) into [batch_size, W] right-padded rows, W rounded up
-to PROMPT_BUCKET so lengths share compiled programs; causal attention, causal convolutions and a
+to PROMPT_BUCKET so lengths share compiled programs, and only the positions a request scores go
+through the output head (continuation_scores); causal attention, causal convolutions and a
 dropless MoE backend (a `capacity` config is switched to `auto`) make a row's scores independent
 of the padding after it and of the other rows. The batch is data parallel over this process's
 local devices (a `data` mesh; weights replicated); generation runs on the first device
@@ -49,13 +50,23 @@ SAMPLING_KWARGS = ("do_sample", "temperature", "top_k", "top_p")  # what generat
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def token_scores(graphdef, params, ids: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """ids, targets: int32 [B, W] (targets = ids shifted left by one) -> (log p(target) float32 [B, W],
-    target is the argmax bool [B, W]); the [B, W, V] logits stay on the devices."""
-    logits = nnx.merge(graphdef, params)(ids)
-    logprobs = jax.nn.log_softmax(logits, axis=-1)
-    chosen = jnp.take_along_axis(logprobs, targets[..., None], axis=-1)[..., 0]
-    return chosen, jnp.argmax(logits, axis=-1) == targets
+def continuation_scores(graphdef, params, ids: jax.Array, scored: jax.Array, counts: jax.Array
+                        ) -> tuple[jax.Array, jax.Array]:
+    """ids: int32 [B, W+1] right-padded rows; scored: int32 [B, K] the input positions whose next
+    token is scored (its first counts[b] entries real, the rest repeats); counts: int32 [B]
+    -> (sum of log p(next token) float32 [B], every scored next token is the argmax bool [B]).
+
+    Only the K scored positions go through the output head and the softmax (a multiple-choice
+    request scores a few tokens after a long context)."""
+    model = nnx.merge(graphdef, params)
+    hidden, _ = model.hidden_states(ids[:, :-1])
+    picked = jnp.take_along_axis(hidden, scored[..., None], axis=1)  # [B, K, D]
+    logits = model.logits(picked)  # [B, K, V]
+    targets = jnp.take_along_axis(ids, scored + 1, axis=1)  # [B, K]
+    chosen = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), targets[..., None], axis=-1)[..., 0]
+    real = jnp.arange(scored.shape[1]) < counts[:, None]
+    hits = jnp.argmax(logits, axis=-1) == targets
+    return jnp.sum(jnp.where(real, chosen, 0.0), axis=1), jnp.all(hits | ~real, axis=1)
 
 
 def bucket(n: int) -> int:
@@ -105,6 +116,7 @@ class ZayaHarnessLM(TemplateLM):
         self.graphdef = graphdef
         self.params = jax.device_put(params, jax.sharding.NamedSharding(self.mesh, jax.P()))
         self.rows_sharding = jax.sharding.NamedSharding(self.mesh, jax.P("data", None))
+        self.count_sharding = jax.sharding.NamedSharding(self.mesh, jax.P("data"))
         self.tokens_scored = 0  # real (unpadded) positions scored, for throughput reports
 
     # ---- what the harness asks of every model
@@ -140,19 +152,25 @@ class ZayaHarnessLM(TemplateLM):
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     # ---- scoring
-    def score_rows(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-        """rows: token-id lists (inputs followed by their last target) -> (log-probs float32 [n, W-1],
-        argmax-hits bool [n, W-1]) of each row's tokens 1.. given those before (right-padded)."""
+    def score_rows(self, rows: list[list[int]], counts: list[int]) -> list[tuple[float, bool]]:
+        """rows: token-id lists; counts: how many of each row's last tokens are scored -> (their summed
+        log-probability given the tokens before, whether each is the argmax), one per row."""
         width = bucket(max(len(r) for r in rows) - 1)
+        scored_width = bucket(max(counts))
         ids = np.full((self.batch_size, width + 1), self.model.config.pad_token_id, np.int32)
-        for i, row in enumerate(rows):
+        scored = np.zeros((self.batch_size, scored_width), np.int32)
+        n = np.zeros(self.batch_size, np.int32)
+        for i, (row, count) in enumerate(zip(rows, counts, strict=True)):
             ids[i, :len(row)] = row
-        ids[len(rows):] = ids[0]  # filler rows: a real row again, so every row is well formed
-        with jax.set_mesh(self.mesh):
-            placed = jax.device_put(ids, self.rows_sharding)
-            chosen, greedy = token_scores(self.graphdef, self.params, placed[:, :-1], placed[:, 1:])
+            positions = np.arange(len(row) - 1 - count, len(row) - 1)
+            scored[i] = np.pad(positions, (0, scored_width - count), mode="edge")
+            n[i] = count
+        with jax.set_mesh(self.mesh):  # filler rows (all pad) score nothing
+            placed = [jax.device_put(x, self.rows_sharding if x.ndim == 2 else self.count_sharding)
+                      for x in (ids, scored, n)]
+            sums, greedy = continuation_scores(self.graphdef, self.params, *placed)
         self.tokens_scored += sum(len(r) - 1 for r in rows)
-        return np.asarray(chosen)[:len(rows)], np.asarray(greedy)[:len(rows)]
+        return [(float(s), bool(g)) for s, g in zip(np.asarray(sums)[:len(rows)], np.asarray(greedy)[:len(rows)])]
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """requests: ((context, continuation) or None, context ids, continuation ids) -> (log-prob, greedy)."""
@@ -164,10 +182,8 @@ class ZayaHarnessLM(TemplateLM):
         results = []
         for chunk in ordered.get_batched(n=self.batch_size):
             rows = [(ctx + cont)[-(self.max_length + 1):] for _, ctx, cont in chunk]
-            chosen, greedy = self.score_rows(rows)
-            for (request, _, cont), row, lp, hit in zip(chunk, rows, chosen, greedy, strict=True):
-                scored = slice(len(row) - 1 - len(cont), len(row) - 1)
-                answer = (float(lp[scored].sum()), bool(hit[scored].all()))
+            for (request, _, _), answer in zip(chunk, self.score_rows(rows, [len(c) for _, _, c in chunk]),
+                                               strict=True):
                 if request is not None:
                     self.cache_hook.add_partial("loglikelihood", request, answer)
                 results.append(answer)
