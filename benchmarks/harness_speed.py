@@ -10,8 +10,8 @@ requests of the bundled demo tasks zaya_demo_cloze and zaya_demo_questions_mc, a
 loglikelihood_rolling requests of zaya_demo_heldout_prose (`--limit` documents each), built by
 lm_eval's own tasks. Tokens scored: the positions both backends score (the same requests, so the
 same count: each request's input tokens), over each side's median seconds after a warm-up call
-(zaya_jax compiles there). Also reports how far the two sides' scores differ (max |difference| of a
-request's log-likelihood, and of a rolling document's sum over its ~1000 tokens).
+(zaya_jax compiles there), per request type and in all. Also reports how far the two sides' scores
+differ (max |difference| of a request's log-likelihood; for rolling, of a document's sum over ~1000 tokens).
 """
 
 from __future__ import annotations
@@ -65,17 +65,11 @@ def task_requests(limit: int) -> dict[str, list]:
     return built
 
 
-def serve(lm, requests: dict[str, list]) -> list[float]:
-    """Every request's log-likelihood, loglikelihood then rolling."""
-    scored = [ll for ll, _ in lm.loglikelihood(requests["loglikelihood"], disable_tqdm=True)]
-    return scored + list(lm.loglikelihood_rolling(requests["loglikelihood_rolling"], disable_tqdm=True))
-
-
-def max_differences(scores: dict[str, list[float]], loglikelihoods: int) -> dict[str, float]:
-    """The largest |zaya_jax - hf| of a loglikelihood request's score and of a rolling document's sum."""
-    gap = np.abs(np.subtract(scores["zaya_jax"], scores["hf"]))
-    return {"loglikelihood": float(gap[:loglikelihoods].max(initial=0)),
-            "loglikelihood_rolling_document": float(gap[loglikelihoods:].max(initial=0))}
+def serve(lm, kind: str, requests: list) -> list[float]:
+    """Every request's log-likelihood."""
+    if kind == "loglikelihood":
+        return [ll for ll, _ in lm.loglikelihood(requests, disable_tqdm=True)]
+    return list(lm.loglikelihood_rolling(requests, disable_tqdm=True))
 
 
 def main():
@@ -96,18 +90,9 @@ def main():
         ours = ZayaHarnessLM(hf=hf_dir, batch_size=args.batch_size)
         theirs = HFLM(pretrained=hf_dir, dtype="float32", device="cpu", batch_size=args.batch_size)
         requests = task_requests(args.limit)
-        scores = {}
-
-        def timed(name, lm):
-            def run():
-                scores[name] = serve(lm, requests)
-            return run
-
-        ours.tokens_scored = 0
-        timed("zaya_jax", ours)()  # one pass to count the tokens (the same for both sides)
-        tokens = ours.tokens_scored
-        zaya_s, hf_s = alternate_times(timed("zaya_jax", ours), timed("hf", theirs), args.repeats)
-    zaya, hf = statistics.median(zaya_s), statistics.median(hf_s)
+        rows = {kind: measure(ours, theirs, kind, batch, args.repeats) for kind, batch in requests.items()}
+    tokens = sum(r["tokens_scored"] for r in rows.values())
+    zaya, hf = (sum(r[f"{side}_s"] for r in rows.values()) for side in ("zaya_jax", "hf_torch"))
     print_and_save({
         "export": "configs/demo.py model, random init, demo corpus tokenizer (convert to_hf)",
         "tasks": {"loglikelihood": list(LOGLIKELIHOOD_TASKS), "loglikelihood_rolling": list(ROLLING_TASKS)},
@@ -115,14 +100,34 @@ def main():
         "batch_size": args.batch_size, "tokens_scored": tokens,
         "zaya_jax_s": round(zaya, 3), "hf_torch_s": round(hf, 3),
         "zaya_jax_tokens_per_s": round(tokens / zaya, 1), "hf_torch_tokens_per_s": round(tokens / hf, 1),
-        "speedup_vs_hf": round(hf / zaya, 2),
-        "max_abs_difference": max_differences(scores, len(requests["loglikelihood"])),
-        "zaya_jax_devices": ours.devices, "moe_backend": resolve_moe_backend(ours.model.config.moe_backend), "torch_threads": torch.get_num_threads(),
-        "platform": jax.default_backend(), "cpu_count": os.cpu_count(),
+        "speedup_vs_hf": round(hf / zaya, 2), "by_request_type": rows,
+        "max_abs_difference": {kind: r["max_abs_difference"] for kind, r in rows.items()},
+        "zaya_jax_devices": ours.devices, "moe_backend": resolve_moe_backend(ours.model.config.moe_backend),
+        "torch_threads": torch.get_num_threads(), "platform": jax.default_backend(), "cpu_count": os.cpu_count(),
         "load_average": {"start": [round(x, 2) for x in load_at_start],
                          "end": [round(x, 2) for x in os.getloadavg()]},
-        "times_s": {"zaya_jax": [round(t, 3) for t in zaya_s], "hf_torch": [round(t, 3) for t in hf_s]},
     }, "harness_speed_cpu.json")
+
+
+def measure(ours, theirs, kind: str, requests: list, repeats: int) -> dict:
+    """Both backends on `requests` of one type, timed alternately after a warm-up call each."""
+    scores = {}
+
+    def timed(name, lm):
+        def run():
+            scores[name] = serve(lm, kind, requests)
+        return run
+
+    ours.tokens_scored = 0
+    timed("zaya_jax", ours)()  # one pass to count the tokens (the same for both sides)
+    tokens = ours.tokens_scored
+    zaya_s, hf_s = alternate_times(timed("zaya_jax", ours), timed("hf", theirs), repeats)
+    zaya, hf = statistics.median(zaya_s), statistics.median(hf_s)
+    return {"tokens_scored": tokens, "zaya_jax_s": round(zaya, 3), "hf_torch_s": round(hf, 3),
+            "zaya_jax_tokens_per_s": round(tokens / zaya, 1), "hf_torch_tokens_per_s": round(tokens / hf, 1),
+            "speedup_vs_hf": round(hf / zaya, 2),
+            "max_abs_difference": float(np.max(np.abs(np.subtract(scores["zaya_jax"], scores["hf"])))),
+            "times_s": {"zaya_jax": [round(t, 3) for t in zaya_s], "hf_torch": [round(t, 3) for t in hf_s]}}
 
 
 if __name__ == "__main__":
