@@ -46,6 +46,7 @@ RUNS: dict[str, list[str]] = {
     "decode_cpu_torch2threads_native": ["decode.py", "--torch-threads", "2"],
     "train_step_cpu_native": ["train_step.py", "--muon"],
     "allocator_cpu": ["allocator.py"],
+    "harness_speed_cpu": ["harness_speed.py"],
 }
 NEEDS_NATIVE = {name for name in RUNS if name.endswith("_native")}
 WRITES_ITS_OWN_FILE = {"chaos_cpu"}  # prints only a summary; its file holds the whole campaign

@@ -9,6 +9,7 @@ no preparation.
 import ml_collections
 
 from zaya_jax.config_files import model_section
+from zaya_jax.train.settings import eval_section
 
 
 def get_config():
@@ -37,7 +38,7 @@ def get_config():
     config.balancing = ml_collections.ConfigDict(dict(enabled=True, rate=1e-4, b1=0.9, b2=0.999, include_skip=False))
     config.checkpoint = ml_collections.ConfigDict(dict(every_steps=100, max_to_keep=3, async_save=True))
     config.dpo = ml_collections.ConfigDict(dict(beta=0.1, label_smoothing=0.0, rpo_alpha=0.0))
-    config.eval = ml_collections.ConfigDict(dict(every_steps=100, max_batches=2))
+    config.eval = eval_section(every_steps=100, max_batches=2)
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=1,
                                                  shard_optimizer_over_data=False, platform="any"))
     config.monitor = ml_collections.ConfigDict(dict(progress_bar=True, tensorboard=True, heatmap_every_steps=50,

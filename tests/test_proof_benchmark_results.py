@@ -208,3 +208,22 @@ def test_moe_layer_table_is_the_results_file():
                  f"drops {100 * v['drop_rate']:.1f}%" for v in (routings["uniform"][backend], routings["skewed"][backend])]
         row = f"| {label} | " + " | ".join(cells) + " |"
         assert row in table, row
+
+
+def test_harness_speed_figures_are_the_results_file():
+    r = _load("harness_speed_cpu")
+    ll, rolling = r["by_request_type"]["loglikelihood"], r["by_request_type"]["loglikelihood_rolling"]
+    text = " ".join(_doc("evaluation.md").split())
+    assert (f"{r['tokens_scored']} tokens ({r['requests']['loglikelihood']} loglikelihood and "
+            f"{r['requests']['loglikelihood_rolling']} rolling requests): zaya_jax scored "
+            f"{r['zaya_jax_tokens_per_s']:.0f} tokens/s against the hf backend's {r['hf_torch_tokens_per_s']:.0f} "
+            f"(**{r['speedup_vs_hf']:.2f}x**)") in text
+    for kind, label in ((ll, "the loglikelihood requests alone"), (rolling, "the rolling ones")):
+        assert f"{label} {kind['zaya_jax_tokens_per_s']:.0f} against {kind['hf_torch_tokens_per_s']:.0f}" in text
+        assert f"({kind['speedup_vs_hf']:.2f}x)" in text
+    assert (f"largest difference of a request's log-likelihood {ll['max_abs_difference']:.1e}, of a rolling "
+            f"document's sum {rolling['max_abs_difference']:.1e}") in text
+    assert f"load average {r['load_average']['start'][0]:.1f} at the start, {r['load_average']['end'][0]:.1f}" in text
+    times = {side: ll["times_s"][side] + rolling["times_s"][side] for side in ("hf_torch", "zaya_jax")}
+    assert (f"its repeats took {min(times['hf_torch']):.1f}-{max(times['hf_torch']):.1f} s, zaya_jax's "
+            f"{min(times['zaya_jax']):.1f}-{max(times['zaya_jax']):.1f} s") in text

@@ -129,6 +129,10 @@ class Trainer:
         self._rollbacks = 0
         self.data = open_training_data(config, s)
         self.eval_data = eval_batches(config, s) if s.eval.every_steps else {}
+        self.harness = None
+        if s.eval.harness_tasks:
+            from zaya_jax.harness.in_training import TrainingHarness
+            self.harness = TrainingHarness(config, s)
         self._init_origin = "the given init_model's weights"
         if init_model is None and s.train.init_from_hf and not resuming:  # after the cheap checks; outside any mesh
             self._init_model = load_hf_matching(s.train.init_from_hf, s.model, "train.init_from_hf")
@@ -258,6 +262,8 @@ class Trainer:
                 paused = time.perf_counter()  # evaluation and saving do not count against tokens/s
                 if s.eval.every_steps and step % s.eval.every_steps == 0:
                     self.evaluate(step, phase.rope_theta)
+                if self.harness and self.harness.due(step):
+                    self.run_harness(step, phase.rope_theta)
                 if s.checkpoint.every_steps and step % s.checkpoint.every_steps == 0:
                     last_saved = self._save_unless_nonfinite(streak, last_saved)
                 window_start += time.perf_counter() - paused
@@ -266,6 +272,8 @@ class Trainer:
                 self._announce_stop(step, trained=step > start)
             elif s.eval.every_steps and step % s.eval.every_steps and step > start:
                 self.evaluate(step, self.data.phase.rope_theta)  # the final model is always evaluated
+            if self.harness and not self.stopped_by and step > start and not self.harness.due(step):
+                self.run_harness(step, self.data.phase.rope_theta)  # and scored
             if last_saved != step and not (self.stopped_by and step == start):
                 self._save_unless_nonfinite(int(jax.device_get(self.state.nonfinite_streak)), last_saved)
             self.checkpointer.wait()
@@ -441,6 +449,18 @@ class Trainer:
             record.update({f"eval/{source}/{k}": v for k, v in r.items() if k not in ("tokens", "pairs")})
         self._write(record)
         self.monitor.log(" ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("eval/")))
+        return record
+
+    def run_harness(self, step: int, rope_theta: float) -> dict:
+        """The eval.harness_tasks scores of the model at `step` (at its phase's RoPE base), logged."""
+        model = self.parts.merge(self.state.params, self.state.biases)
+        model.config = model.config.replace(rope_theta=rope_theta)
+        if model.config.moe_backend == "capacity":  # dropless, so padding changes no score
+            model.config = model.config.replace(moe_backend="auto")
+        self.monitor.log(f"step {step}: lm-eval harness on {', '.join(self.harness.tasks)}")
+        record = self.harness.run(step, model)
+        self._write(record)
+        self.monitor.log(" ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("harness/")))
         return record
 
     def _compile_eval_on_every_process(self, rope_theta: float) -> None:

@@ -24,7 +24,10 @@ below, and every error names the offending `section.field`):
               muon_momentum, muon_ns_steps, muon_nesterov, muon_rms_scale, muon_distributed
   balancing   enabled, rate, b1, b2, include_skip (whether the skip slot is balanced too)
   checkpoint  every_steps (0: only at the end and on a signal), max_to_keep, async_save
-  eval        every_steps (0: never), max_batches (0: data.eval.max_batches)
+  eval        every_steps (0: never), max_batches (0: data.eval.max_batches); harness_tasks (lm-eval
+              tasks scored in the trainer's process, '' : none), harness_every_steps (0: at each
+              checkpoint save), harness_limit (documents per task, 0: all), harness_include_path,
+              harness_batch_size (zaya_jax.harness.in_training)
   mesh        data, fsdp, expert, tensor, context (one may be -1), shard_optimizer_over_data,
               platform ('any' | 'cpu' | 'gpu' | 'cuda' | 'rocm' | 'tpu': the trainer refuses to
               start on another, naming the install command)
@@ -39,6 +42,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from typing import Any
+
+import ml_collections
 
 from zaya_jax.config import ConfigError, ModelConfig
 from zaya_jax.config_files import model_config
@@ -114,6 +119,11 @@ class CheckpointSettings:
 class EvalSettings:
     every_steps: int = 0
     max_batches: int = 0
+    harness_tasks: str = ""
+    harness_every_steps: int = 0
+    harness_limit: float = 0.0
+    harness_include_path: str = ""
+    harness_batch_size: int = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +172,8 @@ CHOICES = {("train", "data"): ("synthetic", "pipeline"), ("train", "objective"):
 POSITIVE = {("train", "steps"), ("train", "microbatches"), ("train", "loss_chunk_size"),
             ("train", "log_every_steps"), ("optimizer", "learning_rate"), ("optimizer", "eps"),
             ("optimizer", "muon_ns_steps"), ("optimizer", "muon_rms_scale"), ("balancing", "rate"),
-            ("checkpoint", "max_to_keep"), ("monitor", "profile_steps"), ("dpo", "beta")}
+            ("checkpoint", "max_to_keep"), ("monitor", "profile_steps"), ("dpo", "beta"),
+            ("eval", "harness_batch_size")}
 FRACTIONS = {("optimizer", "b1"), ("optimizer", "b2"), ("optimizer", "muon_momentum"), ("balancing", "b1"),
              ("balancing", "b2"), ("optimizer", "decay_fraction"), ("optimizer", "min_lr_ratio")}
 
@@ -201,6 +212,12 @@ def _section(config, section: str):
     if unknown:
         raise ConfigError(f"{section}.{unknown[0]}: unknown field (known fields: {', '.join(sorted(fields))})")
     return cls(**{k: _check_type(section, fields[k], v) for k, v in values.items()})
+
+
+def eval_section(**values) -> ml_collections.ConfigDict:
+    """A config's `eval` section: every EvalSettings field, its default unless given in `values` (so any
+    field can be overridden from the command line, e.g. --config.eval.harness_tasks=zaya_demo)."""
+    return ml_collections.ConfigDict({**dataclasses.asdict(EvalSettings()), **values})
 
 
 def settings_from_config(config) -> Settings:

@@ -1,0 +1,63 @@
+"""The harness model's weights and tokenizer, through the loaders generate and convert use.
+
+  load_model(checkpoint, hf, step, dtype, quantize)   zaya_jax.infer.loading, with a dropless MoE
+  load_tokenizer(checkpoint, hf, step, path, cfg)     the `tokenizers` file as the HF export holds it
+"""
+
+from __future__ import annotations
+
+import os
+
+from zaya_jax.errors import UserError
+
+
+def check_source(checkpoint: str | None, hf: str | None, step: int | None) -> None:
+    """Exactly one of checkpoint and hf, an existing directory; step only with checkpoint."""
+    if (checkpoint is None) == (hf is None):
+        raise UserError("give exactly one of --checkpoint WORKDIR and --hf DIR")
+    if step is not None and checkpoint is None:
+        raise UserError("--step goes with --checkpoint (an HF directory holds one model)")
+    flag, path = ("--checkpoint", checkpoint) if checkpoint is not None else ("--hf", hf)
+    if not os.path.isdir(path):
+        raise UserError(f"{flag} {path}: no such directory; pass a training WORKDIR (--checkpoint) or an "
+                        "HF export directory (--hf)")
+
+
+def load_model(checkpoint: str | None, hf: str | None, step: int | None, dtype: str | None = None,
+               quantize: str | None = None):
+    """-> ZayaLM. A `capacity` MoE backend (which drops tokens by batch composition, so padding would
+    change scores) is replaced by `auto` (dropless)."""
+    from zaya_jax.infer.loading import load_checkpoint, load_hf
+    check_source(checkpoint, hf, step)
+    options = {"quantize": quantize}
+    if dtype is not None:
+        options["dtype"] = dtype
+    if hf is not None:
+        return load_hf(hf, **options)
+    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
+    if read_config(checkpoint_dir(checkpoint), step).model.get("moe_backend") == "capacity":
+        options["moe_backend"] = "auto"
+    return load_checkpoint(checkpoint, step=step, **options)
+
+
+def load_tokenizer(checkpoint: str | None, hf: str | None, step: int | None, path: str | None, cfg):
+    """-> (a `tokenizers.Tokenizer` that puts bos first as `convert to_hf`'s export does, its file).
+
+    path: a tokenizer.json, else the run's (--checkpoint) or DIR/tokenizer.json (--hf)."""
+    import tokenizers
+
+    from zaya_jax.convert.hf_tokenizer import with_bos_first
+    from zaya_jax.data.tokenizer import Tokenizer
+    from zaya_jax.infer.loading import checkpoint_tokenizer_path
+    if path is None and hf is not None:
+        path = os.path.join(hf, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise UserError(f"--hf {hf} holds no tokenizer.json; pass --tokenizer FILE")
+    elif path is None:
+        path, _ = checkpoint_tokenizer_path(checkpoint, step)
+    tokenizer = Tokenizer(path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
+    if tokenizer.kind != "hf":
+        raise UserError(f"tokenizer {path}: the harness needs an HF tokenizer.json (a SentencePiece model has no "
+                        "tokenizer class of its own here); pass --tokenizer FILE.json")
+    bos = tokenizer.id_to_token(cfg.bos_token_id)
+    return tokenizers.Tokenizer.from_str(with_bos_first(path, bos, cfg.bos_token_id)), path
