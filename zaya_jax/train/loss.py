@@ -21,9 +21,8 @@ So the loss head runs 3 matmul passes instead of 4 (no recompute), with one chun
 
 from __future__ import annotations
 
-from typing import Callable
-
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +31,16 @@ import jax.numpy as jnp
 def chunk_size_for(seq_len: int, max_chunk: int) -> int:
     """The largest divisor of seq_len that is <= max_chunk."""
     return max(c for c in range(1, min(seq_len, max_chunk) + 1) if seq_len % c == 0)
+
+
+def _to_chunks(x: jax.Array, n: int) -> jax.Array:
+    """[B,S,...] -> [n,B,S/n,...]: the n consecutive chunks of the sequence."""
+    return jnp.moveaxis(x.reshape(x.shape[0], n, x.shape[1] // n, *x.shape[2:]), 1, 0)
+
+
+def _from_chunks(x: jax.Array) -> jax.Array:
+    """[n,B,C,...] -> [B,n*C,...] (inverse of _to_chunks)."""
+    return jnp.moveaxis(x, 0, 1).reshape(x.shape[1], x.shape[0] * x.shape[2], *x.shape[3:])
 
 
 def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -47,18 +56,13 @@ def chunked_token_nll(logits_fn: Callable[[jax.Array], jax.Array], hidden: jax.A
     logits_fn: [B,C,D] -> [B,C,V] fp32 (the model's tied output projection)
     hidden: [B,S,D] final-normed; targets: [B,S] int
     """
-    b, s, d = hidden.shape
-    c = chunk_size_for(s, max_chunk)
-    n = s // c
+    s = hidden.shape[1]
+    n = s // chunk_size_for(s, max_chunk)
     chunk_nll = jax.checkpoint(lambda h, t: token_nll(logits_fn(h), t))
     if n == 1:
         return chunk_nll(hidden, targets)
-
-    def to_chunks(x):  # [B,S,...] -> [n,B,C,...]
-        return jnp.moveaxis(x.reshape(b, n, c, *x.shape[2:]), 1, 0)
-
-    per_chunk = jax.lax.map(lambda chunk: chunk_nll(*chunk), (to_chunks(hidden), to_chunks(targets)))  # [n,B,C]
-    return jnp.moveaxis(per_chunk, 0, 1).reshape(b, s)
+    per_chunk = jax.lax.map(lambda chunk: chunk_nll(*chunk), (_to_chunks(hidden, n), _to_chunks(targets, n)))  # [n,B,C]
+    return _from_chunks(per_chunk)
 
 
 def chunked_nll_sum(logits_fn: Callable[[jax.Array], jax.Array], hidden: jax.Array, targets: jax.Array,
@@ -79,9 +83,8 @@ def weighted_nll_sum(logits_fn: Callable[[jax.Array, jax.Array], jax.Array], hid
 
 
 def _weighted_nll_sum_fwd(logits_fn, hidden, weight, targets, token_weights, max_chunk):
-    b, s, d = hidden.shape
-    c = chunk_size_for(s, max_chunk)
-    n = s // c
+    s = hidden.shape[1]
+    n = s // chunk_size_for(s, max_chunk)
     token_weights = token_weights.astype(jnp.float32)
 
     def chunk(h, t, w):  # -> (nll [B,C]), (d h [B,C,D], d weight [V,D] fp32)
@@ -94,15 +97,12 @@ def _weighted_nll_sum_fwd(logits_fn, hidden, weight, targets, token_weights, max
     if n == 1:
         nll, d_hidden, d_weight = chunk(hidden, targets, token_weights)
     else:
-        def to_chunks(x):  # [B,S,...] -> [n,B,C,...]
-            return jnp.moveaxis(x.reshape(b, n, c, *x.shape[2:]), 1, 0)
-
         def step(d_weight, xs):
             nll, d_h, d_w = chunk(*xs)
             return d_weight + d_w, (nll, d_h)
-        d_weight, (nll, d_hidden) = jax.lax.scan(step, jnp.zeros(weight.shape, jnp.float32),
-                                                 (to_chunks(hidden), to_chunks(targets), to_chunks(token_weights)))
-        nll, d_hidden = (jnp.moveaxis(x, 0, 1).reshape(b, s, *x.shape[3:]) for x in (nll, d_hidden))
+        chunks = tuple(_to_chunks(x, n) for x in (hidden, targets, token_weights))
+        d_weight, (nll, d_hidden) = jax.lax.scan(step, jnp.zeros(weight.shape, jnp.float32), chunks)
+        nll, d_hidden = _from_chunks(nll), _from_chunks(d_hidden)
     return jnp.sum(nll * token_weights), (d_hidden, d_weight, nll)
 
 
