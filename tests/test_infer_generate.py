@@ -122,3 +122,30 @@ def test_bad_arguments_fail_clearly(model, kwargs, message):
     kwargs = {"max_new_tokens": 4, **kwargs}
     with pytest.raises(ValueError, match=message):
         zaya_jax.generate(model, **kwargs)
+
+
+def test_generation_split_over_a_data_mesh_gives_one_devices_tokens(monkeypatch):
+    import importlib
+
+    import jax
+
+    from tests.model_fixtures import tiny_model
+    from zaya_jax.parallel.mesh import make_mesh
+
+    generate_module = importlib.import_module("zaya_jax.infer.generate")  # the module, not the function
+
+    model = tiny_model()
+    prompts = [[5, 6, 7, 8, 9], [40, 3, 17], [11, 12, 13, 14, 15, 16, 17], [2, 9]]
+    mesh = make_mesh({"data": 4}, jax.devices()[:4])
+    decode, placements = generate_module._decode, []
+
+    def recording_decode(graphdef, params, state, logits, *args, **kwargs):
+        placements.append((len(logits.sharding.device_set), logits.sharding.is_fully_replicated))
+        return decode(graphdef, params, state, logits, *args, **kwargs)
+    monkeypatch.setattr(generate_module, "_decode", recording_decode)
+    for sampling in ({}, {"temperature": 1.5, "top_k": 20, "seed": 3}):
+        alone = zaya_jax.generate(model, prompts, NEW, **sampling)
+        np.testing.assert_array_equal(zaya_jax.generate(model, prompts, NEW, mesh=mesh, **sampling), alone)
+    assert placements == [(1, True), (4, False)] * 2  # the split run's rows really sat on 4 devices
+    with pytest.raises(ValueError, match="multiple of 4 prompts"):
+        zaya_jax.generate(model, prompts[:3], NEW, mesh=mesh)

@@ -21,9 +21,9 @@ Scoring is batched by length (longest first) into [batch_size, W] right-padded r
 to PROMPT_BUCKET so lengths share compiled programs, and only the positions a request scores go
 through the output head (continuation_scores); causal attention, causal convolutions and a
 dropless MoE backend (a `capacity` config is switched to `auto`) make a row's scores independent
-of the padding after it and of the other rows. The batch is data parallel over this process's
-local devices (a `data` mesh; weights replicated); generation runs on the first device
-(zaya_jax.infer.generate).
+of the padding after it and of the other rows. The batch, scored or generated, is data parallel
+over this process's local devices (a `data` mesh; weights replicated; zaya_jax.infer.generate's
+`mesh`).
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ class ZayaHarnessLM(TemplateLM):
         graphdef, params = nnx.split(self.model)
         self.graphdef = graphdef
         self.params = jax.device_put(params, jax.sharding.NamedSharding(self.mesh, jax.P()))
+        self.replicated_model = nnx.merge(graphdef, self.params)  # what generation runs, weights on every device
         self.rows_sharding = jax.sharding.NamedSharding(self.mesh, jax.P("data", None))
         self.count_sharding = jax.sharding.NamedSharding(self.mesh, jax.P("data"))
         self.tokens_scored = 0  # real (unpadded) positions scored, for throughput reports
@@ -221,7 +222,8 @@ class ZayaHarnessLM(TemplateLM):
             sampling = self.sampling(kwargs)
             prompts = [self.tok_encode(c, left_truncate_len=self.max_length - max_gen_toks) for c in contexts]
             prompts += [prompts[-1]] * (self.batch_size - len(prompts))  # one compiled loop per prompt width
-            new = generate(self.model, prompts, max_gen_toks, seed=self.seed + number, **sampling)
+            new = generate(self.replicated_model, prompts, max_gen_toks, seed=self.seed + number, mesh=self.mesh,
+                           **sampling)
             for context, row in zip(contexts, new, strict=False):
                 text = postprocess_generated_text(self.tok_decode(row.tolist()), until, None)
                 self.cache_hook.add_partial("generate_until", (context, all_kwargs[0]), text)

@@ -6,10 +6,15 @@ T = prompt width + max_new_tokens - 1 slots. Prompt widths are rounded up to a m
 PROMPT_BUCKET so that similar prompts reuse the compiled programs.
 
     new = zaya_jax.generate(model, [[2, 17, 5], [2, 9]], max_new_tokens=32)   # [2, 32] int32
+
+With `mesh` (a mesh with a `data` axis), the rows, their caches and their new tokens are split
+over `data` and the weights replicated: every row's tokens are those of one device (rows never
+mix, and jax's partitionable random bits do not depend on the sharding).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 from typing import Callable, Sequence
@@ -118,7 +123,8 @@ def stop_tokens(eos_id: int, stop_ids: Sequence[int] = (), stop_at_eos: bool = T
 def generate(model: ZayaLM, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int = 0,
              lengths: Sequence[int] | None = None, stop_at_eos: bool = True, stop_ids: Sequence[int] = (),
-             on_token: Callable[[np.ndarray, np.ndarray], None] | None = None) -> np.ndarray:
+             on_token: Callable[[np.ndarray, np.ndarray], None] | None = None,
+             mesh: jax.sharding.Mesh | None = None) -> np.ndarray:
     """Generates up to `max_new_tokens` tokens after each prompt -> int32 [B, max_new_tokens].
 
     prompt_ids: a list of token-id lists (any lengths; a flat list is one prompt), or an int
@@ -131,6 +137,7 @@ def generate(model: ZayaLM, prompt_ids, max_new_tokens: int, *, temperature: flo
       chat_template.end_of_turn_ids); like eos, ignored when stop_at_eos is False.
     on_token(step, tokens [B]): called from inside the compiled loop, in order, for each new
       column (a streaming hook); every generate call with a hook shares one compiled loop.
+    mesh: split the B rows over its `data` axis (B must divide by its size), weights replicated.
     """
     cfg = model.config
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -141,19 +148,34 @@ def generate(model: ZayaLM, prompt_ids, max_new_tokens: int, *, temperature: flo
         raise ValueError(f"prompt ({int(lengths.max())} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                          f"model.max_position_embeddings={cfg.max_position_embeddings}")
     graphdef, params = nnx.split(model)
-    logits, state = _prefill(graphdef, params, jnp.asarray(ids), jnp.asarray(lengths),
-                             ids.shape[1] + max_new_tokens - 1)
+    ids, lengths = jnp.asarray(ids), jnp.asarray(lengths)
     listener = next(_listener_ids)
     if on_token is not None:
         _listeners[listener] = on_token
-    try:
-        tokens = _decode(graphdef, params, state, logits, jax.random.key(seed), jnp.int32(listener),
-                         max_new_tokens=max_new_tokens, sampler=sampler,
-                         stop_ids=stop_tokens(cfg.eos_token_id, stop_ids, stop_at_eos), pad_id=cfg.pad_token_id,
-                         stream=on_token is not None)
-        tokens = np.asarray(tokens)
-        if on_token is not None:
-            jax.effects_barrier()  # every hook call has run
-    finally:
-        _listeners.pop(listener, None)
+    with contextlib.ExitStack() as placed:
+        if mesh is not None:
+            ids, lengths, params = split_rows(mesh, ids, lengths, params)
+            placed.enter_context(jax.set_mesh(mesh))
+        logits, state = _prefill(graphdef, params, ids, lengths, ids.shape[1] + max_new_tokens - 1)
+        try:
+            tokens = _decode(graphdef, params, state, logits, jax.random.key(seed), jnp.int32(listener),
+                             max_new_tokens=max_new_tokens, sampler=sampler,
+                             stop_ids=stop_tokens(cfg.eos_token_id, stop_ids, stop_at_eos), pad_id=cfg.pad_token_id,
+                             stream=on_token is not None)
+            tokens = np.asarray(tokens)
+            if on_token is not None:
+                jax.effects_barrier()  # every hook call has run
+        finally:
+            _listeners.pop(listener, None)
     return tokens
+
+
+def split_rows(mesh: jax.sharding.Mesh, ids: jax.Array, lengths: jax.Array, params):
+    """ids [B, S], lengths [B] split over the mesh's `data` axis, params replicated on it."""
+    ranks = mesh.shape.get("data", 1)
+    if ids.shape[0] % ranks:
+        raise ValueError(f"{ids.shape[0]} prompts do not split over the mesh's data axis of {ranks}; pass a "
+                         f"multiple of {ranks} prompts (repeat the last one)")
+    rows = jax.sharding.NamedSharding(mesh, jax.P("data"))
+    return (jax.device_put(ids, rows), jax.device_put(lengths, rows),
+            jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.P())))
