@@ -54,7 +54,9 @@ def continuation_scores(graphdef, params, ids: jax.Array, scored: jax.Array, cou
                         ) -> tuple[jax.Array, jax.Array]:
     """ids: int32 [B, W+1] right-padded rows; scored: int32 [B, K] the input positions whose next
     token is scored (its first counts[b] entries real, the rest repeats); counts: int32 [B]
-    -> (sum of log p(next token) float32 [B], every scored next token is the argmax bool [B]).
+    -> (log p(next token) float32 [B, K], 0 past counts[b]; every scored next token is the argmax
+    bool [B]). The caller sums the log-probs in float64: a rolling window's ~1000 terms summed in
+    float32 are off by up to ~1e-3 (the sum's own rounding), more than the per-token error.
 
     Only the K scored positions go through the output head and the softmax (a multiple-choice
     request scores a few tokens after a long context)."""
@@ -66,7 +68,7 @@ def continuation_scores(graphdef, params, ids: jax.Array, scored: jax.Array, cou
     chosen = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), targets[..., None], axis=-1)[..., 0]
     real = jnp.arange(scored.shape[1]) < counts[:, None]
     hits = jnp.argmax(logits, axis=-1) == targets
-    return jnp.sum(jnp.where(real, chosen, 0.0), axis=1), jnp.all(hits | ~real, axis=1)
+    return jnp.where(real, chosen, 0.0), jnp.all(hits | ~real, axis=1)
 
 
 def bucket(n: int) -> int:
@@ -169,9 +171,10 @@ class ZayaHarnessLM(TemplateLM):
         with jax.set_mesh(self.mesh):  # filler rows (all pad) score nothing
             placed = [jax.device_put(x, self.rows_sharding if x.ndim == 2 else self.count_sharding)
                       for x in (ids, scored, n)]
-            sums, greedy = continuation_scores(self.graphdef, self.params, *placed)
+            logprobs, greedy = continuation_scores(self.graphdef, self.params, *placed)
         self.tokens_scored += sum(len(r) - 1 for r in rows)
-        return [(float(s), bool(g)) for s, g in zip(np.asarray(sums)[:len(rows)], np.asarray(greedy)[:len(rows)])]
+        sums = np.asarray(logprobs, np.float64)[:len(rows)].sum(axis=1)
+        return [(float(s), bool(g)) for s, g in zip(sums, np.asarray(greedy)[:len(rows)])]
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """requests: ((context, continuation) or None, context ids, continuation ids) -> (log-prob, greedy)."""
