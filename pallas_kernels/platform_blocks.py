@@ -14,8 +14,10 @@ Attention (flash_attention.py), per kernel, with H the (padded) head dim:
   dq    holds q, do [block_q_bwd, H]; pipelines k, v [block_k_bwd, H]
   dkdv  holds k, v [block_k_bwd, H]; pipelines q, do [block_q_bwd, H]
 Grouped matmul (grouped_matmul.py), tiles (tm, tk, tn):
-  gmm   pipelines lhs [tm, tk] and rhs [tk, tn]; its backward gmm swaps tk and tn
-  tgmm  pipelines lhs [tm, tk] and grad [tm, tn]
+  gmm      pipelines lhs [tm, tk] and rhs [tk, tn]; its backward gmm swaps tk and tn
+  gmm_x2   pipelines lhs [tm, tk] and two rhs [tk, tn] (gate and up); its backward gmm runs the
+           two pairs' k loops one after another, one pair's footprint
+  tgmm     pipelines lhs [tm, tk] and grad [tm, tn]
 """
 
 from __future__ import annotations
@@ -81,8 +83,9 @@ def attention_footprints(b: AttentionBlocks, head_dim: int, itemsize: int) -> di
 
 
 def matmul_footprints(b: MatmulBlocks, itemsize: int) -> dict[str, int]:
-    """Static shared-memory bytes of gmm, its transposed-rhs backward and tgmm."""
+    """Static shared-memory bytes of gmm, gmm_x2, their transposed-rhs backward and tgmm."""
     tm, tk, tn = b.tiling
     return {"gmm": b.num_stages * (tm * tk + tk * tn) * itemsize,
+            "gmm_x2": b.num_stages * (tm * tk + 2 * tk * tn) * itemsize,
             "gmm_transposed_rhs": b.num_stages * (tm * tn + tn * tk) * itemsize,
             "tgmm": b.num_stages * (tm * tk + tm * tn) * itemsize}

@@ -27,7 +27,8 @@ from zaya_jax.train.state import with_shardings
 
 TRITON = "__gpu$xla.gpu.triton"
 MANUAL = "sdy.manual_computation"
-GMM_KERNELS = {"gmm", "gmm_transposed_rhs", "tgmm"}
+# the expert matmuls: gate and up in one gmm_x2 call and its summing input gradient, down in gmm
+GMM_KERNELS = {"gmm_x2", "gmm", "gmm_transposed_rhs_x2", "gmm_transposed_rhs", "tgmm"}
 ATTENTION_KERNELS = {"cca_flash_attention_fwd", "cca_flash_attention_dq", "cca_flash_attention_dkdv"}
 
 # name: (model overrides, mesh, optimizer). Together they cover the GPU configurations of
@@ -127,9 +128,10 @@ def test_dpo_step_lowers_with_the_reference_forward_inside_shard_map(platform):
         calls = triton_calls(lowered_train_step("pallas_fsdp_tensor", platform, objective))
         assert all(manual for _, manual in calls), [k for k, manual in calls if not manual]
         counts[objective] = collections.Counter(kernel for kernel, _ in calls)
-    for kernel in ("cca_flash_attention_fwd", "gmm"):
+    for kernel in ("cca_flash_attention_fwd", "gmm_x2", "gmm"):
         assert counts["dpo"][kernel] == 2 * counts["lm"][kernel] > 0, (kernel, counts)
-    for kernel in ("cca_flash_attention_dq", "cca_flash_attention_dkdv", "gmm_transposed_rhs", "tgmm"):
+    for kernel in ("cca_flash_attention_dq", "cca_flash_attention_dkdv", "gmm_transposed_rhs_x2", "gmm_transposed_rhs",
+                   "tgmm"):
         assert counts["dpo"][kernel] == counts["lm"][kernel] > 0, (kernel, counts)
 
 
@@ -147,9 +149,10 @@ def test_kernel_saving_remat_runs_each_forward_kernel_once():
             del CONFIGS["remat_probe"]
         counts[remat] = collections.Counter(kernel for kernel, _ in calls)
     saved, recomputed = counts["dots_no_batch_and_kernels"], counts["dots_no_batch"]
-    for kernel in ("cca_flash_attention_fwd", "gmm"):
+    for kernel in ("cca_flash_attention_fwd", "gmm_x2", "gmm"):
         assert recomputed[kernel] == 2 * saved[kernel] > 0, (kernel, counts)
-    for kernel in ("cca_flash_attention_dq", "cca_flash_attention_dkdv", "gmm_transposed_rhs", "tgmm"):
+    for kernel in ("cca_flash_attention_dq", "cca_flash_attention_dkdv", "gmm_transposed_rhs_x2", "gmm_transposed_rhs",
+                   "tgmm"):
         assert recomputed[kernel] == saved[kernel] > 0, (kernel, counts)
 
 
@@ -187,14 +190,16 @@ BASE_TOKENS = {BASE_BATCH * BASE_SEQ, BASE_BATCH * BASE_SEQ // 8}  # global and 
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])
 def test_zaya1_base_step_lowers_to_the_auto_kernels(platform):
     """`auto` today (zaya_jax/model/kernels.py): XLA attention and the Pallas grouped matmul on
-    both GPU platforms. The lowered step holds exactly the grouped-matmul Triton calls, each once
-    per (scanned) layer body: forward (gate, up, down), the input gradients and the weight
-    gradients; no flash attention call and no other custom call (attention is plain HLO dots);
+    both GPU platforms. The lowered step holds exactly the grouped-matmul Triton calls of one
+    (scanned) layer body: gate and up in one call and down in another, their two input-gradient
+    calls and the three weight gradients; no flash attention call and no other custom call
+    (attention is plain HLO dots);
     every call inside shard_map; no ragged_dot and no [E, T, ...] expert temporary."""
     module = lowered_base_step(platform)
     calls = triton_calls(module)
     assert all(manual for _, manual in calls), [k for k, manual in calls if not manual]
-    assert collections.Counter(k for k, _ in calls) == {"gmm": 3, "gmm_transposed_rhs": 3, "tgmm": 3}
+    assert collections.Counter(k for k, _ in calls) == {"gmm_x2": 1, "gmm": 1, "gmm_transposed_rhs_x2": 1,
+                                                         "gmm_transposed_rhs": 1, "tgmm": 3}
     text = str(module)
     assert set(re.findall(r"stablehlo.custom_call @([\w$.]+)", text)) == {TRITON}
     assert "stablehlo.dot_general" in text
