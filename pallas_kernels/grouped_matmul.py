@@ -42,16 +42,17 @@ _TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
 @dataclasses.dataclass(frozen=True)
 class _Tiling:
-    """Power-of-two tiles along m, k, n (hashable: a custom_vjp nondiff argument)."""
+    """Power-of-two tiles along m, k, n, with the platform's stages and warps (hashable: a
+    custom_vjp nondiff argument)."""
     tm: int
     tk: int
     tn: int
     num_stages: int
+    num_warps: int
     interpret: bool
 
-    def options(self, rows: int, cols: int) -> dict:
-        warps = 8 if rows * cols >= 128 * 128 else 4
-        return _backend.pallas_call_options(self.interpret, num_warps=warps, num_stages=self.num_stages)
+    def options(self) -> dict:
+        return _backend.pallas_call_options(self.interpret, num_warps=self.num_warps, num_stages=self.num_stages)
 
 
 def _group_offsets(group_sizes: jax.Array, num_rows: int) -> jax.Array:
@@ -143,7 +144,7 @@ def _gmm(lhs: tuple, rhs: tuple, offsets, tiling: _Tiling, *, transpose_rhs: boo
         out_specs=[pl.BlockSpec((tm, to), lambda t, j: (t, j))] * num_out,
         out_shape=[jax.ShapeDtypeStruct((m, o), lhs[0].dtype)] * num_out,
         name=name,
-        **tiling.options(tm, to),
+        **tiling.options(),
     )(offsets, first, stop, *lhs, *rhs)
 
 
@@ -178,7 +179,7 @@ def _tgmm(lhs, grad, offsets, tiling: _Tiling, out_dtype):
         out_specs=pl.BlockSpec((None, tk, tn), lambda g, i, j: (g, i, j)),
         out_shape=jax.ShapeDtypeStruct((groups, k, n), out_dtype),
         name="tgmm",
-        **tiling.options(tk, tn),
+        **tiling.options(),
     )(offsets, lhs, grad)
 
 
@@ -209,7 +210,7 @@ def _make_tiling(tiling, m: int, k: int, n: int, dtype, interpret: bool | None) 
     table = matmul_blocks(_backend.target(), jnp.dtype(dtype).itemsize)
     tm, tk, tn = tiling or table.tiling
     return _Tiling(tm=_backend.block_size(tm, m), tk=_backend.block_size(tk, k),
-                   tn=_backend.block_size(tn, n), num_stages=table.num_stages,
+                   tn=_backend.block_size(tn, n), num_stages=table.num_stages, num_warps=table.num_warps,
                    interpret=_backend.resolve_interpret(interpret))
 
 
