@@ -253,10 +253,11 @@ def bench_moe_path(name: str) -> dict:
     import jax.numpy as jnp
 
     from benchmarks import gpu_kernels
-    from pallas_kernels import grouped_matmul
+    from pallas_kernels import grouped_matmul, grouped_matmuls
     from zaya_jax.model import moe_dispatch
     dispatch = {"ragged_dot": moe_dispatch.ragged,
-                "pallas_grouped_matmul": functools.partial(moe_dispatch.ragged, matmul=grouped_matmul),
+                "pallas_grouped_matmul": functools.partial(moe_dispatch.ragged, matmul=grouped_matmul,
+                                                           matmuls=grouped_matmuls),
                 "capacity_1.25": functools.partial(moe_dispatch.capacity, capacity_factor=1.25)}[name]
     x, expert, w = moe_inputs()
     flops = 3 * 3 * 2.0 * MOE["tokens"] * MOE["hidden"] * MOE["ffn"]  # 3 matmuls, forward + backward

@@ -8,17 +8,24 @@ Kernels (Triton-style Pallas, no scalar prefetch, no atomics, so every program o
    tile touches (`_tile_groups`). A tile inside one group runs one k loop; a tile that straddles
    a boundary runs one k loop per group it touches, loading the rows of the other groups as zeros
    (masked loads, no select on the operand), and sums them in one fp32 accumulator. Empty groups
-   skip their k loop.
-   Transposed-rhs mode (`lhs @ rhs[g].T`) gives the lhs gradient without copying rhs.
+   skip their k loop. With p right-hand sides of one shape (`gmm_x2`: the MoE's gate and up
+   weights) each lhs tile, loaded once per k step, feeds p accumulators and p outputs.
+   Transposed-rhs mode (`lhs @ rhs[g].T`) gives the lhs gradient without copying rhs; with p
+   pairs (`gmm_transposed_rhs_x2`) it sums lhs_i @ rhs_i[g].T, the pairs' k loops one after
+   another into one accumulator (so one pair's shared memory).
 2. `tgmm`, grid (group, k tile, n tile): out[g] = lhs[rows of g].T @ grad[rows of g], walking
    only the row tiles of group g, rows outside it loaded as zeros; an empty group writes zeros.
-`grouped_matmul`'s custom_vjp uses gmm for d lhs and tgmm for d rhs.
+`grouped_matmuls`' custom_vjp (`grouped_matmul` is its p = 1 case) uses one transposed-rhs gmm for
+d lhs (the sum over the p products) and one tgmm per right-hand side for d rhs: a tgmm sharing
+its lhs tile between two grads would hold 240 KiB of shared memory at the cuda bf16 blocks
+(pallas_kernels.platform_blocks), over the 227 KiB of an H100/H200.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,16 +42,17 @@ _TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
 @dataclasses.dataclass(frozen=True)
 class _Tiling:
-    """Power-of-two tiles along m, k, n (hashable: a custom_vjp nondiff argument)."""
+    """Power-of-two tiles along m, k, n, with the platform's stages and warps (hashable: a
+    custom_vjp nondiff argument)."""
     tm: int
     tk: int
     tn: int
     num_stages: int
+    num_warps: int
     interpret: bool
 
-    def options(self, rows: int, cols: int) -> dict:
-        warps = 8 if rows * cols >= 128 * 128 else 4
-        return _backend.pallas_call_options(self.interpret, num_warps=warps, num_stages=self.num_stages)
+    def options(self) -> dict:
+        return _backend.pallas_call_options(self.interpret, num_warps=self.num_warps, num_stages=self.num_stages)
 
 
 def _group_offsets(group_sizes: jax.Array, num_rows: int) -> jax.Array:
@@ -64,39 +72,58 @@ def _tile_groups(offsets: jax.Array, num_tiles: int, tm: int) -> tuple[jax.Array
     return first, jnp.where(starts < total, last + 1, first)
 
 
-def _gmm_kernel(offsets_ref, first_ref, stop_ref, lhs_ref, rhs_ref, out_ref, *, tc: int,
-                transpose_rhs: bool):
-    """lhs_ref: [tm, C]; rhs_ref: [g, C, to] (or [g, to, C] when transpose_rhs); out_ref: [tm, to];
-    offsets_ref: [g + 1]; first_ref, stop_ref: [m tiles]. C is the contraction, tc its tile."""
+def _gmm_kernel(offsets_ref, first_ref, stop_ref, *refs, tc: int, transpose_rhs: bool, count: int):
+    """offsets_ref: [g + 1]; first_ref, stop_ref: [m tiles]; C is the contraction, tc its tile.
+    Plain: refs = lhs [tm, C], rhs_1..rhs_count [g, C, to], out_1..out_count [tm, to]:
+    out_i = lhs @ rhs_i[g], each lhs tile loaded once for all count products.
+    transpose_rhs: refs = lhs_1..lhs_count [tm, C], rhs_1..rhs_count [g, to, C], out [tm, to]:
+    out = sum_i lhs_i @ rhs_i[g].T, the pairs' k loops one after another."""
+    lhs_refs = refs[:count if transpose_rhs else 1]
+    rhs_refs = refs[len(lhs_refs):len(lhs_refs) + count]
+    out_refs = refs[len(lhs_refs) + count:]
     t = pl.program_id(0)
-    tm = lhs_ref.shape[0]
+    tm = out_refs[0].shape[0]
     rows = t * tm + jnp.arange(tm)
-    num_c = lhs_ref.shape[1] // tc
+    num_c = lhs_refs[0].shape[1] // tc
 
-    def group_body(group, acc):
+    def group_body(group, accs):
         lo, hi = offsets_ref[group], offsets_ref[group + 1]
-        member = ((rows >= lo) & (rows < hi))[:, None]
+        member = jnp.broadcast_to(((rows >= lo) & (rows < hi))[:, None], (tm, tc))
+        steps = jnp.where(hi > lo, num_c, 0)
 
-        def c_body(c, acc):
+        def load(lhs_ref, c):
             cols = pl.ds(pl.multiple_of(c * tc, tc), tc)
-            x = plgpu.load(lhs_ref.at[:, cols], mask=jnp.broadcast_to(member, (tm, tc)), other=0)
-            if transpose_rhs:
-                return acc + lax.dot_general(x, rhs_ref[group, :, cols], _NT,
-                                             preferred_element_type=jnp.float32)
-            return acc + jnp.dot(x, rhs_ref[group, cols, :], preferred_element_type=jnp.float32)
+            return cols, plgpu.load(lhs_ref.at[:, cols], mask=member, other=0)
 
-        return lax.fori_loop(0, jnp.where(hi > lo, num_c, 0), c_body, acc)
+        if transpose_rhs:
+            def pair_body(lhs_ref, rhs_ref):
+                def c_body(c, acc):
+                    cols, x = load(lhs_ref, c)
+                    return acc + lax.dot_general(x, rhs_ref[group, :, cols], _NT, preferred_element_type=jnp.float32)
+                return c_body
+            (acc,) = accs
+            for lhs_ref, rhs_ref in zip(lhs_refs, rhs_refs, strict=True):
+                acc = lax.fori_loop(0, steps, pair_body(lhs_ref, rhs_ref), acc)
+            return (acc,)
 
-    acc = jnp.zeros(out_ref.shape, jnp.float32)
-    acc = lax.fori_loop(first_ref[t], stop_ref[t], group_body, acc)
-    out_ref[...] = acc.astype(out_ref.dtype)
+        def c_body(c, accs):
+            cols, x = load(lhs_refs[0], c)
+            return tuple(acc + jnp.dot(x, rhs_ref[group, cols, :], preferred_element_type=jnp.float32)
+                         for acc, rhs_ref in zip(accs, rhs_refs, strict=True))
+        return lax.fori_loop(0, steps, c_body, accs)
+
+    accs = tuple(jnp.zeros(ref.shape, jnp.float32) for ref in out_refs)
+    accs = lax.fori_loop(first_ref[t], stop_ref[t], group_body, accs)
+    for ref, acc in zip(out_refs, accs, strict=True):
+        ref[...] = acc.astype(ref.dtype)
 
 
-def _gmm(lhs, rhs, offsets, tiling: _Tiling, *, transpose_rhs: bool):
-    """Padded lhs: [m, c], rhs: [g, c, o] (or [g, o, c]), offsets: [g + 1] -> [m, o].
+def _gmm(lhs: tuple, rhs: tuple, offsets, tiling: _Tiling, *, transpose_rhs: bool) -> tuple:
+    """Padded lhs: p (transpose_rhs) or 1 arrays [m, c]; rhs: p arrays [g, c, o] ([g, o, c] when
+    transpose_rhs); offsets: [g + 1] -> 1 (transpose_rhs: the sum) or p arrays [m, o].
     Tiles: tm along m, tk along c, tn along o (both multiples of their tiles)."""
-    (m, c), groups = lhs.shape, rhs.shape[0]
-    o = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    (m, c), (groups, *rhs_dims), count = lhs[0].shape, rhs[0].shape, len(rhs)
+    o = rhs_dims[0] if transpose_rhs else rhs_dims[1]
     tm, tc, to = tiling.tm, tiling.tk, tiling.tn
     num_tiles = m // tm
     first, stop = _tile_groups(offsets, num_tiles, tm)
@@ -104,19 +131,21 @@ def _gmm(lhs, rhs, offsets, tiling: _Tiling, *, transpose_rhs: bool):
         rhs_spec = pl.BlockSpec((groups, to, c), lambda t, j: (0, j, 0))
     else:
         rhs_spec = pl.BlockSpec((groups, c, to), lambda t, j: (0, 0, j))
+    num_out = 1 if transpose_rhs else count
+    name = ("gmm_transposed_rhs" if transpose_rhs else "gmm") + ("" if count == 1 else f"_x{count}")
     return pl.pallas_call(
-        functools.partial(_gmm_kernel, tc=tc, transpose_rhs=transpose_rhs),
+        functools.partial(_gmm_kernel, tc=tc, transpose_rhs=transpose_rhs, count=count),
         grid=(num_tiles, o // to),
         in_specs=[pl.BlockSpec((groups + 1,), lambda t, j: (0,)),
                   pl.BlockSpec((num_tiles,), lambda t, j: (0,)),
                   pl.BlockSpec((num_tiles,), lambda t, j: (0,)),
-                  pl.BlockSpec((tm, c), lambda t, j: (t, 0)),
-                  rhs_spec],
-        out_specs=pl.BlockSpec((tm, to), lambda t, j: (t, j)),
-        out_shape=jax.ShapeDtypeStruct((m, o), lhs.dtype),
-        name="gmm_transposed_rhs" if transpose_rhs else "gmm",
-        **tiling.options(tm, to),
-    )(offsets, first, stop, lhs, rhs)
+                  *[pl.BlockSpec((tm, c), lambda t, j: (t, 0))] * len(lhs),
+                  *[rhs_spec] * count],
+        out_specs=[pl.BlockSpec((tm, to), lambda t, j: (t, j))] * num_out,
+        out_shape=[jax.ShapeDtypeStruct((m, o), lhs[0].dtype)] * num_out,
+        name=name,
+        **tiling.options(),
+    )(offsets, first, stop, *lhs, *rhs)
 
 
 def _tgmm_kernel(offsets_ref, lhs_ref, grad_ref, out_ref, *, tm: int):
@@ -150,30 +179,30 @@ def _tgmm(lhs, grad, offsets, tiling: _Tiling, out_dtype):
         out_specs=pl.BlockSpec((None, tk, tn), lambda g, i, j: (g, i, j)),
         out_shape=jax.ShapeDtypeStruct((groups, k, n), out_dtype),
         name="tgmm",
-        **tiling.options(tk, tn),
+        **tiling.options(),
     )(offsets, lhs, grad)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _grouped_matmul(lhs, rhs, group_sizes, tiling: _Tiling):
-    return _gmm(lhs, rhs, _group_offsets(group_sizes, lhs.shape[0]), tiling, transpose_rhs=False)
+def _grouped_matmuls(lhs, rhs: tuple, group_sizes, tiling: _Tiling) -> tuple:
+    return tuple(_gmm((lhs,), rhs, _group_offsets(group_sizes, lhs.shape[0]), tiling, transpose_rhs=False))
 
 
-def _grouped_matmul_fwd(lhs, rhs, group_sizes, tiling: _Tiling):
-    return _grouped_matmul(lhs, rhs, group_sizes, tiling), (lhs, rhs, group_sizes)
+def _grouped_matmuls_fwd(lhs, rhs: tuple, group_sizes, tiling: _Tiling):
+    return _grouped_matmuls(lhs, rhs, group_sizes, tiling), (lhs, rhs, group_sizes)
 
 
-def _grouped_matmul_bwd(tiling: _Tiling, residuals, grad):
+def _grouped_matmuls_bwd(tiling: _Tiling, residuals, grads: tuple):
     lhs, rhs, group_sizes = residuals
     offsets = _group_offsets(group_sizes, lhs.shape[0])
-    # d lhs = grad @ rhs[g].T: contraction over n (tile tn), output over k (tile tk).
+    # d lhs = sum_i grad_i @ rhs_i[g].T: contraction over n (tile tn), output over k (tile tk).
     swapped = dataclasses.replace(tiling, tk=tiling.tn, tn=tiling.tk)
-    d_lhs = _gmm(grad, rhs, offsets, swapped, transpose_rhs=True)
-    d_rhs = _tgmm(lhs, grad, offsets, tiling, rhs.dtype)
+    (d_lhs,) = _gmm(tuple(grads), rhs, offsets, swapped, transpose_rhs=True)
+    d_rhs = tuple(_tgmm(lhs, grad, offsets, tiling, r.dtype) for grad, r in zip(grads, rhs, strict=True))
     return d_lhs, d_rhs, None
 
 
-_grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)
+_grouped_matmuls.defvjp(_grouped_matmuls_fwd, _grouped_matmuls_bwd)
 
 
 def _make_tiling(tiling, m: int, k: int, n: int, dtype, interpret: bool | None) -> _Tiling:
@@ -181,7 +210,7 @@ def _make_tiling(tiling, m: int, k: int, n: int, dtype, interpret: bool | None) 
     table = matmul_blocks(_backend.target(), jnp.dtype(dtype).itemsize)
     tm, tk, tn = tiling or table.tiling
     return _Tiling(tm=_backend.block_size(tm, m), tk=_backend.block_size(tk, k),
-                   tn=_backend.block_size(tn, n), num_stages=table.num_stages,
+                   tn=_backend.block_size(tn, n), num_stages=table.num_stages, num_warps=table.num_warps,
                    interpret=_backend.resolve_interpret(interpret))
 
 
@@ -199,16 +228,28 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
     (>= 16 on GPU), None for the platform's; m, k, n need not be multiples (padded internally).
     interpret: None = interpret mode on CPU only.
     """
-    (m, k), (groups, k_rhs, n) = lhs.shape, rhs.shape
-    if k != k_rhs or group_sizes.shape != (groups,):
-        raise ValueError(f"expected lhs [m, k], rhs [g, k, n], group_sizes [g]; got "
-                         f"{lhs.shape}, {rhs.shape}, {group_sizes.shape}")
-    dtype = jnp.result_type(lhs, rhs)
+    return grouped_matmuls(lhs, (rhs,), group_sizes, tiling=tiling, interpret=interpret)[0]
+
+
+def grouped_matmuls(lhs: jax.Array, rhs: Sequence[jax.Array], group_sizes: jax.Array, *,
+                    tiling: tuple[int, int, int] | None = None,
+                    interpret: bool | None = None) -> tuple[jax.Array, ...]:
+    """(`grouped_matmul(lhs, r, group_sizes)` for r in rhs) in one kernel, which loads each lhs
+    tile once for all of them (the MoE's gate and up projections); differentiable in lhs and rhs.
+
+    lhs: [m, k]; rhs: p arrays [g, k, n]; group_sizes: [g] int32 -> p arrays [m, n]. tiling and
+    interpret as in `grouped_matmul`.
+    """
+    (m, k), (groups, k_rhs, n) = lhs.shape, rhs[0].shape
+    if k != k_rhs or group_sizes.shape != (groups,) or any(r.shape != rhs[0].shape for r in rhs):
+        raise ValueError(f"expected lhs [m, k], rhs [g, k, n] (all of one shape), group_sizes [g]; got "
+                         f"{lhs.shape}, {[r.shape for r in rhs]}, {group_sizes.shape}")
+    dtype = jnp.result_type(lhs, *rhs)
     t = _make_tiling(tiling, m, k, n, dtype, interpret)
     mp, kp, np_ = _backend.round_up(m, t.tm), _backend.round_up(k, t.tk), _backend.round_up(n, t.tn)
-    rhs = jnp.pad(rhs.astype(dtype), ((0, 0), (0, kp - k), (0, np_ - n)))
-    out = _grouped_matmul(_pad2(lhs.astype(dtype), mp, kp), rhs, group_sizes, t)
-    return out[:m, :n]
+    padded = tuple(jnp.pad(r.astype(dtype), ((0, 0), (0, kp - k), (0, np_ - n))) for r in rhs)
+    outs = _grouped_matmuls(_pad2(lhs.astype(dtype), mp, kp), padded, group_sizes, t)
+    return tuple(out[:m, :n] for out in outs)
 
 
 def transposed_grouped_matmul(lhs: jax.Array, grad: jax.Array, group_sizes: jax.Array, *,

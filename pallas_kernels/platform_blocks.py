@@ -1,4 +1,4 @@
-"""Block sizes and pipeline stages per GPU platform, and the shared memory they take.
+"""Block sizes, pipeline stages and warps per GPU platform, and the shared memory they take.
 
 A Triton kernel's static shared memory (LDS on AMD) is, to a good estimate, its software
 pipeline: `num_stages` copies of every operand tile loaded inside the k loop, plus the tiles a
@@ -14,8 +14,16 @@ Attention (flash_attention.py), per kernel, with H the (padded) head dim:
   dq    holds q, do [block_q_bwd, H]; pipelines k, v [block_k_bwd, H]
   dkdv  holds k, v [block_k_bwd, H]; pipelines q, do [block_q_bwd, H]
 Grouped matmul (grouped_matmul.py), tiles (tm, tk, tn):
-  gmm   pipelines lhs [tm, tk] and rhs [tk, tn]; its backward gmm swaps tk and tn
-  tgmm  pipelines lhs [tm, tk] and grad [tm, tn]
+  gmm      pipelines lhs [tm, tk] and rhs [tk, tn]; its backward gmm swaps tk and tn
+  gmm_x2   pipelines lhs [tm, tk] and two rhs [tk, tn] (gate and up); its backward gmm runs the
+           two pairs' k loops one after another, one pair's footprint
+  tgmm     pipelines lhs [tm, tk] and grad [tm, tn]
+Grouped-matmul warps per block (`num_warps`; a warp is 32 threads on NVIDIA, a wavefront of 64 on
+AMD) are chosen so that, with the blocks per SM (CU) its shared memory leaves room for, every
+kernel keeps at least MIN_RESIDENT_WARPS warps resident (one block of 4 warps per SM, as the
+d lhs and tgmm kernels ran at 144 KiB, leaves the SM idle while it waits on memory), and its fp32
+accumulators take at most half the registers a thread may have (ACCUMULATOR_REGISTERS), leaving
+the other half to operand fragments and addresses. Not yet timed on a GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +32,10 @@ import dataclasses
 
 KIB = 1024
 SHARED_MEMORY_BYTES = {"cuda": 227 * KIB, "rocm": 64 * KIB}
+WARP_THREADS = {"cuda": 32, "rocm": 64}
+# half of the registers one thread may have (NVIDIA: 255; AMD CDNA3: 512 VGPRs, AGPRs included)
+ACCUMULATOR_REGISTERS = {"cuda": 128, "rocm": 256}
+MIN_RESIDENT_WARPS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,11 +51,13 @@ class AttentionBlocks:
 class MatmulBlocks:
     tiling: tuple[int, int, int]  # (tm, tk, tn)
     num_stages: int
+    num_warps: int
 
 
 # Keyed by (platform, operand itemsize). cuda: the sizes the kernels were written for (a 3-stage
 # GEMM pipeline as on Hopper; 2 stages for fp32 operands). rocm: smaller tiles, 2 stages, and
-# smaller still for fp32 operands, to stay within 64 KiB of LDS.
+# smaller still for fp32 operands, to stay within 64 KiB of LDS. Every grouped-matmul kernel
+# takes over half the shared memory (one block per SM / CU), hence 8 warps everywhere.
 ATTENTION_BLOCKS = {
     ("cuda", 2): AttentionBlocks(block_q=128, block_k=64, block_q_bwd=64, block_k_bwd=64, num_stages=2),
     ("cuda", 4): AttentionBlocks(block_q=128, block_k=64, block_q_bwd=64, block_k_bwd=64, num_stages=2),
@@ -51,10 +65,10 @@ ATTENTION_BLOCKS = {
     ("rocm", 4): AttentionBlocks(block_q=32, block_k=16, block_q_bwd=16, block_k_bwd=16, num_stages=2),
 }
 MATMUL_BLOCKS = {
-    ("cuda", 2): MatmulBlocks(tiling=(128, 64, 128), num_stages=3),
-    ("cuda", 4): MatmulBlocks(tiling=(128, 64, 128), num_stages=2),
-    ("rocm", 2): MatmulBlocks(tiling=(128, 32, 64), num_stages=2),
-    ("rocm", 4): MatmulBlocks(tiling=(64, 32, 64), num_stages=2),
+    ("cuda", 2): MatmulBlocks(tiling=(128, 64, 128), num_stages=3, num_warps=8),
+    ("cuda", 4): MatmulBlocks(tiling=(128, 64, 128), num_stages=2, num_warps=8),
+    ("rocm", 2): MatmulBlocks(tiling=(128, 32, 64), num_stages=2, num_warps=8),
+    ("rocm", 4): MatmulBlocks(tiling=(64, 32, 64), num_stages=2, num_warps=8),
 }
 INTERPRET_PLATFORM = "cuda"  # interpret mode (CPU) runs the cuda sizes: the numerics tests cover them
 
@@ -81,8 +95,24 @@ def attention_footprints(b: AttentionBlocks, head_dim: int, itemsize: int) -> di
 
 
 def matmul_footprints(b: MatmulBlocks, itemsize: int) -> dict[str, int]:
-    """Static shared-memory bytes of gmm, its transposed-rhs backward and tgmm."""
+    """Static shared-memory bytes of gmm, gmm_x2, their transposed-rhs backward and tgmm."""
     tm, tk, tn = b.tiling
     return {"gmm": b.num_stages * (tm * tk + tk * tn) * itemsize,
+            "gmm_x2": b.num_stages * (tm * tk + 2 * tk * tn) * itemsize,
             "gmm_transposed_rhs": b.num_stages * (tm * tn + tn * tk) * itemsize,
             "tgmm": b.num_stages * (tm * tk + tm * tn) * itemsize}
+
+
+def matmul_accumulators(b: MatmulBlocks) -> dict[str, int]:
+    """fp32 accumulator elements one program of each grouped-matmul kernel holds."""
+    tm, tk, tn = b.tiling
+    return {"gmm": tm * tn, "gmm_x2": 2 * tm * tn, "gmm_transposed_rhs": tm * tk, "tgmm": tk * tn}
+
+
+def matmul_occupancy(b: MatmulBlocks, platform: str, itemsize: int) -> dict[str, tuple[int, int]]:
+    """Per grouped-matmul kernel: (warps resident per SM / CU, given the blocks its shared memory
+    allows; fp32 accumulator registers per thread)."""
+    threads = b.num_warps * WARP_THREADS[platform]
+    footprints = matmul_footprints(b, itemsize)
+    return {name: (SHARED_MEMORY_BYTES[platform] // footprints[name] * b.num_warps, -(-acc // threads))
+            for name, acc in matmul_accumulators(b).items()}

@@ -7,10 +7,12 @@ raises what it would raise on a GPU (bad block shapes, unsupported ops). In the 
 StableHLO every Triton custom call must sit inside a manual region (`sdy.manual_computation`,
 i.e. jax.shard_map): outside one, XLA's partitioner would gather the kernel's global operands
 onto every device. Lowering only; nothing compiles. The DPO step (its
-frozen reference model's forward too) is lowered for one configuration.
+frozen reference model's forward too) is lowered for one configuration, and the launch config
+itself (configs/zaya1_base.py at its real widths, two layers) for both platforms.
 """
 
 import collections
+import re
 
 import pytest
 from jax._src.interpreters import mlir as jax_mlir
@@ -25,7 +27,8 @@ from zaya_jax.train.state import with_shardings
 
 TRITON = "__gpu$xla.gpu.triton"
 MANUAL = "sdy.manual_computation"
-GMM_KERNELS = {"gmm", "gmm_transposed_rhs", "tgmm"}
+# the expert matmuls: gate and up in one gmm_x2 call and its summing input gradient, down in gmm
+GMM_KERNELS = {"gmm_x2", "gmm", "gmm_transposed_rhs_x2", "gmm_transposed_rhs", "tgmm"}
 ATTENTION_KERNELS = {"cca_flash_attention_fwd", "cca_flash_attention_dq", "cca_flash_attention_dkdv"}
 
 # name: (model overrides, mesh, optimizer). Together they cover the GPU configurations of
@@ -82,8 +85,12 @@ def lowered_train_step(name: str, platform: str, objective: str = "lm") -> ir.Mo
     config.model.update(overrides)
     config.optimizer.name = optimizer
     config.train.objective = objective
+    return lower_config(config, make_mesh(parse_mesh_flag(mesh_flag)), platform)
+
+
+def lower_config(config, mesh, platform: str) -> ir.Module:
+    """The train step of `config` on `mesh`, lowered for `platform` from abstract shapes only."""
     settings = settings_from_config(config)
-    mesh = make_mesh(parse_mesh_flag(mesh_flag))
     program = build_program(settings, mesh)
     state = with_shardings(program.abstract_state, program.shardings)
     batch = abstract_batch(settings.train.global_batch_size, settings.train.seq_len)
@@ -121,9 +128,10 @@ def test_dpo_step_lowers_with_the_reference_forward_inside_shard_map(platform):
         calls = triton_calls(lowered_train_step("pallas_fsdp_tensor", platform, objective))
         assert all(manual for _, manual in calls), [k for k, manual in calls if not manual]
         counts[objective] = collections.Counter(kernel for kernel, _ in calls)
-    for kernel in ("cca_flash_attention_fwd", "gmm"):
+    for kernel in ("cca_flash_attention_fwd", "gmm_x2", "gmm"):
         assert counts["dpo"][kernel] == 2 * counts["lm"][kernel] > 0, (kernel, counts)
-    for kernel in ("cca_flash_attention_dq", "cca_flash_attention_dkdv", "gmm_transposed_rhs", "tgmm"):
+    for kernel in ("cca_flash_attention_dq", "cca_flash_attention_dkdv", "gmm_transposed_rhs_x2", "gmm_transposed_rhs",
+                   "tgmm"):
         assert counts["dpo"][kernel] == counts["lm"][kernel] > 0, (kernel, counts)
 
 
@@ -141,7 +149,65 @@ def test_kernel_saving_remat_runs_each_forward_kernel_once():
             del CONFIGS["remat_probe"]
         counts[remat] = collections.Counter(kernel for kernel, _ in calls)
     saved, recomputed = counts["dots_no_batch_and_kernels"], counts["dots_no_batch"]
-    for kernel in ("cca_flash_attention_fwd", "gmm"):
+    for kernel in ("cca_flash_attention_fwd", "gmm_x2", "gmm"):
         assert recomputed[kernel] == 2 * saved[kernel] > 0, (kernel, counts)
-    for kernel in ("cca_flash_attention_dq", "cca_flash_attention_dkdv", "gmm_transposed_rhs", "tgmm"):
+    for kernel in ("cca_flash_attention_dq", "cca_flash_attention_dkdv", "gmm_transposed_rhs_x2", "gmm_transposed_rhs",
+                   "tgmm"):
         assert recomputed[kernel] == saved[kernel] > 0, (kernel, counts)
+
+
+# configs/zaya1_base.py at its real widths and vocabulary (hidden 2048, head_dim 128, 8 query / 2
+# KV heads, 16 experts of width 2048, router hidden 256, V = 262,272), bf16, its remat policy and
+# `auto` kernels, on its own mesh (data=-1, context=2: data=4 on 8 devices), with 2 layers and a
+# 4 x 320 batch: 160 tokens per device, a count no width of the model shares, so an expert
+# temporary over all tokens is recognisable by its shape. The batch carries segment ids as an
+# input of the step: every packing of documents lowers to this one module.
+BASE_LAYERS, BASE_BATCH, BASE_SEQ = 2, 4, 320
+
+
+BASE_EXPERTS = load_config_file("configs/zaya1_base.py").model.num_experts
+
+
+def lowered_base_step(platform: str, **model_overrides) -> ir.Module:
+    config = load_config_file("configs/zaya1_base.py")
+    config.model.update(num_layers=BASE_LAYERS, **model_overrides)
+    config.train.update(global_batch_size=BASE_BATCH, seq_len=BASE_SEQ, steps=100)
+    config.optimizer.warmup_steps = 10
+    return lower_config(config, make_mesh(settings_from_config(config).mesh.sizes), platform)
+
+
+def dense_expert_shapes(module: ir.Module, num_experts: int, token_counts: set[int]) -> set[str]:
+    """Tensor types with an expert axis and a token axis ([E, T, ...], [T, E, ...]): the
+    temporaries of every expert computed on every token (ragged_dot's dense expansion)."""
+    shapes = set(re.findall(r"tensor<((?:\d+x)+)[a-z]", str(module)))
+    return {s for s in shapes if num_experts in (dims := {int(d) for d in s.split("x")[:-1]})
+            and dims & token_counts}
+
+
+BASE_TOKENS = {BASE_BATCH * BASE_SEQ, BASE_BATCH * BASE_SEQ // 8}  # global and per device
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_zaya1_base_step_lowers_to_the_auto_kernels(platform):
+    """`auto` today (zaya_jax/model/kernels.py): XLA attention and the Pallas grouped matmul on
+    both GPU platforms. The lowered step holds exactly the grouped-matmul Triton calls of one
+    (scanned) layer body: gate and up in one call and down in another, their two input-gradient
+    calls and the three weight gradients; no flash attention call and no other custom call
+    (attention is plain HLO dots);
+    every call inside shard_map; no ragged_dot and no [E, T, ...] expert temporary."""
+    module = lowered_base_step(platform)
+    calls = triton_calls(module)
+    assert all(manual for _, manual in calls), [k for k, manual in calls if not manual]
+    assert collections.Counter(k for k, _ in calls) == {"gmm_x2": 1, "gmm": 1, "gmm_transposed_rhs_x2": 1,
+                                                         "gmm_transposed_rhs": 1, "tgmm": 3}
+    text = str(module)
+    assert set(re.findall(r"stablehlo.custom_call @([\w$.]+)", text)) == {TRITON}
+    assert "stablehlo.dot_general" in text
+    assert "ragged_dot" not in text
+    assert not dense_expert_shapes(module, BASE_EXPERTS, BASE_TOKENS)
+
+
+def test_dense_expert_temporaries_are_recognised():
+    """The check above can fail: the `dense` backend (every expert on every token) has them."""
+    module = lowered_base_step("cuda", moe_backend="dense")
+    assert dense_expert_shapes(module, BASE_EXPERTS, BASE_TOKENS)

@@ -2,16 +2,23 @@
 
 Footprints come from `pallas_kernels.platform_blocks` (operand tiles x pipeline stages plus the
 held tiles); the budgets are the devices' (H100/H200: 227 KiB per block, MI300X: 64 KiB LDS).
-The kernels really use the table: a kernel traced for a platform carries that platform's stages.
+The grouped-matmul warps keep enough warps resident per SM / CU and their accumulators within
+half a thread's registers. The kernels really use the table: a kernel traced for a platform
+carries that platform's stages (and, for the grouped matmul, warps).
 """
+
+import dataclasses
+import re
+
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from pallas_kernels import cca_flash_attention, grouped_matmul, lower_for_gpu
-from pallas_kernels.platform_blocks import (ATTENTION_BLOCKS, MATMUL_BLOCKS, SHARED_MEMORY_BYTES, attention_blocks,
-                                            attention_footprints, matmul_blocks, matmul_footprints)
+from pallas_kernels import cca_flash_attention, grouped_matmul, grouped_matmuls, lower_for_gpu
+from pallas_kernels.platform_blocks import (ACCUMULATOR_REGISTERS, ATTENTION_BLOCKS, MATMUL_BLOCKS, MIN_RESIDENT_WARPS,
+                                            SHARED_MEMORY_BYTES, attention_blocks, attention_footprints, matmul_blocks,
+                                            matmul_footprints, matmul_occupancy)
 
 ZAYA1_HEAD_DIM = 128
 
@@ -24,14 +31,30 @@ def test_attention_blocks_fit(platform, itemsize):
 
 @pytest.mark.parametrize("platform,itemsize", sorted(MATMUL_BLOCKS))
 def test_matmul_blocks_fit(platform, itemsize):
+    """gmm_x2 (gate and up in one call) included: 144 KiB at the cuda bf16 blocks, 32 KiB at rocm's."""
     footprints = matmul_footprints(matmul_blocks(platform, itemsize), itemsize)
     assert max(footprints.values()) <= SHARED_MEMORY_BYTES[platform], footprints
 
 
+@pytest.mark.parametrize("platform,itemsize", sorted(MATMUL_BLOCKS))
+def test_matmul_warps_keep_the_device_busy_within_registers(platform, itemsize):
+    occupancy = matmul_occupancy(matmul_blocks(platform, itemsize), platform, itemsize)
+    assert min(warps for warps, _ in occupancy.values()) >= MIN_RESIDENT_WARPS, occupancy
+    assert max(registers for _, registers in occupancy.values()) <= ACCUMULATOR_REGISTERS[platform], occupancy
+
+
 def test_the_issue_configuration_would_not_fit_mi300x():
     """The old grouped-matmul setting (tiles 128x64x128, 3 stages: 32 KiB a stage) exceeds 64 KiB."""
-    old = type(matmul_blocks("cuda", 2))(tiling=(128, 64, 128), num_stages=3)
+    old = dataclasses.replace(matmul_blocks("cuda", 2), num_stages=3)
     assert matmul_footprints(old, 2)["gmm"] == 96 * 1024 > SHARED_MEMORY_BYTES["rocm"]
+
+
+def test_the_issue_warps_would_leave_the_sm_idle():
+    """4 warps (as d lhs and tgmm ran) at 144 KiB: one block of 4 warps per SM, under the minimum;
+    and gate+up's two 128x128 accumulators on 4 warps would take 256 registers a thread."""
+    occupancy = matmul_occupancy(dataclasses.replace(matmul_blocks("cuda", 2), num_warps=4), "cuda", 2)
+    assert occupancy["tgmm"][0] == occupancy["gmm_transposed_rhs"][0] == 4 < MIN_RESIDENT_WARPS
+    assert occupancy["gmm_x2"][1] == 256 > ACCUMULATOR_REGISTERS["cuda"]
 
 
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])
@@ -40,10 +63,17 @@ def test_lowered_kernels_use_the_platform_blocks(platform):
     attention = lower_for_gpu(platform, jax.jit(lambda q, k, v: cca_flash_attention(q, k, v)),
                               spec((1, 256, 8, 128), jnp.bfloat16), spec((1, 256, 2, 128), jnp.bfloat16),
                               spec((1, 256, 2, 128), jnp.bfloat16)).as_text()
-    gmm = lower_for_gpu(platform, jax.jit(grouped_matmul), spec((512, 256), jnp.bfloat16),
+    def gmm_loss(x, w, sizes):  # forward, d lhs and tgmm
+        return grouped_matmul(x, w, sizes).astype(jnp.float32).sum()
+    gmm = lower_for_gpu(platform, jax.jit(jax.value_and_grad(gmm_loss, argnums=(0, 1))), spec((512, 256), jnp.bfloat16),
                         spec((4, 256, 256), jnp.bfloat16), spec((4,), jnp.int32)).as_text()
     blocks, tiles = attention_blocks(platform, 2), matmul_blocks(platform, 2)
     assert f"num_stages = {blocks.num_stages}" in attention
     assert f"grid_x = {256 // blocks.block_q}" in attention   # query blocks of the forward kernel
     assert f"num_stages = {tiles.num_stages}" in gmm
+    assert set(re.findall(r"num_warps = (\d+)", gmm)) == {str(tiles.num_warps)}  # all three kernels
     assert f"grid_x = {512 // tiles.tiling[0]}" in gmm         # row tiles
+    gate_up = lower_for_gpu(platform, jax.jit(lambda x, g, u, s: grouped_matmuls(x, (g, u), s)),
+                            spec((512, 256), jnp.bfloat16), spec((4, 256, 256), jnp.bfloat16),
+                            spec((4, 256, 256), jnp.bfloat16), spec((4,), jnp.int32)).as_text()
+    assert 'name = "gmm_x2"' in gate_up and f"num_stages = {tiles.num_stages}" in gate_up

@@ -7,7 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from zaya_jax.config import ModelConfig
 from zaya_jax.model import moe_dispatch
+from zaya_jax.model.kernels import ragged_matmuls
 from zaya_jax.model.moe_dispatch import ExpertWeights
 from zaya_jax.native.grouped_matmul import grouped_matmul
 
@@ -30,6 +32,8 @@ BACKENDS = {
     "capacity": functools.partial(moe_dispatch.capacity, capacity_factor=float(E)),  # room for every token
     "ragged": moe_dispatch.ragged,
     "native": functools.partial(moe_dispatch.ragged, matmul=grouped_matmul),
+    # the GPU default's kernels in interpret mode: gate and up in one grouped_matmuls call
+    "pallas": functools.partial(moe_dispatch.ragged, **ragged_matmuls(ModelConfig(moe_matmul_kernel="pallas"))),
     "tiles8": functools.partial(moe_dispatch.tiles, tile=8),
     "tiles64": functools.partial(moe_dispatch.tiles, tile=64),
 }

@@ -9,7 +9,8 @@ process's backend, or the one `pallas_kernels.building_for` names while lowering
                 built, tiles, warned once);
                 gpu: ragged (dropless, each expert multiplies only its own rows)
   moe matmul    cpu: xla ragged_dot;
-                gpu (cuda and rocm): the Pallas grouped matmul. Without process-wide XLA flags
+                gpu (cuda and rocm): the Pallas grouped matmul (gate and up in one call).
+                Without process-wide XLA flags
                 (--xla_gpu_experimental_use_ragged_dot_fusion on CUDA,
                 --xla_gpu_experimental_use_ragged_dot_grouped_gemm on ROCm), XLA expands
                 ragged_dot into a masked dense dot over every expert: E times the expert FLOPs and
@@ -79,11 +80,13 @@ def attention_fn(cfg: ModelConfig) -> Callable:
     return xla_attention
 
 
-def ragged_matmul_fn(cfg: ModelConfig) -> Callable:
+def ragged_matmuls(cfg: ModelConfig) -> dict[str, Callable]:
+    """The `ragged` dispatch's grouped matmuls (moe_dispatch.ragged's `matmul` and `matmuls`): the
+    Pallas kernel with the gate and up products in one call, or ragged_dot, one call each."""
     if resolve_moe_matmul_kernel(cfg.moe_matmul_kernel) == "pallas":
-        from pallas_kernels import grouped_matmul
-        return grouped_matmul
-    return jax.lax.ragged_dot
+        from pallas_kernels import grouped_matmul, grouped_matmuls
+        return {"matmul": grouped_matmul, "matmuls": grouped_matmuls}
+    return {"matmul": jax.lax.ragged_dot}
 
 
 def moe_dispatch_fn(cfg: ModelConfig) -> Callable:
@@ -92,7 +95,7 @@ def moe_dispatch_fn(cfg: ModelConfig) -> Callable:
     if backend == "capacity":
         return functools.partial(moe_dispatch.capacity, capacity_factor=cfg.capacity_factor)
     if backend == "ragged":
-        return functools.partial(moe_dispatch.ragged, matmul=ragged_matmul_fn(cfg))
+        return functools.partial(moe_dispatch.ragged, **ragged_matmuls(cfg))
     if backend == "tiles":
         return functools.partial(moe_dispatch.tiles, tile=cfg.moe_tile_size)
     if backend == "native":

@@ -8,7 +8,8 @@ all backends compute the same function whenever nothing is dropped.
   dense     every expert on every token, masked. The reference.
   capacity  sort by expert into E fixed buckets of C = ceil(capacity_factor * T / E) rows,
             one batched einsum; overflow is dropped and counted.
-  ragged    dropless: sort by expert, grouped matmul (jax.lax.ragged_dot or the Pallas kernel).
+  ragged    dropless: sort by expert, grouped matmul (jax.lax.ragged_dot or the Pallas kernel,
+            which multiplies by the gate and up weights in one call).
   native    `ragged` with the native CPU grouped matmul (zaya_jax.native.grouped_matmul, chosen in
             zaya_jax.model.kernels): each expert's exact rows on BLAS.
   tiles     dropless in plain XLA: sort by expert, then a loop over the experts and over windows
@@ -67,13 +68,16 @@ def _swiglu(x, gate, up, down, spec: str):
     lhs, rhs_out = spec.split(",")
     rhs, out = rhs_out.split("->")
     down_spec = f"{out},{rhs[0]}{rhs[2]}{rhs[1]}->{lhs}"
-    return _named_swiglu(lambda w: jnp.einsum(spec, x, w), lambda h: jnp.einsum(down_spec, h, down), gate, up)
+    return _named_swiglu(lambda ws: tuple(jnp.einsum(spec, x, w) for w in ws),
+                         lambda h: jnp.einsum(down_spec, h, down), gate, up)
 
 
 def _named_swiglu(first: Callable, second: Callable, gate: jax.Array, up: jax.Array) -> jax.Array:
-    """second(silu(first(gate)) * first(up)), each matmul output named (EXPERT_OUTPUT_NAMES)."""
+    """second(silu(g) * u) with (g, u) = first((gate, up)), each matmul output named
+    (EXPERT_OUTPUT_NAMES)."""
     gate_name, up_name, down_name = EXPERT_OUTPUT_NAMES
-    hidden = jax.nn.silu(checkpoint_name(first(gate), gate_name)) * checkpoint_name(first(up), up_name)
+    g, u = first((gate, up))
+    hidden = jax.nn.silu(checkpoint_name(g, gate_name)) * checkpoint_name(u, up_name)
     return checkpoint_name(second(hidden), down_name)
 
 
@@ -104,9 +108,11 @@ def capacity(x: jax.Array, expert: jax.Array, w: ExpertWeights, *, capacity_fact
 
 
 def ragged(x: jax.Array, expert: jax.Array, w: ExpertWeights, *,
-           matmul: Callable = jax.lax.ragged_dot, num_experts: int | None = None,
-           first_group: int | jax.Array = 0) -> tuple[jax.Array, jax.Array]:
-    """`matmul(lhs [T,K], rhs [G,K,N], group_sizes [G]) -> [T,N]` with ragged_dot semantics.
+           matmul: Callable = jax.lax.ragged_dot, matmuls: Callable | None = None,
+           num_experts: int | None = None, first_group: int | jax.Array = 0) -> tuple[jax.Array, jax.Array]:
+    """`matmul(lhs [T,K], rhs [G,K,N], group_sizes [G]) -> [T,N]` with ragged_dot semantics;
+    `matmuls(lhs [T,K], (gate, up) each [G,K,N], group_sizes [G]) -> ([T,N], [T,N])` the gate and
+    up products in one call (pallas_kernels.grouped_matmuls), None: `matmul` for each.
 
     w holds G groups: the E = num_experts experts (default G), or more, e.g. every layer's experts
     viewed as [L*E,K,N] (a free reshape of the stacked weights): expert e then multiplies group
@@ -118,7 +124,10 @@ def ragged(x: jax.Array, expert: jax.Array, w: ExpertWeights, *,
     if num_experts != groups:
         sizes = jax.lax.dynamic_update_slice(jnp.zeros((groups,), sizes.dtype), sizes, (first_group,))
     xs = x[s.order]
-    y = _named_swiglu(lambda wi: matmul(xs, wi, sizes), lambda h: matmul(h, w.down, sizes), w.gate, w.up)
+    if matmuls is None:
+        def matmuls(lhs, ws, group_sizes):
+            return tuple(matmul(lhs, wi, group_sizes) for wi in ws)
+    y = _named_swiglu(lambda ws: matmuls(xs, ws, sizes), lambda h: matmul(h, w.down, sizes), w.gate, w.up)
     return unsort(y, s.order), jnp.int32(0)
 
 
