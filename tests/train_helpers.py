@@ -201,7 +201,8 @@ RERUN_IF_OVERLOADED = dict(reruns=2, only_rerun=["OverloadedHarness"])  # for @p
 class Job:
     """`python -m zaya_jax.train` as 2 processes of one jax.distributed job (launch/local.sh's environment)."""
 
-    def __init__(self, workdir, *overrides, devices_per_process: int = 1, faults: dict | None = None):
+    def __init__(self, workdir, *overrides, devices_per_process: int = 1, faults: dict | None = None,
+                 config: str = "configs/tiny.py"):
         """`faults`: the fault wrapper's environment (see above), for process 0 only."""
         self.workdir, port = workdir, free_port()
         self.logs = [open(workdir.parent / f"{workdir.name}.{i}.log", "w+") for i in range(2)]
@@ -213,7 +214,7 @@ class Job:
             if faults and i == 0:
                 env.update({k: str(v) for k, v in faults.items()})
                 entry = ["-c", WRAPPER]
-            command = [sys.executable, *entry, "--config", "configs/tiny.py", "--workdir", str(workdir),
+            command = [sys.executable, *entry, "--config", config, "--workdir", str(workdir),
                        "--config.monitor.progress_bar=False", *overrides]
             self.processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=self.logs[i],
                                                    stderr=subprocess.STDOUT))
