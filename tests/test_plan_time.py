@@ -197,13 +197,11 @@ def test_plan_cli_predicts_every_phase():
     assert "global_batch_size 512 is not divisible" in phases[2]["error"]  # 512 sequences on 1,024 devices
 
 
-def test_search_leaves_out_context_parallel_meshes_for_the_flash_kernel():
+def test_search_ranks_context_parallel_meshes_for_the_flash_kernel():
     config = load_config_file("configs/tiny.py")
     cfg = model_config(config).replace(attention_kernel="pallas")
     result = search(cfg, config_phases(config), StepShape(8, 64, platform="gpu"), 8, PROFILES["h100"], 80.0)
-    entry = result["phases"][0]
-    assert entry["infeasible"]["the attention kernel cannot run it"] > 0
-    assert entry["ranked"] and not any("context" in r["mesh"] for r in entry["ranked"])
+    assert any("context" in r["mesh"] for r in result["phases"][0]["ranked"])
 
 
 def test_a_dpo_step_also_moves_the_reference_models_bytes():
