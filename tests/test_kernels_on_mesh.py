@@ -5,6 +5,8 @@ context, heads over tensor); the reference is the XLA attention / ragged_dot pat
 Packed documents cross the context chunks' boundaries.
 """
 
+import functools
+
 import jax
 import jax.extend
 import jax.numpy as jnp
@@ -56,13 +58,18 @@ def attention_loss(attention):
     return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
 
 
-@pytest.mark.parametrize("layout", ["data=4,tensor=2", "fsdp=2,expert=2,tensor=2", "data=2,context=2,tensor=2",
-                                    "data=2,context=4"])
-def test_pallas_attention_on_mesh_matches_xla(layout):
+# (mesh, sliding window): with context > 1 full causal attention runs zigzag, a window the
+# contiguous chunks
+ATTENTION_LAYOUTS = [("data=4,tensor=2", None), ("fsdp=2,expert=2,tensor=2", None), ("data=2,context=2,tensor=2", None),
+                     ("data=2,context=4", None), ("data=2,context=4", 5)]
+
+
+@pytest.mark.parametrize("layout,window", ATTENTION_LAYOUTS)
+def test_pallas_attention_on_mesh_matches_xla(layout, window):
     q, k, v, seg = attention_inputs()
-    (_, ref_out), ref_grads = jax.jit(attention_loss(xla_attention))(q, k, v, seg)
+    (_, ref_out), ref_grads = jax.jit(attention_loss(functools.partial(xla_attention, window=window)))(q, k, v, seg)
     mesh = make_mesh(parse_mesh_flag(layout))
-    pallas = attention_fn(CFG.replace(attention_kernel="pallas"))
+    pallas = functools.partial(attention_fn(CFG.replace(attention_kernel="pallas")), window=window)
     with jax.set_mesh(mesh):
         heads = NamedSharding(mesh, jax.sharding.PartitionSpec(*batch_spec(mesh), "tensor"))
         args = (*(jax.device_put(x, heads) for x in (q, k, v)), jax.device_put(seg, NamedSharding(mesh, batch_spec(mesh))))
@@ -70,6 +77,7 @@ def test_pallas_attention_on_mesh_matches_xla(layout):
         found = primitives_inside_shard_map(jax.make_jaxpr(fn)(*args).jaxpr)
         (_, out), grads = fn(*args)
     assert found["pallas_call"] == {True}, "every Pallas call runs inside shard_map"
+    assert ("ppermute" in found) == ("context" in layout and window is None), "zigzag query halves"
     np.testing.assert_allclose(out, ref_out, atol=2e-5, rtol=2e-5)
     for g, r in zip(grads, ref_grads):
         np.testing.assert_allclose(g, r, atol=5e-5, rtol=5e-5)

@@ -22,9 +22,11 @@ jax differentiates the all-gather into the reduce-scatter of dk and dv.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -32,15 +34,38 @@ from zaya_jax.parallel.context import active_axes, current_mesh, current_mesh_sh
 from zaya_jax.parallel.rules import RULES
 
 
-def _context_chunk(attention: Callable, axes: tuple[str, ...], q: jax.Array, k: jax.Array, v: jax.Array,
-                   segment_ids: jax.Array | None) -> jax.Array:
-    """Inside shard_map with the sequence over mesh `axes`: q [b,s,n,H] at positions
+def _zigzag_owner(half: int, size: int) -> int:
+    """The context rank that computes sequence half `half` (of 2 * size) in the zigzag layout."""
+    return half if half < size else 2 * size - 1 - half
+
+
+def _context_chunk(attention: Callable, axes: tuple[str, ...], size: int, zigzag: bool, q: jax.Array,
+                   k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
+    """Inside shard_map with the sequence over mesh `axes` (`size` ranks): q [b,s,n,H] at positions
     [c*s, (c+1)*s) of rank c along them, k, v [b,s,k,H] and segment_ids [b,s] | None of the same
-    chunk -> [b,s,n,H], attending to the keys of every chunk."""
+    chunk -> [b,s,n,H], attending to the keys of every chunk. zigzag: rank c computes the
+    sequence halves c and 2*size-1-c (of s/2 queries each) instead of its own two."""
     gather = functools.partial(lax.all_gather, axis_name=axes, axis=1, tiled=True)
+    k, v = gather(k), gather(v)
     kv_segment_ids = None if segment_ids is None else gather(segment_ids)
-    return attention(q, gather(k), gather(v), segment_ids, kv_segment_ids=kv_segment_ids,
-                     q_offset=lax.axis_index(axes) * q.shape[1])
+    rank = lax.axis_index(axes)
+
+    def run(queries, start):  # queries [b,Sq,n,H] at positions [start, start + Sq)
+        seg = None if kv_segment_ids is None else lax.dynamic_slice_in_dim(kv_segment_ids, start, queries.shape[1], 1)
+        return attention(queries, k, v, seg, kv_segment_ids=kv_segment_ids, q_offset=start)
+
+    if not zigzag:
+        return run(q, rank * q.shape[1])
+    half = q.shape[1] // 2
+    # rank c holds halves 2c and 2c+1; each permutation sends one of them to the rank computing it
+    to_owner = [[(c, _zigzag_owner(2 * c + i, size)) for c in range(size)] for i in (0, 1)]
+    even, odd = (lax.ppermute(x, axes, perm) for x, perm in zip((q[:, :half], q[:, half:]), to_owner))
+    low_is_even = rank % 2 == 0  # of the halves c and 2*size-1-c (one even, one odd) received
+    low, high = jnp.where(low_is_even, even, odd), jnp.where(low_is_even, odd, even)
+    out_low, out_high = run(low, rank * half), run(high, (2 * size - 1 - rank) * half)
+    outs = jnp.where(low_is_even, out_low, out_high), jnp.where(low_is_even, out_high, out_low)
+    return jnp.concatenate([lax.ppermute(x, axes, [(o, c) for c, o in perm]) for x, perm in zip(outs, to_owner)],
+                           axis=1)
 
 
 def attention_on_mesh(attention: Callable, q: jax.Array, k: jax.Array, v: jax.Array,
@@ -60,9 +85,12 @@ def attention_on_mesh(attention: Callable, q: jax.Array, k: jax.Array, v: jax.Ar
     tensor = "tensor" if shape.get("tensor", 1) > 1 else None
     heads, rows = P(batch, seq or None, tensor, None), P(batch, seq or None)
 
+    size = math.prod(shape[a] for a in seq)
+    zigzag = window is None and q.shape[1] % (2 * size) == 0
+
     def local(q, k, v, segment_ids=None):
         if seq:
-            return _context_chunk(attention, seq, q, k, v, segment_ids)
+            return _context_chunk(attention, seq, size, zigzag, q, k, v, segment_ids)
         return attention(q, k, v, segment_ids)
 
     args, specs = (q, k, v), (heads, heads, heads)
