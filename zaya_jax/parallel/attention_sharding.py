@@ -13,10 +13,17 @@ the parameter sharding already requires).
 
 Context parallelism (mesh.context = C > 1) is the all-gather kind (Megatron-Core, Llama 3): the
 sequence is cut into C contiguous chunks of s = S / C tokens as the model lays it out (the `seq`
-rule, zaya_jax.parallel.rules), context rank c holds the queries at positions [c*s, (c+1)*s)
-and gathers every rank's keys, values and key segment ids ([b,S,k,H]: CCA's 2 KV heads make
-them small), and the kernel runs the chunk at offset c*s (`cca_flash_attention`'s `q_offset`).
+rule, zaya_jax.parallel.rules; shard_map hands rank c the chunk [c*s, (c+1)*s)); every rank
+gathers all ranks' keys, values and key segment ids ([b,S,k,H]: CCA's 2 KV heads make them
+small) and runs the kernel on query chunks at their offsets (`cca_flash_attention`'s `q_offset`).
 jax differentiates the all-gather into the reduce-scatter of dk and dv.
+Load balance (zigzag): under causal attention the chunk at c costs about c + 1/2 chunks of keys,
+so full causal layers cut the sequence into 2C halves of s/2 and rank c computes halves c and
+2C-1-c (about 2C half-chunks of keys on every rank): it sends its own halves 2c, 2c+1 to the ranks
+computing them (two ppermutes), calls the kernel once per received half, and permutes the
+outputs back, so the rest of the model keeps its contiguous layout. That costs a permute of
+half the local queries and outputs each way (and of dq, do in the backward). Sliding-window
+layers (every chunk sees about as many keys) and chunks of odd length keep the contiguous chunk.
 """
 
 from __future__ import annotations
