@@ -41,6 +41,12 @@ from zaya_jax.parallel.context import active_axes, current_mesh, current_mesh_sh
 from zaya_jax.parallel.rules import RULES
 
 
+def zigzag_halves(rank, size: int):
+    """The two sequence halves (of 2 * size) that context rank `rank` (an int or traced) computes
+    in the zigzag layout: rank and 2 * size - 1 - rank."""
+    return rank, 2 * size - 1 - rank
+
+
 def _zigzag_owner(half: int, size: int) -> int:
     """The context rank that computes sequence half `half` (of 2 * size) in the zigzag layout."""
     return half if half < size else 2 * size - 1 - half
@@ -69,7 +75,7 @@ def _context_chunk(attention: Callable, axes: tuple[str, ...], size: int, zigzag
     even, odd = (lax.ppermute(x, axes, perm) for x, perm in zip((q[:, :half], q[:, half:]), to_owner))
     low_is_even = rank % 2 == 0  # of the halves c and 2*size-1-c (one even, one odd) received
     low, high = jnp.where(low_is_even, even, odd), jnp.where(low_is_even, odd, even)
-    out_low, out_high = run(low, rank * half), run(high, (2 * size - 1 - rank) * half)
+    out_low, out_high = (run(x, i * half) for x, i in zip((low, high), zigzag_halves(rank, size)))
     outs = jnp.where(low_is_even, out_low, out_high), jnp.where(low_is_even, out_high, out_low)
     return jnp.concatenate([lax.ppermute(x, axes, [(o, c) for c, o in perm]) for x, perm in zip(outs, to_owner)],
                            axis=1)
