@@ -58,21 +58,24 @@ def attention_loss(attention):
     return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
 
 
-# (mesh, sliding window): with context > 1 full causal attention runs zigzag, a window the
-# contiguous chunks
-ATTENTION_LAYOUTS = [("data=4,tensor=2", None), ("fsdp=2,expert=2,tensor=2", None), ("data=2,context=2,tensor=2", None),
-                     ("data=2,context=4", None), ("data=2,context=4", 5)]
+# (mesh, sliding window, packed documents): with context > 1 full causal attention runs zigzag,
+# a window the contiguous chunks
+ATTENTION_LAYOUTS = [("data=4,tensor=2", None, True), ("fsdp=2,expert=2,tensor=2", None, True),
+                     ("data=2,context=2,tensor=2", None, True), ("data=2,context=4", None, True),
+                     ("data=4,context=2", None, False), ("data=2,context=4", 5, True)]
 
 
-@pytest.mark.parametrize("layout,window", ATTENTION_LAYOUTS)
-def test_pallas_attention_on_mesh_matches_xla(layout, window):
+@pytest.mark.parametrize("layout,window,documents", ATTENTION_LAYOUTS)
+def test_pallas_attention_on_mesh_matches_xla(layout, window, documents):
     q, k, v, seg = attention_inputs()
+    seg = seg if documents else None
     (_, ref_out), ref_grads = jax.jit(attention_loss(functools.partial(xla_attention, window=window)))(q, k, v, seg)
     mesh = make_mesh(parse_mesh_flag(layout))
     pallas = functools.partial(attention_fn(CFG.replace(attention_kernel="pallas")), window=window)
     with jax.set_mesh(mesh):
         heads = NamedSharding(mesh, jax.sharding.PartitionSpec(*batch_spec(mesh), "tensor"))
-        args = (*(jax.device_put(x, heads) for x in (q, k, v)), jax.device_put(seg, NamedSharding(mesh, batch_spec(mesh))))
+        args = (*(jax.device_put(x, heads) for x in (q, k, v)),
+                seg if seg is None else jax.device_put(seg, NamedSharding(mesh, batch_spec(mesh))))
         fn = jax.jit(attention_loss(pallas))
         found = primitives_inside_shard_map(jax.make_jaxpr(fn)(*args).jaxpr)
         (_, out), grads = fn(*args)
