@@ -114,11 +114,16 @@ def test_pallas_grouped_matmul_model_on_mesh_matches_xla():
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5, rtol=1e-4, err_msg=str(path))
 
 
-def model_logits_and_grads(attention_kernel):
+# a sliding-window layer (contiguous chunks under context) before a full one (zigzag)
+SLIDING = {"layer_types": ("hybrid_sliding", "hybrid"), "sliding_window": 12}
+
+
+def model_logits_and_grads(attention_kernel, **overrides):
     """value_and_grad of the tiny model's weighted logits, with them as aux, for params, rest,
     ids [B,S], segment_ids [B,S]; and the parameters."""
     weights = np.random.default_rng(3).standard_normal((B, S, CFG.vocab_size)).astype(np.float32)
-    graphdef, params, rest = nnx.split(create_model(CFG.replace(attention_kernel=attention_kernel)), nnx.Param, ...)
+    cfg = CFG.replace(attention_kernel=attention_kernel, **overrides)
+    graphdef, params, rest = nnx.split(create_model(cfg), nnx.Param, ...)
 
     def loss(params, rest, ids, seg):
         logits = nnx.merge(graphdef, params, rest)(ids, segment_ids=seg)
@@ -126,22 +131,24 @@ def model_logits_and_grads(attention_kernel):
     return jax.value_and_grad(loss, has_aux=True), params, rest
 
 
-@pytest.fixture(scope="module")
-def model_batch_and_xla_result():
+@functools.cache
+def model_batch_and_xla_result(sliding: bool):
     """ids and packed-document segment ids [B,S], and the XLA path's logits and gradients on one device."""
     rng = np.random.default_rng(2)
     ids, seg = rng.integers(3, CFG.vocab_size, (B, S)), packed_documents(rng)
-    fn, params, rest = model_logits_and_grads("xla")
+    fn, params, rest = model_logits_and_grads("xla", **(SLIDING if sliding else {}))
     (_, logits), grads = jax.jit(fn)(params, rest, ids, seg)
     return ids, seg, logits, grads
 
 
-@pytest.mark.parametrize("layout", ["data=8", "data=4,context=2", "data=2,context=4"])
-def test_pallas_attention_model_with_context_parallelism_matches_xla(layout, model_batch_and_xla_result):
-    """The whole tiny model with packed documents: Pallas attention on `layout` (context = 1, 2, 4)
-    against the XLA attention path on one device; logits and every parameter's gradient."""
-    ids, seg, ref_logits, ref_grads = model_batch_and_xla_result
-    fn, params, rest = model_logits_and_grads("pallas")
+@pytest.mark.parametrize("layout,sliding", [("data=8", False), ("data=4,context=2", False), ("data=2,context=4", False),
+                                            ("data=4,context=2", True)])
+def test_pallas_attention_model_with_context_parallelism_matches_xla(layout, sliding):
+    """The whole tiny model with packed documents: Pallas attention on `layout` (context = 1, 2, 4;
+    full layers, or a sliding-window and a full one) against the XLA attention path on one device;
+    logits and every parameter's gradient."""
+    ids, seg, ref_logits, ref_grads = model_batch_and_xla_result(sliding)
+    fn, params, rest = model_logits_and_grads("pallas", **(SLIDING if sliding else {}))
     mesh = make_mesh(parse_mesh_flag(layout))
     with jax.set_mesh(mesh):
         rows = NamedSharding(mesh, batch_spec(mesh))
