@@ -151,6 +151,19 @@ def test_rejects_bad_head_ratio():
         cca_flash_attention(q, k, v)
 
 
+def test_rejects_bad_query_chunk():
+    q, k, v, _ = _inputs(1, 32, 2, 1, 16, jnp.float32)
+    seg = jnp.zeros((1, 32), jnp.int32)
+    with pytest.raises(ValueError, match="q_offset needs causal"):
+        cca_flash_attention(q[:, :16], k, v, q_offset=16, causal=False)
+    with pytest.raises(ValueError, match="kv_segment_ids exactly when"):  # the queries' segment ids alone
+        cca_flash_attention(q[:, :16], k, v, segment_ids=seg[:, :16], q_offset=16)
+    with pytest.raises(ValueError, match="kv_segment_ids are for a query chunk"):
+        cca_flash_attention(q, k, v, segment_ids=seg, kv_segment_ids=seg)
+    with pytest.raises(ValueError, match="matching q"):  # a longer key sequence needs an offset
+        cca_flash_attention(q[:, :16], k, v)
+
+
 @pytest.mark.parametrize("platform,window", [("cuda", None), ("rocm", None), ("cuda", 64)])
 def test_lowers_to_triton(platform, window):
     """Forward and backward kernels lower with the Pallas Triton backend (no GPU needed)."""
