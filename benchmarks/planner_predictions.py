@@ -7,7 +7,7 @@ the planner's paper numbers (zaya_jax.planner.step_time), no timing of this mach
 The seed run (Zyphra's ZAYA1 report) states more than 750 PFLOP/s on 1,024 MI300X: 732 TFLOP/s
 per GPU, 56% of the 1,307.4 TFLOP/s bf16 dense peak. Cases: the shipped config (its own mesh,
 attention_kernel auto = the XLA path on GPU), the previously shipped data=512,tensor=2 with each
-kernel (the flash kernel cannot run the shipped context=2), Zyphra's data=1024 with each kernel,
+kernel, Zyphra's data=1024 with each kernel,
 the mesh `plan --search` picks (also on 1,024 H200, the other launch job), the flash kernel without remat (nothing recomputed), and the GEMM
 efficiency at which the prediction would reach the seed's 56% (null: not even at 100%).
 """

@@ -1,7 +1,8 @@
 """Pallas kernels for the hot paths, each beside its pure-JAX reference.
 
 - `cca_flash_attention` (reference `attention_reference`): causal GQA flash attention with
-  segment ids for packed documents; forward and backward kernels.
+  segment ids for packed documents, sliding windows, and query chunks at a (traced) sequence
+  offset against all the keys (context parallelism); forward and backward kernels.
 - `grouped_matmul` (reference `grouped_matmul_reference`, i.e. `jax.lax.ragged_dot`) and
   `transposed_grouped_matmul` (reference `transposed_grouped_matmul_reference`): the MoE expert
   matmul and its weight gradient; `grouped_matmuls`, several right-hand sides of one lhs in one

@@ -6,6 +6,12 @@ The attention core of ZAYA1's CCA (standard causal softmax attention with GQA, 8
 B batch, S sequence (padded to Sp), N query heads, M kv heads, G = N // M query heads per kv head,
 H head dim (padded to a power of two Hp). Query head n reads kv head n // G.
 
+Query chunks (context parallelism, zaya_jax.parallel.attention_sharding): with `q_offset` the
+Sq queries are the rows [q_offset, q_offset + Sq) of a sequence whose Sk keys are all given
+(causal only). The offset may be traced; it reaches the kernels as a [1] int32 input and moves
+the query positions in the causal mask and in every walk's block bounds. Without it the kernels
+are built exactly as for Sq = Sk, offset 0 (no extra inputs).
+
 Algorithm (FlashAttention-2, Triton-style Pallas):
 1. forward, grid (query block, B, N): hold one query block, walk key blocks with an online softmax
    in fp32; store the output and the base-2 logsumexp per query.
@@ -51,7 +57,7 @@ class _Config:
     sm_scale: float
     causal: bool
     window: int | None  # sliding window (keys per query, causal only) or None
-    seq_len: int  # S before padding; keys past it are masked when not causal
+    seq_len: int  # queries before padding (S, or Sq); keys past it are masked when not causal
     block_q: int  # blocks of the kernels being built (forward ones until `backward()`)
     block_k: int
     block_q_bwd: int
@@ -97,29 +103,51 @@ def _logits(a, b, a_pos, b_pos, a_seg, b_seg, *, cfg: _Config, causal_mask: bool
     return s if mask is None else jnp.where(mask, s, MASK_VALUE)
 
 
-def _kv_loops(i, cfg: _Config, num_kv_blocks: int):
-    """Key-block ranges [(start, stop, causal_mask)] seen by query block i."""
+def _shift(x, offset):
+    """x + offset, or x as it is without an offset (the no-offset kernels stay unchanged)."""
+    return x if offset is None else x + offset
+
+
+def _offset(off_ref):
+    """The queries' position offset (a traced int32 scalar), or None."""
+    return None if off_ref is None else off_ref[0]
+
+
+def _chunk_row(position, offset):
+    """An absolute query position as a row of the chunk (clamped to 0: before the chunk)."""
+    return position if offset is None else jnp.maximum(position - offset, 0)
+
+
+def _kv_loops(i, cfg: _Config, num_kv_blocks: int, offset=None):
+    """Key-block ranges [(start, stop, causal_mask)] seen by query block i (its first row at
+    absolute position offset + i * block_q)."""
     if not cfg.causal:
         return [(0, pl.cdiv(cfg.seq_len, cfg.block_k), False)]
-    below = lax.div(i * cfg.block_q, cfg.block_k)  # blocks entirely at or below the diagonal
-    stop = jnp.minimum(lax.div((i + 1) * cfg.block_q + cfg.block_k - 1, cfg.block_k),
+    below = lax.div(_shift(i * cfg.block_q, offset), cfg.block_k)  # blocks entirely at or below the diagonal
+    stop = jnp.minimum(lax.div(_shift((i + 1) * cfg.block_q, offset) + cfg.block_k - 1, cfg.block_k),
                        num_kv_blocks)
     if cfg.window is not None:  # from the block of the first row's first visible key, all masked
-        first = lax.div(jnp.maximum(i * cfg.block_q - cfg.window + 1, 0), cfg.block_k)
+        first = lax.div(jnp.maximum(_shift(i * cfg.block_q, offset) - cfg.window + 1, 0), cfg.block_k)
         return [(first, stop, True)]
     return [(0, below, False), (below, stop, True)]
 
 
-def _q_loops(j, cfg: _Config):
-    """Query-block ranges [(start, stop, causal_mask)] that see key block j (real queries only)."""
+def _q_loops(j, cfg: _Config, offset=None):
+    """Query-block ranges [(start, stop, causal_mask)] that see key block j (real queries only;
+    query block i's first row at absolute position offset + i * block_q)."""
     num_q_blocks = pl.cdiv(cfg.seq_len, cfg.block_q)
     if not cfg.causal:
         return [(0, num_q_blocks, False)]
-    first = lax.div(j * cfg.block_k, cfg.block_q)
-    above = jnp.maximum(jnp.minimum(pl.cdiv((j + 1) * cfg.block_k, cfg.block_q), num_q_blocks),
+    first = lax.div(_chunk_row(j * cfg.block_k, offset), cfg.block_q)
+    above = jnp.maximum(jnp.minimum(pl.cdiv(_chunk_row((j + 1) * cfg.block_k, offset), cfg.block_q),
+                                    num_q_blocks),
                         first)  # from here on every query is past every key of the block
     if cfg.window is not None:  # up to the block of the last query that sees the last key, all masked
-        last = jnp.minimum(lax.div((j + 1) * cfg.block_k + cfg.window - 2, cfg.block_q) + 1, num_q_blocks)
+        if offset is None:
+            last = jnp.minimum(lax.div((j + 1) * cfg.block_k + cfg.window - 2, cfg.block_q) + 1, num_q_blocks)
+        else:  # the chunk row of the last query that sees the block's last key; none when < 0
+            last_row = (j + 1) * cfg.block_k + cfg.window - 2 - offset
+            last = jnp.where(last_row < 0, 0, jnp.minimum(lax.div(last_row, cfg.block_q) + 1, num_q_blocks))
         return [(first, jnp.maximum(last, first), True)]
     return [(first, above, True), (above, jnp.maximum(num_q_blocks, above), False)]
 
@@ -128,13 +156,20 @@ def _block(ref, start, size):
     return ref[pl.ds(pl.multiple_of(start, size), size)]
 
 
-def _fwd_kernel(q_ref, k_ref, v_ref, seg_ref, o_ref, lse_ref, *, cfg: _Config):
-    """q_ref, o_ref: [bq, Hp]; k_ref, v_ref: [Sp, Hp]; seg_ref: [Sp] or None; lse_ref: [bq]."""
+def _query_segments(seg_ref, q_seg_ref):
+    """The queries' segment-id ref: their own with an offset, else the keys' (the same rows)."""
+    return seg_ref if q_seg_ref is None else q_seg_ref
+
+
+def _fwd_kernel(q_ref, k_ref, v_ref, seg_ref, q_seg_ref, off_ref, o_ref, lse_ref, *, cfg: _Config):
+    """q_ref, o_ref: [bq, Hp]; k_ref, v_ref: [Skp, Hp]; seg_ref: [Skp] or None (keys); q_seg_ref:
+    [Sqp] or None (queries, with an offset); off_ref: [1] or None; lse_ref: [bq]."""
     bq, bk = cfg.block_q, cfg.block_k
     i = pl.program_id(0)
     q = q_ref[...]
-    q_pos = i * bq + jnp.arange(bq)
-    q_seg = None if seg_ref is None else _block(seg_ref, i * bq, bq)
+    offset = _offset(off_ref)
+    q_pos = _shift(i * bq + jnp.arange(bq), offset)
+    q_seg = None if seg_ref is None else _block(_query_segments(seg_ref, q_seg_ref), i * bq, bq)
 
     def body(j, carry, causal_mask):
         o, m, row_sum = carry
@@ -151,21 +186,24 @@ def _fwd_kernel(q_ref, k_ref, v_ref, seg_ref, o_ref, lse_ref, *, cfg: _Config):
 
     carry = (jnp.zeros(q.shape, jnp.float32), jnp.full((bq,), -jnp.inf, jnp.float32),
              jnp.zeros((bq,), jnp.float32))
-    for start, stop, causal_mask in _kv_loops(i, cfg, k_ref.shape[0] // bk):
+    for start, stop, causal_mask in _kv_loops(i, cfg, k_ref.shape[0] // bk, offset):
         carry = lax.fori_loop(start, stop, functools.partial(body, causal_mask=causal_mask), carry)
     o, m, row_sum = carry
     o_ref[...] = (o / row_sum[:, None]).astype(o_ref.dtype)
     lse_ref[...] = m + jnp.log2(row_sum)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, seg_ref, do_ref, lse_ref, delta_ref, dq_ref, *, cfg: _Config):
-    """q_ref, do_ref, dq_ref: [bq, Hp]; k_ref, v_ref: [Sp, Hp]; lse_ref, delta_ref: [bq]."""
+def _dq_kernel(q_ref, k_ref, v_ref, seg_ref, q_seg_ref, off_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
+               cfg: _Config):
+    """q_ref, do_ref, dq_ref: [bq, Hp]; k_ref, v_ref: [Skp, Hp]; lse_ref, delta_ref: [bq]; the
+    rest as in `_fwd_kernel`."""
     bq, bk = cfg.block_q, cfg.block_k
     i = pl.program_id(0)
     q, do = q_ref[...], do_ref[...]
     lse, delta = lse_ref[...], delta_ref[...]
-    q_pos = i * bq + jnp.arange(bq)
-    q_seg = None if seg_ref is None else _block(seg_ref, i * bq, bq)
+    offset = _offset(off_ref)
+    q_pos = _shift(i * bq + jnp.arange(bq), offset)
+    q_seg = None if seg_ref is None else _block(_query_segments(seg_ref, q_seg_ref), i * bq, bq)
 
     def body(j, dq, causal_mask):
         k, v = _block(k_ref, j * bk, bk), _block(v_ref, j * bk, bk)
@@ -178,30 +216,33 @@ def _dq_kernel(q_ref, k_ref, v_ref, seg_ref, do_ref, lse_ref, delta_ref, dq_ref,
         return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
 
     dq = jnp.zeros(q.shape, jnp.float32)
-    for start, stop, causal_mask in _kv_loops(i, cfg, k_ref.shape[0] // bk):
+    for start, stop, causal_mask in _kv_loops(i, cfg, k_ref.shape[0] // bk, offset):
         dq = lax.fori_loop(start, stop, functools.partial(body, causal_mask=causal_mask), dq)
     dq_ref[...] = (dq * cfg.sm_scale).astype(dq_ref.dtype)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, seg_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
-                 cfg: _Config):
-    """q_ref, do_ref: [Sp, G, Hp]; k_ref, v_ref, dk_ref, dv_ref: [bk, Hp]; lse_ref, delta_ref:
-    [G, Sp]; seg_ref: [Sp] or None."""
+def _dkdv_kernel(q_ref, k_ref, v_ref, seg_ref, q_seg_ref, off_ref, do_ref, lse_ref, delta_ref, dk_ref,
+                 dv_ref, *, cfg: _Config):
+    """q_ref, do_ref: [Sqp, G, Hp]; k_ref, v_ref, dk_ref, dv_ref: [bk, Hp]; lse_ref, delta_ref:
+    [G, Sqp]; seg_ref: [Skp] or None (keys); q_seg_ref: [Sqp] or None (queries, with an offset);
+    off_ref: [1] or None."""
     bq, bk = cfg.block_q, cfg.block_k
     j = pl.program_id(0)
     k, v = k_ref[...], v_ref[...]
+    offset = _offset(off_ref)
     k_pos = j * bk + jnp.arange(bk)
     k_seg = None if seg_ref is None else _block(seg_ref, j * bk, bk)
+    q_seg_ref = _query_segments(seg_ref, q_seg_ref)
 
     def body(i, carry, g, causal_mask):
         dk, dv = carry
         rows = pl.ds(pl.multiple_of(i * bq, bq), bq)
         q, do = q_ref[rows, g, :], do_ref[rows, g, :]
         lse, delta = lse_ref[g, rows], delta_ref[g, rows]
-        q_seg = None if seg_ref is None else seg_ref[rows]
+        q_seg = None if seg_ref is None else q_seg_ref[rows]
         # transposed tiles [bk, bq] computed as k.q^T and v.do^T: the p and ds tiles feed the
         # dk and dv matmuls as they are, with no transpose through shared memory
-        s_t = _logits(k, q, k_pos, i * bq + jnp.arange(bq), k_seg, q_seg, cfg=cfg,
+        s_t = _logits(k, q, k_pos, _shift(i * bq + jnp.arange(bq), offset), k_seg, q_seg, cfg=cfg,
                       causal_mask=causal_mask, keys_first=True)
         p_t = jnp.exp2(s_t - lse[None, :])
         dv = dv + jnp.dot(p_t.astype(do.dtype), do, preferred_element_type=jnp.float32)
@@ -212,7 +253,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, seg_ref, do_ref, lse_ref, delta_ref, dk_re
 
     carry = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
     for g in range(q_ref.shape[1]):
-        for start, stop, causal_mask in _q_loops(j, cfg):
+        for start, stop, causal_mask in _q_loops(j, cfg, offset):
             carry = lax.fori_loop(start, stop,
                                   functools.partial(body, g=g, causal_mask=causal_mask), carry)
     dk, dv = carry
@@ -220,51 +261,59 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, seg_ref, do_ref, lse_ref, delta_ref, dk_re
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _seg_spec(seg, seq):
-    return None if seg is None else pl.BlockSpec((None, seq), lambda t, b, h: (b, 0))
+def _seg_spec(seg):
+    """Whole rows of segment ids [B, S] (None without them)."""
+    return None if seg is None else pl.BlockSpec((None, seg.shape[1]), lambda t, b, h: (b, 0))
+
+
+def _off_spec(off):
+    """The [1] query offset (None without one)."""
+    return None if off is None else pl.BlockSpec((1,), lambda t, b, h: (0,))
 
 
 # jitted: a remat policy saves the named outputs of a call (jit) in the custom_vjp's forward, but
 # recomputes a bare pallas_call's even when both its outputs are named (jax 0.10.2 and 0.11.2)
 @functools.partial(jax.jit, static_argnames="cfg")
-def _forward(q, k, v, seg, cfg: _Config):
-    """Padded q: [B, Sp, N, Hp], k, v: [B, Sp, M, Hp], seg: [B, Sp] or None ->
-    o: [B, Sp, N, Hp], lse: [B, N, Sp] fp32 (base 2)."""
+def _forward(q, k, v, seg, q_seg, off, cfg: _Config):
+    """Padded q: [B, Sqp, N, Hp], k, v: [B, Skp, M, Hp], seg: [B, Skp] or None (keys), q_seg:
+    [B, Sqp] or None (queries, with an offset), off: [1] int32 or None ->
+    o: [B, Sqp, N, Hp], lse: [B, N, Sqp] fp32 (base 2). Without an offset Sqp = Skp."""
     batch, seq, heads, dim = q.shape
     group = heads // k.shape[2]
     q_spec = pl.BlockSpec((None, cfg.block_q, None, dim), lambda i, b, h: (b, i, h, 0))
-    kv_spec = pl.BlockSpec((None, seq, None, dim), lambda i, b, h: (b, 0, h // group, 0))
+    kv_spec = pl.BlockSpec((None, k.shape[1], None, dim), lambda i, b, h: (b, 0, h // group, 0))
     return pl.pallas_call(
         functools.partial(_fwd_kernel, cfg=cfg),
         grid=(seq // cfg.block_q, batch, heads),
-        in_specs=[q_spec, kv_spec, kv_spec, _seg_spec(seg, seq)],
+        in_specs=[q_spec, kv_spec, kv_spec, _seg_spec(seg), _seg_spec(q_seg), _off_spec(off)],
         out_specs=[q_spec, pl.BlockSpec((None, None, cfg.block_q), lambda i, b, h: (b, h, i))],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)],
         name="cca_flash_attention_fwd",
         **cfg.options(dim),
-    )(q, k, v, seg)
+    )(q, k, v, seg, q_seg, off)
 
 
-def _backward(q, k, v, seg, o, lse, do, cfg: _Config):
-    """Padded tensors as in `_forward`, do: [B, Sp, N, Hp] -> dq, dk, dv."""
+def _backward(q, k, v, seg, q_seg, off, o, lse, do, cfg: _Config):
+    """Padded tensors as in `_forward`, do: [B, Sqp, N, Hp] -> dq, dk, dv."""
     batch, seq, heads, dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
     delta = jnp.einsum("bsnh,bsnh->bns", o.astype(jnp.float32), do.astype(jnp.float32))
 
     q_spec = pl.BlockSpec((None, cfg.block_q, None, dim), lambda i, b, h: (b, i, h, 0))
-    kv_spec = pl.BlockSpec((None, seq, None, dim), lambda i, b, h: (b, 0, h // group, 0))
+    kv_spec = pl.BlockSpec((None, k.shape[1], None, dim), lambda i, b, h: (b, 0, h // group, 0))
     row_spec = pl.BlockSpec((None, None, cfg.block_q), lambda i, b, h: (b, h, i))
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, cfg=cfg),
         grid=(seq // cfg.block_q, batch, heads),
-        in_specs=[q_spec, kv_spec, kv_spec, _seg_spec(seg, seq), q_spec, row_spec, row_spec],
+        in_specs=[q_spec, kv_spec, kv_spec, _seg_spec(seg), _seg_spec(q_seg), _off_spec(off), q_spec, row_spec,
+                  row_spec],
         out_specs=q_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         name="cca_flash_attention_dq",
         **cfg.options(dim),
-    )(q, k, v, seg, do, lse, delta)
+    )(q, k, v, seg, q_seg, off, do, lse, delta)
 
     grouped = (batch, seq, kv_heads, group, dim)  # query head n = m * G + g
     qg_spec = pl.BlockSpec((None, seq, None, group, dim), lambda j, b, m: (b, 0, m, 0, 0))
@@ -272,30 +321,32 @@ def _backward(q, k, v, seg, o, lse, do, cfg: _Config):
     k_spec = pl.BlockSpec((None, cfg.block_k, None, dim), lambda j, b, m: (b, j, m, 0))
     dk, dv = pl.pallas_call(
         functools.partial(_dkdv_kernel, cfg=cfg),
-        grid=(seq // cfg.block_k, batch, kv_heads),
-        in_specs=[qg_spec, k_spec, k_spec, _seg_spec(seg, seq), qg_spec, rows_spec, rows_spec],
+        grid=(k.shape[1] // cfg.block_k, batch, kv_heads),
+        in_specs=[qg_spec, k_spec, k_spec, _seg_spec(seg), _seg_spec(q_seg), _off_spec(off), qg_spec, rows_spec,
+                  rows_spec],
         out_specs=[k_spec, k_spec],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         name="cca_flash_attention_dkdv",
         **cfg.options(dim),
-    )(q.reshape(grouped), k, v, seg, do.reshape(grouped),
+    )(q.reshape(grouped), k, v, seg, q_seg, off, do.reshape(grouped),
       lse.reshape(batch, kv_heads, group, seq), delta.reshape(batch, kv_heads, group, seq))
     return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash(q, k, v, seg, cfg: _Config):
-    return _forward(q, k, v, seg, cfg)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _flash(q, k, v, seg, q_seg, off, cfg: _Config):
+    return _forward(q, k, v, seg, q_seg, off, cfg)[0]
 
 
-def _flash_fwd(q, k, v, seg, cfg: _Config):
-    o, lse = (checkpoint_name(x, name) for x, name in zip(_forward(q, k, v, seg, cfg), RESIDUAL_NAMES))
-    return o, (q, k, v, seg, o, lse)
+def _flash_fwd(q, k, v, seg, q_seg, off, cfg: _Config):
+    o, lse = (checkpoint_name(x, name) for x, name in zip(_forward(q, k, v, seg, q_seg, off, cfg),
+                                                          RESIDUAL_NAMES))
+    return o, (q, k, v, seg, q_seg, off, o, lse)
 
 
 def _flash_bwd(cfg: _Config, residuals, do):
-    q, k, v, seg, o, lse = residuals
-    return (*_backward(q, k, v, seg, o, lse, do, cfg.backward()), None)
+    q, k, v, seg, q_seg, off, o, lse = residuals
+    return (*_backward(q, k, v, seg, q_seg, off, o, lse, do, cfg.backward()), None, None, None)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -306,7 +357,8 @@ def cca_flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                         sm_scale: float | None = None, block_q: int | None = None,
                         block_k: int | None = None, block_q_bwd: int | None = None,
                         block_k_bwd: int | None = None, interpret: bool | None = None,
-                        window: int | None = None) -> jax.Array:
+                        window: int | None = None, q_offset: jax.Array | int | None = None,
+                        kv_segment_ids: jax.Array | None = None) -> jax.Array:
     """Flash attention with GQA, causal, sliding-window and segment (packed-document) masking.
 
     q: [B, S, N, H]; k, v: [B, S, M, H] with N % M == 0; segment_ids: [B, S] int32 (a query sees
@@ -316,9 +368,16 @@ def cca_flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     (pallas_kernels.platform_blocks, which also sets the pipeline stages).
     interpret: None = interpret mode on CPU only. window: query s sees keys s - window < t <= s
     (needs causal). Matches `attention_reference`.
+
+    A query chunk: with q_offset (an int or int32 scalar, may be traced; needs causal) q: [B, Sq,
+    N, H] are the queries at positions [q_offset, q_offset + Sq) and k, v: [B, Sk, M, H] the keys
+    at [0, Sk), q_offset + Sq <= Sk; segment_ids: [B, Sq] are the queries' and kv_segment_ids:
+    [B, Sk] the keys' (both or neither). The result equals rows [q_offset, q_offset + Sq) of the
+    attention of all Sk queries.
     """
     batch, seq, heads, dim = q.shape
-    if k.shape != v.shape or k.shape[:2] != (batch, seq) or k.shape[3] != dim:
+    chunk = q_offset is not None
+    if k.shape != v.shape or k.shape[0] != batch or k.shape[3] != dim or (not chunk and k.shape[1] != seq):
         raise ValueError(f"expected k, v: [B, S, M, H] matching q {q.shape}; got {k.shape}, "
                          f"{v.shape}")
     if heads % k.shape[2]:
@@ -327,22 +386,34 @@ def cca_flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
         raise ValueError(f"window={window} needs causal attention and window >= 1")
     if segment_ids is not None and segment_ids.shape != (batch, seq):
         raise ValueError(f"segment_ids {segment_ids.shape} != (B, S) = {(batch, seq)}")
+    if chunk and (not causal or seq > k.shape[1] or (segment_ids is None) != (kv_segment_ids is None)):
+        raise ValueError(f"q_offset needs causal attention, Sq {seq} <= Sk {k.shape[1]} and kv_segment_ids "
+                         "exactly when segment_ids are given")
+    if not chunk and kv_segment_ids is not None:
+        raise ValueError("kv_segment_ids are for a query chunk (q_offset); pass segment_ids alone")
+    if kv_segment_ids is not None and kv_segment_ids.shape != k.shape[:2]:
+        raise ValueError(f"kv_segment_ids {kv_segment_ids.shape} != (B, Sk) = {k.shape[:2]}")
     table = attention_blocks(_backend.target(), jnp.dtype(q.dtype).itemsize)
     requested = (block_q or table.block_q, block_k or table.block_k, block_q_bwd or table.block_q_bwd,
                  block_k_bwd or table.block_k_bwd)
-    blocks = [_backend.block_size(b, seq) for b in requested]
+    blocks = [_backend.block_size(b, k.shape[1]) for b in requested]
     cfg = _Config(sm_scale=dim ** -0.5 if sm_scale is None else float(sm_scale), causal=causal,
                   window=window, seq_len=seq, block_q=blocks[0], block_k=blocks[1], block_q_bwd=blocks[2],
                   block_k_bwd=blocks[3], num_stages=table.num_stages,
                   interpret=_backend.resolve_interpret(interpret))
-    padded_seq = _backend.round_up(seq, max(blocks))
-    padded_dim = max(16, pl.next_power_of_2(dim))
 
     def pad(x):
-        return jnp.pad(x, ((0, 0), (0, padded_seq - seq), (0, 0), (0, padded_dim - dim)))
+        """[B, S] or [B, S, heads, H] -> the sequence padded to the blocks, H to a power of two."""
+        widths = [(0, 0), (0, _backend.round_up(x.shape[1], max(blocks)) - x.shape[1])]
+        if x.ndim == 4:
+            widths += [(0, 0), (0, max(16, pl.next_power_of_2(dim)) - dim)]
+        return jnp.pad(x, widths)
 
-    seg = None
+    seg, q_seg, off = None, None, None
     if segment_ids is not None:
-        seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, padded_seq - seq)))
-    out = _flash(pad(q), pad(k), pad(v), seg, cfg)
+        seg = pad(segment_ids.astype(jnp.int32))
+    if chunk:
+        off = jnp.reshape(jnp.asarray(q_offset, jnp.int32), (1,))
+        q_seg, seg = seg, None if kv_segment_ids is None else pad(kv_segment_ids.astype(jnp.int32))
+    out = _flash(pad(q), pad(k), pad(v), seg, q_seg, off, cfg)
     return out[:, :seq, :, :dim]

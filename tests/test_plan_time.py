@@ -16,7 +16,7 @@ from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.mesh import resolve_mesh_shape
 from zaya_jax.planner.mesh_search import search
 from zaya_jax.planner.phase_plan import config_phases, phase_shape, plan_phase
-from zaya_jax.planner.step_plan import StepShape, _parameters
+from zaya_jax.planner.step_plan import StepShape, _parameters, plan
 from zaya_jax.planner.step_time import link_of, matmul_flops
 
 ZAYA1 = "configs/zaya1_base.py"
@@ -197,13 +197,27 @@ def test_plan_cli_predicts_every_phase():
     assert "global_batch_size 512 is not divisible" in phases[2]["error"]  # 512 sequences on 1,024 devices
 
 
-def test_search_leaves_out_context_parallel_meshes_for_the_flash_kernel():
+def test_search_ranks_context_parallel_meshes_for_the_flash_kernel():
     config = load_config_file("configs/tiny.py")
     cfg = model_config(config).replace(attention_kernel="pallas")
     result = search(cfg, config_phases(config), StepShape(8, 64, platform="gpu"), 8, PROFILES["h100"], 80.0)
-    entry = result["phases"][0]
-    assert entry["infeasible"]["the attention kernel cannot run it"] > 0
-    assert entry["ranked"] and not any("context" in r["mesh"] for r in entry["ranked"])
+    assert any("context" in r["mesh"] for r in result["phases"][0]["ranked"])
+
+
+def test_flash_kernel_context_plan_counts_the_zigzag_permutes():
+    """Pallas attention on context=2: each full layer permutes half the local queries there and half
+    the outputs back, forward and backward (2 x the local queries' bytes); sliding layers and the
+    XLA path permute nothing."""
+    cfg = model_config(load_config_file("configs/tiny.py")).replace(attention_kernel="pallas")
+    mesh, shape = resolve_mesh_shape({"data": 4, "context": 2}, 8), StepShape(8, 64, platform="gpu")
+    queries = 8 * 64 / 8 * cfg.num_q_heads * cfg.head_dim * (2 if cfg.dtype == "bfloat16" else 4)
+
+    def permuted(cfg):
+        return plan(cfg, mesh, shape)["collective_bytes_per_step_per_device"]["collective_permute"]
+    assert permuted(cfg) == cfg.num_layers * 2 * queries > 0
+    assert permuted(cfg.replace(layer_types=("hybrid_sliding",) + ("hybrid",) * (cfg.num_layers - 1),
+                                sliding_window=16)) == (cfg.num_layers - 1) * 2 * queries
+    assert permuted(cfg.replace(attention_kernel="xla")) == 0
 
 
 def test_a_dpo_step_also_moves_the_reference_models_bytes():

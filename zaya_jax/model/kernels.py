@@ -74,8 +74,9 @@ def attention_fn(cfg: ModelConfig) -> Callable:
     if resolve_attention_kernel(cfg.attention_kernel) == "pallas":
         from pallas_kernels import cca_flash_attention
 
-        def pallas_attention(q, k, v, seg, window=None):
-            return cca_flash_attention(q, k, v, segment_ids=seg, causal=True, window=window)
+        def pallas_attention(q, k, v, seg, window=None, kv_segment_ids=None, q_offset=None):
+            return cca_flash_attention(q, k, v, segment_ids=seg, causal=True, window=window,
+                                       kv_segment_ids=kv_segment_ids, q_offset=q_offset)
         return functools.partial(attention_on_mesh, pallas_attention)
     return xla_attention
 

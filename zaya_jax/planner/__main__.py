@@ -29,7 +29,6 @@ from zaya_jax.config import ConfigError
 from zaya_jax.config_files import model_config
 from zaya_jax.hardware import PROFILES, calibrated
 from zaya_jax.model.accounting import model_summary
-from zaya_jax.parallel.attention_sharding import KernelLayoutError
 from zaya_jax.parallel.mesh import parse_mesh_flag, resolve_mesh_shape
 from zaya_jax.planner.mesh_search import mesh_name, search
 from zaya_jax.planner.phase_plan import config_phases, phase_mesh, phase_shape, plan_phase, run_time
@@ -260,7 +259,7 @@ def plan_phases(config, cfg, hw, cli_mesh, devices: int | None, memory_gb: float
         try:
             entry.update(plan_phase(cfg, phase_shape(step_shape(config), phase),
                                     resolve_mesh_shape(sizes, devices or math.prod(sizes.values())), hw, memory_gb))
-        except (ValueError, KernelLayoutError) as e:  # batch, sequence or attention kernel vs the mesh
+        except ValueError as e:  # batch or sequence vs the mesh
             entry["error"] = str(e)
         plans.append(entry)
     planned = [(p, r) for p, r in zip(phases, plans) if "error" not in r]

@@ -4,8 +4,8 @@ Candidates: all ways to write the device count as data * fsdp * expert * tensor 
 tensor dividing the query and KV heads and the expert hidden size, expert dividing the number of
 experts and context dividing every phase's sequence length (cheap checks first); then a mesh is
 feasible for a phase when every parameter shards over it (zaya_jax.parallel.rules), the phase's
-batch splits over data * fsdp * expert times the micro-batches, the attention kernel can run it
-(no context parallelism for the Pallas kernel) and its memory fits the device.
+batch splits over data * fsdp * expert times the micro-batches and its memory fits the device
+(both attention kernels run context parallelism).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import math
 from zaya_jax.config import ModelConfig
 from zaya_jax.data.curriculum import PhaseInfo
 from zaya_jax.hardware import HardwareProfile
-from zaya_jax.parallel.attention_sharding import KernelLayoutError
 from zaya_jax.parallel.mesh import MESH_AXES
 from zaya_jax.planner.phase_plan import phase_shape, plan_phase
 from zaya_jax.planner.step_plan import StepShape, _parameters
@@ -63,8 +62,6 @@ def search(cfg: ModelConfig, phases: tuple[PhaseInfo, ...], base: StepShape, dev
                 result = plan_phase(cfg, phase_shape(base, phase), mesh, hw, device_memory_gb, parameters)
             except ValueError:
                 reason = "batch or sequence does not split"
-            except KernelLayoutError:
-                reason = "the attention kernel cannot run it"
             else:
                 reason = None if result["fits"] else "does not fit in memory"
             if reason:

@@ -14,8 +14,6 @@ import math
 from zaya_jax.config import ModelConfig
 from zaya_jax.data.curriculum import PhaseInfo
 from zaya_jax.hardware import HardwareProfile
-from zaya_jax.model.kernels import resolve_attention_kernel
-from zaya_jax.parallel.attention_sharding import check_attention_layout
 from zaya_jax.parallel.mesh import phase_mesh_sizes, resolve_mesh_shape
 from zaya_jax.planner.step_plan import StepShape, _parameters, plan
 from zaya_jax.planner.step_time import predict
@@ -51,10 +49,8 @@ def phase_shape(base: StepShape, phase: PhaseInfo) -> StepShape:
 def plan_phase(cfg: ModelConfig, shape: StepShape, mesh: dict[str, int], hw: HardwareProfile,
                device_memory_gb: float, parameters: list | None = None) -> dict:
     """planner.plan's memory and collectives plus step_time.predict's prediction, for one step shape.
-    Raises ValueError when the mesh cannot run the shape (batch or sequence does not divide) and
-    KernelLayoutError when the attention kernel cannot run the mesh."""
+    Raises ValueError when the mesh cannot run the shape (batch or sequence does not divide)."""
     mesh = resolve_mesh_shape(mesh, math.prod(mesh.values()))
-    check_attention_layout(resolve_attention_kernel(cfg.attention_kernel), mesh)
     parameters = parameters or _parameters(cfg, mesh)
     memory = plan(cfg, mesh, shape, device_memory_gb, parameters)
     memory["prediction"] = predict(cfg, mesh, shape, memory, parameters, hw, _model_flops_per_token(cfg, shape.seq_len))

@@ -211,7 +211,7 @@ def fsdp_gathered_memory(cfg: ModelConfig, mesh: dict[str, int], parameters: lis
 @dataclasses.dataclass(frozen=True)
 class Collective:
     """One collective of the step: bytes each device sends over a mesh axis per optimizer step."""
-    kind: str          # all_gather | reduce_scatter | all_reduce | all_to_all
+    kind: str          # all_gather | reduce_scatter | all_reduce | all_to_all | collective_permute
     axis: str          # the mesh axis whose devices take part
     what: str          # what it moves
     bytes: float
@@ -258,12 +258,20 @@ def collectives(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: d
     # context parallel: K/V all-gathered per attention layer, forward and backward
     kv = tokens * 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
     out.append(Collective("all_gather", "context", "keys and values", cfg.num_layers * 2 * kv * cp * ring(cp), False))
+    # the flash kernel's zigzag balance (zaya_jax.parallel.attention_sharding): in every full
+    # causal layer half the local queries permuted there and half the outputs back, forward and
+    # (as dq and do) backward
+    if cp > 1 and cfg.attention_kernel == "pallas" and (shape.seq_len // cp) % 2 == 0:
+        full_layers = cfg.sliding_layers.count(False)
+        queries = tokens * cfg.num_q_heads * cfg.head_dim * dtype_bytes
+        out.append(Collective("collective_permute", "context", "zigzag query halves and outputs",
+                              full_layers * 2 * queries, False))
     return [c for c in out if c.bytes > 0]
 
 
 def collective_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: dict[str, float]) -> dict:
     """Bytes each device sends per optimizer step, by collective kind."""
-    out = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0, "all_to_all": 0.0}
+    out = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0, "all_to_all": 0.0, "collective_permute": 0.0}
     for c in collectives(cfg, mesh, shape, mem):
         out[c.kind] += c.bytes
     return out

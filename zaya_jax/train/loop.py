@@ -29,9 +29,7 @@ from flax import nnx
 from zaya_jax.config import RUNTIME_MODEL_FIELDS, ConfigError
 from zaya_jax.errors import UserError
 from zaya_jax.model.zaya import ZayaLM
-from zaya_jax.model.kernels import resolve_attention_kernel
 from zaya_jax.parallel import distributed
-from zaya_jax.parallel.attention_sharding import check_attention_layout
 from zaya_jax.parallel.mesh import check_declared_platform, check_platform_support, make_mesh
 from zaya_jax.train import checkpoint, faults, integrity
 from zaya_jax.train.checkpoint import Checkpointer, checkpoint_dir, config_json, read_config, restore_model, whole_step
@@ -113,7 +111,6 @@ class Trainer:
             check_batch_layout(p.global_batch_size, p.seq_len, s.train.microbatches, mesh_shape,
                                f"phase {p.name!r}" if s.train.data == "pipeline" else "train.global_batch_size")
         check_platform_support(mesh_shape, s.model.expert_parallel)
-        check_attention_layout(resolve_attention_kernel(s.model.attention_kernel), mesh_shape)
         if s.train.init_from_hf and not os.path.isdir(s.train.init_from_hf):
             raise ConfigError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory (an HF checkpoint "
                               "directory: config.json + safetensors)")
