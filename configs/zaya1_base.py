@@ -15,7 +15,7 @@ Mesh: data=-1, context=2 (context pairs are neighbouring GPUs of a node), one me
 phases, the mesh `python -m zaya_jax.planner --search --devices 1024` picks for this config on MI300X
 and on H200 with the XLA attention path that kernels.attention=auto runs on GPU: on 1,024 GPUs
 data=512 splits every phase's batch (4096, 4096 and the 32k phase's 512), which data=1024 cannot,
-and the planner predicts 0.445 s per 4k step against 0.453 s for data=512,tensor=2
+and the planner predicts 0.445 s per 4k step against 0.474 s for data=512,tensor=2
 (launch/README.md, docs/parallel.md). The Pallas flash kernel (kernels.attention=pallas) runs
 context > 1 too. The config declares mesh.platform=gpu: on
 a jax without a GPU plugin the trainer stops and names the install.

@@ -9,8 +9,9 @@ Peaks (per GPU; `sources` below name the datasheets):
   inter_node_gbps the GPU's own NIC (one per GPU, rail-optimised clusters), GB/s
   devices_per_node GPUs sharing one scale-up domain
 
-Achievable fractions (assumptions, not measurements): large bf16 GEMMs, streaming HBM
-bandwidth and collective bus bandwidth (ring / hierarchical algorithms) per link.
+Achievable fractions: large bf16 GEMMs (on AMD the vendor's published Max-Achievable FLOPs, cited
+below; elsewhere assumed), streaming HBM bandwidth and collective bus bandwidth (ring /
+hierarchical algorithms) per link (assumed).
 
 Calibration file (the rates a GPU self-test measures, all on one device kind):
   {"device_kind": "AMD Instinct MI300X",   # must name the profile's GPU (checked)
@@ -60,21 +61,29 @@ class HardwareProfile:
                 "inter_node_bytes": self.inter_node_gbps * 1e9 * e.inter_node}
 
 
-# Assumed achievable fractions. GEMM: SemiAnalysis' MI300X vs H100/H200 training benchmarks
-# (Dec 2024) measured large bf16 GEMMs near 60% of peak on MI300X and 70-75% on H100/H200;
-# HBM: STREAM-like copies reach about 80%; collectives: RCCL/NCCL all-reduce bus bandwidth
-# about 70% of xGMI, 80% of NVLink and of a 400G NIC.
-_AMD = Efficiency(matmul=0.60, hbm=0.80, intra_node=0.70, inter_node=0.80)
+# Achievable fractions. AMD GEMMs: AMD's published Max-Achievable FLOPs (MAF, the best a tuned
+# hipBLASLt bf16 GEMM sustains at the clock dense matrix work runs at; ROCm blog "Measuring
+# Max-Achievable FLOPs - Part 2", Feb 2025): 708 TFLOP/s on MI300X (750 W, 1207 MHz median) and
+# 840.8 on MI325X (1000 W), 54% and 64% of the 1307.4 peak. NVIDIA GEMMs: an assumption, large
+# bf16 GEMMs at about 72% of peak on H100/H200. HBM: STREAM-like copies reach about 80%;
+# collectives: RCCL/NCCL all-reduce bus bandwidth about 70% of xGMI, 80% of NVLink and of a 400G
+# NIC (assumptions). A calibration file of measured rates replaces any of them.
+MAF_SOURCE = ("AMD ROCm blog, Measuring Max-Achievable FLOPs - Part 2 (rocm.blogs.amd.com, Feb 2025): "
+              "MAF bf16 708 TFLOP/s on MI300X (750 W, 1207 MHz), 840.8 TFLOP/s on MI325X (1000 W), "
+              "hipBLASLt M=4096 N=4864 K=32896")
+_MI300X = Efficiency(matmul=708.0 / 1307.4, hbm=0.80, intra_node=0.70, inter_node=0.80)
+_MI325X = dataclasses.replace(_MI300X, matmul=840.8 / 1307.4)
 _NVIDIA = Efficiency(matmul=0.72, hbm=0.80, intra_node=0.80, inter_node=0.80)
 
 PROFILES: dict[str, HardwareProfile] = {p.name: p for p in (
-    HardwareProfile("mi300x", "MI300X", 1307.4, 5300.0, 192.0, "xGMI", 448.0, 50.0, 8, _AMD,
+    HardwareProfile("mi300x", "MI300X", 1307.4, 5300.0, 192.0, "xGMI", 448.0, 50.0, 8, _MI300X,
                     "AMD Instinct MI300X datasheet: 1307.4 TFLOP/s dense bf16, 192 GB HBM3 at 5.3 TB/s; "
                     "AMD Instinct platform brief: 7 xGMI links per GPU at 64 GB/s each way (448 GB/s), "
-                    "896 GB/s aggregate; NIC: one 400 Gb/s (50 GB/s) Pollara/ConnectX-7 per GPU"),
-    HardwareProfile("mi325x", "MI325X", 1307.4, 6000.0, 256.0, "xGMI", 448.0, 50.0, 8, _AMD,
+                    "896 GB/s aggregate; NIC: one 400 Gb/s (50 GB/s) Pollara/ConnectX-7 per GPU; GEMM "
+                    f"efficiency: {MAF_SOURCE}"),
+    HardwareProfile("mi325x", "MI325X", 1307.4, 6000.0, 256.0, "xGMI", 448.0, 50.0, 8, _MI325X,
                     "AMD Instinct MI325X datasheet: 1307.4 TFLOP/s dense bf16, 256 GB HBM3E at 6 TB/s; "
-                    "xGMI as MI300X; NIC 400 Gb/s per GPU"),
+                    f"xGMI as MI300X; NIC 400 Gb/s per GPU; GEMM efficiency: {MAF_SOURCE}"),
     HardwareProfile("h100", "H100", 989.4, 3350.0, 80.0, "NVLink", 450.0, 50.0, 8, _NVIDIA,
                     "NVIDIA H100 SXM datasheet: 989.4 TFLOP/s dense bf16 (1979 with sparsity), 80 GB HBM3 "
                     "at 3.35 TB/s, NVLink 900 GB/s (450 each way); DGX H100: one ConnectX-7 400 Gb/s per GPU"),
