@@ -58,16 +58,20 @@ class _Config:
     causal: bool
     window: int | None  # sliding window (keys per query, causal only) or None
     seq_len: int  # queries before padding (S, or Sq); keys past it are masked when not causal
-    block_q: int  # blocks of the kernels being built (forward ones until `backward()`)
+    block_q: int  # blocks, stages and warps of the kernels being built (forward ones until `backward()`)
     block_k: int
     block_q_bwd: int
     block_k_bwd: int
     num_stages: int
+    num_warps: int
+    num_stages_bwd: int
+    num_warps_bwd: int
     interpret: bool
 
     def backward(self) -> _Config:
-        """The same call with the backward blocks in block_q, block_k."""
-        return dataclasses.replace(self, block_q=self.block_q_bwd, block_k=self.block_k_bwd)
+        """The same call with the backward blocks, stages and warps in block_q, block_k, num_stages, num_warps."""
+        return dataclasses.replace(self, block_q=self.block_q_bwd, block_k=self.block_k_bwd,
+                                   num_stages=self.num_stages_bwd, num_warps=self.num_warps_bwd)
 
     @property
     def logit_scale(self) -> float:
@@ -78,9 +82,8 @@ class _Config:
         """Key-validity bound to mask with, or None when causality already hides the padding."""
         return None if self.causal else self.seq_len
 
-    def options(self, head_dim: int) -> dict:
-        warps = 8 if head_dim >= 128 and self.block_q * self.block_k >= 128 * 64 else 4
-        return _backend.pallas_call_options(self.interpret, num_warps=warps, num_stages=self.num_stages)
+    def options(self) -> dict:
+        return _backend.pallas_call_options(self.interpret, num_warps=self.num_warps, num_stages=self.num_stages)
 
 
 def _logits(a, b, a_pos, b_pos, a_seg, b_seg, *, cfg: _Config, causal_mask: bool, keys_first: bool = False):
@@ -290,7 +293,7 @@ def _forward(q, k, v, seg, q_seg, off, cfg: _Config):
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)],
         name="cca_flash_attention_fwd",
-        **cfg.options(dim),
+        **cfg.options(),
     )(q, k, v, seg, q_seg, off)
 
 
@@ -312,7 +315,7 @@ def _backward(q, k, v, seg, q_seg, off, o, lse, do, cfg: _Config):
         out_specs=q_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         name="cca_flash_attention_dq",
-        **cfg.options(dim),
+        **cfg.options(),
     )(q, k, v, seg, q_seg, off, do, lse, delta)
 
     grouped = (batch, seq, kv_heads, group, dim)  # query head n = m * G + g
@@ -327,7 +330,7 @@ def _backward(q, k, v, seg, q_seg, off, o, lse, do, cfg: _Config):
         out_specs=[k_spec, k_spec],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         name="cca_flash_attention_dkdv",
-        **cfg.options(dim),
+        **cfg.options(),
     )(q.reshape(grouped), k, v, seg, q_seg, off, do.reshape(grouped),
       lse.reshape(batch, kv_heads, group, seq), delta.reshape(batch, kv_heads, group, seq))
     return dq, dk, dv
@@ -365,7 +368,7 @@ def cca_flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     only keys with its segment id). Returns [B, S, N, H] in q.dtype; differentiable in q, k, v.
     block_q, block_k (forward) and block_q_bwd, block_k_bwd (both backward kernels): powers of two
     (>= 16 on GPU); S need not be a multiple of them (padded and masked). None: the platform's
-    (pallas_kernels.platform_blocks, which also sets the pipeline stages).
+    (pallas_kernels.platform_blocks, which also sets the pipeline stages and warps).
     interpret: None = interpret mode on CPU only. window: query s sees keys s - window < t <= s
     (needs causal). Matches `attention_reference`.
 
@@ -399,7 +402,8 @@ def cca_flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     blocks = [_backend.block_size(b, k.shape[1]) for b in requested]
     cfg = _Config(sm_scale=dim ** -0.5 if sm_scale is None else float(sm_scale), causal=causal,
                   window=window, seq_len=seq, block_q=blocks[0], block_k=blocks[1], block_q_bwd=blocks[2],
-                  block_k_bwd=blocks[3], num_stages=table.num_stages,
+                  block_k_bwd=blocks[3], num_stages=table.num_stages, num_warps=table.num_warps,
+                  num_stages_bwd=table.num_stages_bwd, num_warps_bwd=table.num_warps_bwd,
                   interpret=_backend.resolve_interpret(interpret))
 
     def pad(x):

@@ -16,7 +16,7 @@ from zaya_jax.parallel.attention_sharding import zigzag_halves
 
 S, C, BLOCK = 8192, 4, 128
 CFG = _Config(sm_scale=1.0, causal=True, window=None, seq_len=S, block_q=BLOCK, block_k=BLOCK, block_q_bwd=BLOCK,
-              block_k_bwd=BLOCK, num_stages=1, interpret=True)
+              block_k_bwd=BLOCK, num_stages=1, num_warps=4, num_stages_bwd=1, num_warps_bwd=4, interpret=True)
 
 
 def blocks_walked(offset: int, length: int) -> tuple[int, int]:
