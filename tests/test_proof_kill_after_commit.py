@@ -73,15 +73,22 @@ def test_kill_at_the_commit_of_the_first_and_a_later_checkpoint_loses_neither(re
 
 
 def _kill_job_at_commit(workdir, commit: int) -> None:
-    """A 2-process job whose process 0 is SIGKILLed the instant it commits `commit`; process 1 then too."""
+    """A 2-process job whose process 0 is SIGKILLed the instant it commits `commit`; process 1 then too.
+
+    Process 1 may end first: jax's coordination client aborts it (SIGABRT) as soon as the socket of
+    process 0, the coordinator, closes, which can be before process 0's large address space is torn
+    down and its exit seen here. So only process 0 is waited for, and process 1 is killed unless it
+    aborted that way."""
     job = Job(workdir, *RUN, devices_per_process=4, faults={"KILL_AFTER_COMMIT": commit})
     deadline = time.time() + 300
     while job.processes[0].poll() is None:
-        job.check_running(deadline, f"process 0 was not killed at the commit of {commit}")
+        if time.time() > deadline:
+            job.check_running(deadline, f"process 0 was not killed at the commit of {commit}")
         time.sleep(0.02)
     job.signal(1, signal.SIGKILL)
     codes, _ = job.finish()
-    assert codes == [-signal.SIGKILL] * 2, job.output(0)[-3000:]
+    assert codes[0] == -signal.SIGKILL and codes[1] in (-signal.SIGKILL, -signal.SIGABRT), \
+        (codes, job.output(0)[-3000:], job.output(1)[-3000:])
     previous = commit - EVERY
     assert (f"start at step {previous}: restored checkpoint {previous}" if previous else
             "start at step 0: fresh initialisation") in job.output(0)
