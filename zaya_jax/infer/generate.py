@@ -149,14 +149,14 @@ def generate(model: ZayaLM, prompt_ids, max_new_tokens: int, *, temperature: flo
                          f"model.max_position_embeddings={cfg.max_position_embeddings}")
     graphdef, params = nnx.split(model)
     ids, lengths = jnp.asarray(ids), jnp.asarray(lengths)
-    listener = next(_listener_ids)
-    if on_token is not None:
-        _listeners[listener] = on_token
     with contextlib.ExitStack() as placed:
         if mesh is not None:
             ids, lengths, params = split_rows(mesh, ids, lengths, params)
             placed.enter_context(jax.set_mesh(mesh))
         logits, state = _prefill(graphdef, params, ids, lengths, ids.shape[1] + max_new_tokens - 1)
+        listener = next(_listener_ids)
+        if on_token is not None:
+            _listeners[listener] = on_token
         try:
             tokens = _decode(graphdef, params, state, logits, jax.random.key(seed), jnp.int32(listener),
                              max_new_tokens=max_new_tokens, sampler=sampler,
