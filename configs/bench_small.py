@@ -40,7 +40,8 @@ def get_config():
     config.dpo = ml_collections.ConfigDict(dict(beta=0.1, label_smoothing=0.0, rpo_alpha=0.0))
     config.eval = eval_section(every_steps=0, max_batches=0)
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=1,
-                                                 shard_optimizer_over_data=False, platform="any"))
+                                                 shard_optimizer_over_data=False,
+                                                 gradient_reduce_dtype="float32", platform="any"))
     config.monitor = ml_collections.ConfigDict(dict(progress_bar=True, tensorboard=True, heatmap_every_steps=0,
                                                    profile_start_step=0, profile_steps=3))
     return config

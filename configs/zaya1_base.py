@@ -57,7 +57,8 @@ def get_config():
     config.dpo = ml_collections.ConfigDict(dict(beta=0.1, label_smoothing=0.0, rpo_alpha=0.0))
     config.eval = eval_section(every_steps=5000, max_batches=0)
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=2,
-                                                 shard_optimizer_over_data=True, platform="gpu"))
+                                                 shard_optimizer_over_data=True,
+                                                 gradient_reduce_dtype="float32", platform="gpu"))
     config.monitor = ml_collections.ConfigDict(dict(progress_bar=True, tensorboard=True, heatmap_every_steps=1000,
                                                    profile_start_step=0, profile_steps=3))
     return config

@@ -29,7 +29,8 @@ below, and every error names the offending `section.field`):
               checkpoint save), harness_limit (documents per task, 0: all), harness_include_path,
               harness_batch_size (zaya_jax.harness.in_training)
   mesh        data, fsdp, expert, tensor, context (one may be -1), shard_optimizer_over_data,
-              platform ('any' | 'cpu' | 'gpu' | 'cuda' | 'rocm' | 'tpu': the trainer refuses to
+              gradient_reduce_dtype ('float32': the partitioner reduces; 'bfloat16': summed over
+              data by hand, zaya_jax.parallel.gradient_reduce), platform ('any' | 'cpu' | 'gpu' | 'cuda' | 'rocm' | 'tpu': the trainer refuses to
               start on another, naming the install command)
   monitor     progress_bar, tensorboard, heatmap_every_steps (0: only at the end),
               profile_start_step (0: off; else trace the profile_steps steps after it to
@@ -47,6 +48,7 @@ import ml_collections
 
 from zaya_jax.config import ConfigError, ModelConfig
 from zaya_jax.config_files import model_config
+from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES
 from zaya_jax.parallel.mesh import MESH_AXES, PLATFORMS
 from zaya_jax.train.objectives import OBJECTIVES
 
@@ -134,6 +136,7 @@ class MeshSettings:
     tensor: int = 1
     context: int = 1
     shard_optimizer_over_data: bool = False
+    gradient_reduce_dtype: str = "float32"
     platform: str = "any"
 
     @property
@@ -168,7 +171,8 @@ SECTIONS = {"train": TrainSettings, "optimizer": OptimizerSettings, "balancing":
             "monitor": MonitorSettings, "dpo": DPOSettings}
 CHOICES = {("train", "data"): ("synthetic", "pipeline"), ("train", "objective"): OBJECTIVES,
            ("optimizer", "name"): ("muon", "adamw"),
-           ("optimizer", "schedule"): ("cosine", "wsd", "constant"), ("mesh", "platform"): PLATFORMS}
+           ("optimizer", "schedule"): ("cosine", "wsd", "constant"), ("mesh", "platform"): PLATFORMS,
+           ("mesh", "gradient_reduce_dtype"): GRADIENT_REDUCE_DTYPES}
 POSITIVE = {("train", "steps"), ("train", "microbatches"), ("train", "loss_chunk_size"),
             ("train", "log_every_steps"), ("optimizer", "learning_rate"), ("optimizer", "eps"),
             ("optimizer", "muon_ns_steps"), ("optimizer", "muon_rms_scale"), ("balancing", "rate"),

@@ -10,6 +10,9 @@ B global batch, M micro-batches, S seq, L layers, E experts (+1 skip).
       dpo:     nll = per-token nll of the policy [b,S] and of the frozen reference (stop_gradient);
                value, sums = objective.micro_sums(nll, reference nll, micro-batch)
       grads += d value / d params; sums += sums; counts += expert_counts
+  with mesh.gradient_reduce_dtype != 'float32' and data > 1: the scan runs on each data rank's own
+      rows, and grads, sums, counts are summed over data once after it, the grads in that dtype
+      (parallel/gradient_reduce.py); else the partitioner reduces each micro-batch's grads in float32
   grads /= count (masked tokens, or valid DPO pairs, of the whole global batch: accumulating M
       micro-batches gives exactly the gradient of one big batch); metrics = objective.metrics(sums)
   finite = loss and grad norm are finite
@@ -31,6 +34,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from zaya_jax.model.zaya import tied_logits
+from zaya_jax.parallel.context import current_mesh_shape
+from zaya_jax.parallel.gradient_reduce import GradientReduce, summed_over_data
 from zaya_jax.parallel.rules import batch_spec
 from zaya_jax.train import balancing
 from zaya_jax.train.loss import chunked_token_nll, weighted_nll_sum
@@ -82,40 +87,57 @@ def objective_value(parts: ModelParts, objective, params: dict, biases: jax.Arra
     return value, (sums, stats)
 
 
-def split_microbatches(batch: dict, m: int, mesh: Mesh | None) -> dict:
-    """{k: [B, S]} -> {k: [M, B/M, S]}, row r in micro-batch r mod M."""
+def split_microbatches(batch: dict, m: int) -> dict:
+    """{k: [B, S]} -> {k: [M, B/M, S]}, row r in micro-batch r mod M, each micro-batch sharded
+    as the batch over the active mesh (its axes that are not manual)."""
+    shape = current_mesh_shape()
+
     def one(x):
         x = x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
-        if mesh is None:
+        if not shape:
             return x
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, *batch_spec(mesh, x.ndim - 1))))
+        return jax.lax.with_sharding_constraint(x, P(None, *batch_spec(shape, x.ndim - 1)))
     return {k: one(batch[k]) for k in BATCH_KEYS}
 
 
 def train_step(state: TrainState, batch: dict, *, parts: ModelParts, tx: optax.GradientTransformation,
                controller: optax.GradientTransformation, lr_schedule: Callable, rope_theta: float,
                microbatches: int, loss_chunk: int, balance: bool, include_skip: bool,
-               mesh: Mesh | None, objective=TokenObjective()) -> tuple[TrainState, dict]:
+               mesh: Mesh | None, objective=TokenObjective(),
+               gradient_reduce: GradientReduce | None = None) -> tuple[TrainState, dict]:
     """One optimizer step on a global batch {inputs, targets, segment_ids, positions, loss_mask: [B, S]}.
+
+    gradient_reduce: sum the gradients over mesh `data` by hand in its dtype (None: the partitioner).
 
     metrics: objective.metric_keys (loss; for dpo also reward_margin, reward_accuracy,
              chosen_reward, rejected_reward, pairs), grad_norm, lr, tokens, skipped (0/1),
              skipped_steps, nonfinite_streak []; expert_counts [L, E+1], dropped [L] (summed over the batch).
     """
-    grad_fn = jax.value_and_grad(
-        lambda p, mb: objective_value(parts, objective, p, state.biases, state.reference, mb, rope_theta,
-                                      loss_chunk), has_aux=True)
+    def accumulated(params, fixed, batch):
+        """-> (grads summed over the micro-batches of `batch`, (sums, expert counts, dropped))."""
+        biases, reference = fixed
+        grad_fn = jax.value_and_grad(
+            lambda p, mb: objective_value(parts, objective, p, biases, reference, mb, rope_theta, loss_chunk),
+            has_aux=True)
 
-    def micro(carry, mb):
-        grads, sums, counts, dropped = carry
-        (_, (mb_sums, stats)), mb_grads = grad_fn(state.params, mb)
-        return (jax.tree.map(jnp.add, grads, mb_grads), jax.tree.map(jnp.add, sums, mb_sums),
-                counts + stats.expert_counts, dropped + stats.dropped), None
+        def micro(carry, mb):
+            grads, sums, counts, dropped = carry
+            (_, (mb_sums, stats)), mb_grads = grad_fn(params, mb)
+            return (jax.tree.map(jnp.add, grads, mb_grads), jax.tree.map(jnp.add, sums, mb_sums),
+                    counts + stats.expert_counts, dropped + stats.dropped), None
 
-    num_layers, num_classes = state.biases.shape
-    zeros = (jax.tree.map(jnp.zeros_like, state.params), zero_sums(objective),
-             jnp.zeros((num_layers, num_classes), jnp.int32), jnp.zeros((num_layers,), jnp.int32))
-    (grads, sums, counts, dropped), _ = jax.lax.scan(micro, zeros, split_microbatches(batch, microbatches, mesh))
+        num_layers, num_classes = biases.shape
+        zeros = (jax.tree.map(jnp.zeros_like, params), zero_sums(objective),
+                 jnp.zeros((num_layers, num_classes), jnp.int32), jnp.zeros((num_layers,), jnp.int32))
+        (grads, *extras), _ = jax.lax.scan(micro, zeros, split_microbatches(batch, microbatches))
+        return grads, tuple(extras)
+
+    fixed = (state.biases, state.reference)
+    if gradient_reduce is not None and mesh is not None and mesh.shape.get("data", 1) > 1:
+        grads, (sums, counts, dropped) = summed_over_data(accumulated, state.params, fixed, batch, mesh=mesh,
+                                                          reduce=gradient_reduce)
+    else:
+        grads, (sums, counts, dropped) = accumulated(state.params, fixed, batch)
     objective_metrics = objective.metrics(sums)
     loss = objective_metrics["loss"]
     denom = jnp.maximum(sums[objective.count_key], 1.0)
