@@ -37,10 +37,13 @@ DEVICES = 1024
 SEED_PFLOPS = 750.0
 
 
-def base_shape(config) -> StepShape:
-    return StepShape(1, 1, grad_accum=config.train.microbatches, optimizer=config.optimizer.name,
+def base_shape(config, gradient_reduce_dtype: str | None = None, microbatches: int = 0) -> StepShape:
+    """The config's step; gradient_reduce_dtype None: its mesh.gradient_reduce_dtype; microbatches 0:
+    its train.microbatches."""
+    return StepShape(1, 1, grad_accum=microbatches or config.train.microbatches, optimizer=config.optimizer.name,
                      shard_optimizer_over_data=config.mesh.shard_optimizer_over_data, platform="gpu",
-                     ns_steps=config.optimizer.muon_ns_steps, loss_chunk=config.train.loss_chunk_size)
+                     ns_steps=config.optimizer.muon_ns_steps, loss_chunk=config.train.loss_chunk_size,
+                     gradient_reduce_dtype=gradient_reduce_dtype or config.mesh.gradient_reduce_dtype)
 
 
 def summarise(result: dict) -> dict:
@@ -58,13 +61,15 @@ def summarise(result: dict) -> dict:
             "hbm_bytes_per_device": p["hbm_bytes_per_device"], "collectives": p["collectives"]}
 
 
-def phase_cases(cfg, config, mesh: str | None, hw) -> list[dict]:
+def phase_cases(cfg, config, mesh: str | None, hw, gradient_reduce_dtype: str | None = None,
+                microbatches: int = 0) -> list[dict]:
     """Every phase on `mesh` (None: the config's own mesh for each phase), with the days it takes."""
     out = []
     for phase in config_phases(config):
         sizes = phase_mesh(config, phase, parse_mesh_flag(mesh) if mesh else None)
         try:
-            case = summarise(plan_phase(cfg, phase_shape(base_shape(config), phase), resolve_mesh_shape(sizes, DEVICES),
+            shape = phase_shape(base_shape(config, gradient_reduce_dtype, microbatches), phase)
+            case = summarise(plan_phase(cfg, shape, resolve_mesh_shape(sizes, DEVICES),
                                         hw, hw.memory_gb))
             out.append({"phase": phase.name, **case, "days": phase.num_batches * case["step_s"] / 86400})
         except ValueError as e:
@@ -116,6 +121,15 @@ def main():
         "data1024_xla_attention": phase_cases(cfg, config, "data=1024", hw),
         "data1024_flash_attention": phase_cases(flash, config, "data=1024", hw),
         "data1024_flash_attention_no_remat": phase_cases(flash.replace(remat="none"), config, "data=1024", hw),
+        # mesh.gradient_reduce_dtype='bfloat16' (zaya_jax.parallel.gradient_reduce): the data-axis
+        # gradients reduce-scattered once per step in bf16 after the backward (not behind it); the
+        # updated (float32) parameters' all-gather unchanged. With 4 micro-batches the partitioner
+        # reduces float32 gradients in each of them.
+        "shipped_config_mesh_xla_attention_bf16_gradients": phase_cases(cfg, config, None, hw, "bfloat16"),
+        "data1024_flash_attention_bf16_gradients": phase_cases(flash, config, "data=1024", hw, "bfloat16"),
+        "shipped_config_mesh_xla_attention_4_microbatches": phase_cases(cfg, config, None, hw, "float32", 4),
+        "shipped_config_mesh_xla_attention_4_microbatches_bf16_gradients": phase_cases(cfg, config, None, hw,
+                                                                                       "bfloat16", 4),
         "search": {"xla_attention": {"whole_run_top5": found["whole_run"][:5],
                                      "phase_top3": {p["name"]: p["ranked"][:3] for p in found["phases"]}},
                    "flash_attention": {"whole_run_top5": found_flash["whole_run"][:5],

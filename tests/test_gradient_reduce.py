@@ -12,6 +12,8 @@
 """
 
 import collections
+import math
+import re
 
 import jax
 import pytest
@@ -21,7 +23,9 @@ from jaxlib.mlir import ir
 from test_proof_sharded_training import K, _config, _initial_model, assert_states_close, one_device_states
 from train_helpers import run_train, train_losses
 from zaya_jax.parallel.gradient_reduce import ALL_REDUCE, GradientReduce, scatter_dimension
+from zaya_jax.config_files import model_config
 from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
+from zaya_jax.planner.step_plan import StepShape, collectives, plan
 from zaya_jax.train.data import open_training_data
 from zaya_jax.train.program import abstract_batch, build_program
 from zaya_jax.train.settings import settings_from_config
@@ -59,7 +63,7 @@ def test_float32_by_hand_equals_one_device(optimizer, mesh_flag, zero1, microbat
 
 
 def _reductions(config, mesh) -> list[tuple[str, str]]:
-    """[(op, result type)] of every all-reduce and reduce-scatter in the lowered train step."""
+    """[(op, operand type)] of every all-reduce and reduce-scatter in the lowered train step."""
     s = settings_from_config(config)
     program = build_program(s, mesh)
     state = with_shardings(program.abstract_state, program.shardings)
@@ -75,7 +79,7 @@ def _reductions(config, mesh) -> list[tuple[str, str]]:
                 for child in block.operations:
                     child = child.operation
                     if child.name in ("stablehlo.all_reduce", "stablehlo.reduce_scatter"):
-                        found.append((child.name.split(".")[1], str(child.results[0].type)))
+                        found.append((child.name.split(".")[1], str(child.operands[0].type)))
                     walk(child)
     walk(module.operation)
     return found
@@ -95,6 +99,13 @@ def test_bfloat16_option_puts_one_bf16_reduction_per_parameter_on_the_wire():
     assert 0 < scattered < len(params)
     assert collections.Counter(op for op, _ in bf16) == {"reduce_scatter": scattered,
                                                          "all_reduce": len(params) - scattered}
+    # the planner's data-axis gradient bytes (ring factor off) are what these collectives take in
+    sent = sum(2 * math.prod(int(n) for n in re.findall(r"(\d+)x", t)) for _, t in bf16)
+    shape = StepShape(8, 64, shard_optimizer_over_data=True, gradient_reduce_dtype="bfloat16", platform="cpu")
+    cfg = model_config(config)
+    planned = [c for c in collectives(cfg, dict(mesh.shape), shape, plan(cfg, dict(mesh.shape), shape)["bytes_per_device"])
+               if c.axis == "data" and c.what == "gradients"]
+    assert len(planned) == 1 and planned[0].bytes / (3 / 4) == pytest.approx(sent, rel=0.01)
 
 
 def test_bfloat16_on_the_wire_trains_the_demo_like_float32(tmp_path):
@@ -123,3 +134,34 @@ def test_refuses_a_mesh_the_partitioner_cannot_compile_it_on(tmp_path):
     assert done.returncode != 0
     assert "mesh.gradient_reduce_dtype='bfloat16' runs on data with at most one other axis > 1" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _compiled_all_reduces(dtype: str) -> dict[str, int]:
+    """{'in loops': n, 'after them': n}: the all-reduces of parameter-shaped arrays (rank >= 2) of
+    tiny's compiled step on data=8 with 2 micro-batches (XLA:CPU, whose reduce-scatters are
+    all-reduces and whose bf16 all-reduces are widened to float32)."""
+    mesh = make_mesh(parse_mesh_flag("data=8"))
+    config = _config("adamw", "data=8")
+    config.train.update(microbatches=2, global_batch_size=16)
+    config.mesh.gradient_reduce_dtype = dtype
+    s = settings_from_config(config)
+    program = build_program(s, mesh)
+    state = with_shardings(program.abstract_state, program.shardings)
+    with jax.set_mesh(mesh):
+        text = program.train_step.lower(state, abstract_batch(s.train.global_batch_size, s.train.seq_len),
+                                        s.model.rope_theta).compile().as_text()
+    where = collections.Counter()
+    for computation in re.split(r"\n(?=\S.*\{\n)", text):
+        results = re.findall(r"= (.*?) all-reduce\(", computation)  # (combined ones are tuples)
+        shapes = [shape for result in results for shape in re.findall(r"f32\[\d+,[\d,]*\]", result)]
+        if shapes:
+            where["after them" if computation.startswith("ENTRY") else "in loops"] += len(shapes)
+    return dict(where)
+
+
+def test_partitioner_reduces_in_every_micro_batch_and_by_hand_once_after():
+    """What the planner models (planner/step_plan.collectives): left to the partitioner the gradient
+    all-reduces sit inside the loops (each micro-batch's backward), summed by hand after them."""
+    partitioner, by_hand = _compiled_all_reduces("float32"), _compiled_all_reduces("bfloat16")
+    assert partitioner.get("in loops", 0) > 0, partitioner
+    assert by_hand.get("in loops", 0) == 0 and by_hand.get("after them", 0) > 0, by_hand

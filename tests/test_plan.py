@@ -126,3 +126,18 @@ def test_tiles_dispatch_saves_sorted_rows_and_two_pre_activations(tensor):
     mesh = resolve_mesh_shape({"data": -1, "tensor": tensor}, 8)
     d, i, w = cfg.hidden_size, cfg.moe_intermediate_size / tensor, cfg.moe_tile_size
     assert dispatch_numbers_per_layer(cfg, 100, mesh, "cpu") == (100 + w) * (d + 2 * i)
+
+
+def test_plan_search_with_bf16_gradient_reduction_leaves_out_the_meshes_the_trainer_refuses():
+    done = _plan_cli("--config", "configs/demo.py", "--search", "--devices", "8", "--hardware", "h200", "--json",
+                     "--gradient_reduce_dtype", "bfloat16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    phases = json.loads(done.stdout)["search"]["phases"]
+    for phase in phases:
+        assert phase["infeasible"]["mesh.gradient_reduce_dtype refuses it"] > 0
+        for row in phase["ranked"]:
+            sizes = dict(part.split("=") for part in row["mesh"].split(",")) if "=" in row["mesh"] else {}
+            assert "data" not in sizes or len(sizes) <= 2, row["mesh"]
+    done = _plan_cli("--config", "configs/demo.py", "--mesh", "data=2,fsdp=2,tensor=2", "--gradient_reduce_dtype",
+                     "bfloat16")
+    _assert_user_error(done, "mesh.gradient_reduce_dtype='bfloat16' runs on data with at most one other axis > 1")

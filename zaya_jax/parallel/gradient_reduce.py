@@ -15,7 +15,8 @@ wire, back to float32 after:
   extras  = all_reduce_data(extras_d)                          (loss sums, expert counts: exact)
 
 That is what Megatron-Core's distributed optimizer does with grad_reduce_in_fp32=False: bf16
-halves the bytes every rank sends per step. The sum itself runs in the collective's arithmetic:
+halves the bytes every rank sends, and M micro-batches send them once instead of M times; but
+the sum runs after the whole backward instead of behind it (docs/parallel.md weighs the two). The sum itself runs in the collective's arithmetic:
 bf16 adds on GPUs (NCCL/RCCL); XLA:CPU widens a bf16 all-reduce to float32 and rounds once.
 
 The reduction sits in a second, fully manual shard_map: XLA:CPU's all-reduce promotion pass

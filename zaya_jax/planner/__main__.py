@@ -29,6 +29,7 @@ from zaya_jax.config import ConfigError
 from zaya_jax.config_files import model_config
 from zaya_jax.hardware import PROFILES, calibrated
 from zaya_jax.model.accounting import model_summary
+from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES, check_mesh
 from zaya_jax.parallel.mesh import parse_mesh_flag, resolve_mesh_shape
 from zaya_jax.planner.mesh_search import mesh_name, search
 from zaya_jax.planner.phase_plan import config_phases, phase_mesh, phase_shape, plan_phase, run_time
@@ -54,6 +55,9 @@ _TOP = flags.DEFINE_integer("top", 5, "Meshes listed per phase by --search.")
 _ACCUM = flags.DEFINE_integer("grad_accum", None, "Micro-batches per step (default: config train.microbatches or 1).")
 _OPTIMIZER = flags.DEFINE_enum("optimizer", None, ["adamw", "muon"], "Optimizer (default: config optimizer.name).")
 _PLATFORM = flags.DEFINE_enum("platform", "gpu", ["gpu", "cpu"], "Target platform (picks the auto MoE backend).")
+_REDUCE_DTYPE = flags.DEFINE_enum("gradient_reduce_dtype", None, list(GRADIENT_REDUCE_DTYPES),
+                                  "The data-axis gradient sum's wire dtype (default: config "
+                                  "mesh.gradient_reduce_dtype or float32).")
 _ZERO1 = flags.DEFINE_bool("shard_optimizer_over_data", None,
                            "Optimizer state also sharded over data (default: config mesh.shard_optimizer_over_data).")
 
@@ -181,7 +185,8 @@ def step_shape(config) -> StepShape:
                      loss_chunk=train.get("loss_chunk_size", 512), objective=train.get("objective", "lm"),
                      optimizer="muon" if "muon" in optimizer else "adamw", platform=_PLATFORM.value,
                      shard_optimizer_over_data=bool(_ZERO1.value if _ZERO1.value is not None
-                                                    else mesh.get("shard_optimizer_over_data", False)))
+                                                    else mesh.get("shard_optimizer_over_data", False)),
+                     gradient_reduce_dtype=_REDUCE_DTYPE.value or mesh.get("gradient_reduce_dtype", "float32"))
 
 
 def _nearest_divisors(n: int, k: int) -> list[int]:
@@ -280,6 +285,7 @@ def main(argv):
     if mesh:
         shape = step_shape(_CONFIG.value)
         check_mesh_fits_step(_CONFIG.value, mesh, shape)
+        check_mesh(mesh, shape.gradient_reduce_dtype)
         summary["plan"] = plan(cfg, mesh, shape, memory_gb)
         source = _step_source(_CONFIG.value)[2]
         summary["plan"]["step_from"] = "train.global_batch_size, train.seq_len" if source == "train" else source

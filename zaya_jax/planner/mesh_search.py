@@ -15,6 +15,7 @@ import math
 from zaya_jax.config import ModelConfig
 from zaya_jax.data.curriculum import PhaseInfo
 from zaya_jax.hardware import HardwareProfile
+from zaya_jax.parallel.gradient_reduce import check_mesh
 from zaya_jax.parallel.mesh import MESH_AXES
 from zaya_jax.planner.phase_plan import phase_shape, plan_phase
 from zaya_jax.planner.step_plan import StepShape, _parameters
@@ -50,11 +51,13 @@ def search(cfg: ModelConfig, phases: tuple[PhaseInfo, ...], base: StepShape, dev
     candidates = candidate_meshes(cfg, devices, [p.seq_len for p in phases])
     for mesh in candidates:
         try:
+            check_mesh(mesh, base.gradient_reduce_dtype)
             parameters = _parameters(cfg, mesh)
-        except ValueError:
+        except ValueError as e:
+            reason = ("mesh.gradient_reduce_dtype refuses it" if "gradient_reduce_dtype" in str(e)
+                      else "a parameter does not shard")
             for entry in per_phase:
-                entry["infeasible"]["a parameter does not shard"] = entry["infeasible"].get(
-                    "a parameter does not shard", 0) + 1
+                entry["infeasible"][reason] = entry["infeasible"].get(reason, 0) + 1
             continue
         days, days_no_overlap, feasible_everywhere = 0.0, 0.0, True
         for phase, entry in zip(phases, per_phase):

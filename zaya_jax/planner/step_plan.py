@@ -47,6 +47,7 @@ class StepShape:
     distributed_muon: bool = False  # optimizer.muon_distributed: Newton-Schulz spread over the data ranks
     loss_chunk: int = 512       # train.loss_chunk_size: positions per chunk of the loss head
     objective: str = "lm"       # train.objective: lm | sft | dpo (dpo holds a reference model too)
+    gradient_reduce_dtype: str = "float32"  # mesh.gradient_reduce_dtype: the data-axis gradient sum's wire dtype
 
 
 def _shard_factor(spec, mesh: dict[str, int]) -> int:
@@ -225,18 +226,25 @@ def collectives(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: d
     ring = lambda n: (n - 1) / n if n > 1 else 0.0  # noqa: E731
     grads = mem["grads"]
     fsdp = mesh["fsdp"]
-    # FSDP: gather params (compute dtype) in forward and backward of every micro-batch; scatter grads.
+    # FSDP: gather params (compute dtype) in forward and backward of every micro-batch; scatter
+    # grads where each micro-batch's backward makes them (inside the micro-batch loop).
+    m = shape.grad_accum
     out.append(Collective("all_gather", "fsdp", "parameters (forward and backward)",
-                          2 * shape.grad_accum * grads / 4 * dtype_bytes * fsdp * ring(fsdp), True))
-    out.append(Collective("reduce_scatter", "fsdp", "gradients", grads * fsdp * ring(fsdp), True))
+                          2 * m * grads / 4 * dtype_bytes * fsdp * ring(fsdp), True))
+    out.append(Collective("reduce_scatter", "fsdp", "gradients", m * grads * fsdp * ring(fsdp), True))
     # data (and expert, for the non-expert weights) replicas: all-reduce, or reduce-scatter +
-    # all-gather of the update with optimizer-state sharding (same bytes).
+    # all-gather of the (float32) update with optimizer-state sharding. Left to the partitioner
+    # (float32) the gradients are reduced inside every micro-batch's backward, behind its compute;
+    # summed by hand (zaya_jax.parallel.gradient_reduce) once per step after the backward, in
+    # mesh.gradient_reduce_dtype, on the critical path (the optimizer's global norm waits for it).
     dp = mesh["data"]
+    by_hand = shape.gradient_reduce_dtype != "float32" and dp > 1
+    wire = grads * (2 if shape.gradient_reduce_dtype == "bfloat16" else 4) / 4 if by_hand else m * grads
     if shape.shard_optimizer_over_data:
-        out.append(Collective("reduce_scatter", "data", "gradients", grads * ring(dp), True))
+        out.append(Collective("reduce_scatter", "data", "gradients", wire * ring(dp), not by_hand))
         out.append(Collective("all_gather", "data", "updated parameters", grads * ring(dp), True))
     else:
-        out.append(Collective("all_reduce", "data", "gradients", 2 * grads * ring(dp), True))
+        out.append(Collective("all_reduce", "data", "gradients", 2 * wire * ring(dp), not by_hand))
     tokens = shape.global_batch * shape.seq_len / (mesh["data"] * fsdp * mesh["expert"] * mesh["context"])
     act = tokens * cfg.hidden_size * dtype_bytes
     ep, tp, cp = mesh["expert"], mesh["tensor"], mesh["context"]
