@@ -16,8 +16,9 @@ wire, back to float32 after:
 
 That is what Megatron-Core's distributed optimizer does with grad_reduce_in_fp32=False: bf16
 halves the bytes every rank sends, and M micro-batches send them once instead of M times; but
-the sum runs after the whole backward instead of behind it (docs/parallel.md weighs the two). The sum itself runs in the collective's arithmetic:
-bf16 adds on GPUs (NCCL/RCCL); XLA:CPU widens a bf16 all-reduce to float32 and rounds once.
+the sum runs after the whole backward instead of behind it (docs/parallel.md weighs the two).
+The sum itself runs in the collective's arithmetic: bf16 adds on GPUs (NCCL/RCCL); XLA:CPU
+widens a bf16 all-reduce to float32 and rounds once.
 
 The reduction sits in a second, fully manual shard_map: XLA:CPU's all-reduce promotion pass
 aborts on a bf16 all-reduce in a partly manual region (jax 0.10.2 and 0.11.2).
@@ -27,6 +28,9 @@ context, the shipped launch and the 32k phase; data x fsdp, expert or tensor). W
 XLA's SPMD partitioner aborts partitioning the step's gathers inside the data-manual region
 (spmd_partitioner_util.cc ExpandDeviceGroupsWithIota, jax 0.10.2 and 0.11.2): check_mesh refuses
 those meshes before anything compiles.
+
+summed_by_hand says when the step takes this path; the trainer, the planner's collective model
+and its mesh search all ask it.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
 from zaya_jax.config import ConfigError
+from zaya_jax.parallel.context import current_mesh
 from zaya_jax.parallel.rules import with_data_axis
 
 GRADIENT_REDUCE_DTYPES = ("float32", "bfloat16")
@@ -57,10 +62,23 @@ class GradientReduce:
 ALL_REDUCE = -1
 
 
-def check_mesh(mesh_shape: dict[str, int], dtype: str) -> None:
-    """Refuses (ConfigError) a mesh the hand-summed reduction cannot compile on (module docstring)."""
+def summed_by_hand(mesh_shape: dict[str, int], dtype: str) -> bool:
+    """Whether the train step sums the gradients over data by hand: mesh.gradient_reduce_dtype
+    other than float32 on a mesh with data > 1 (else the partitioner reduces them)."""
+    return dtype != "float32" and mesh_shape.get("data", 1) > 1
+
+
+def unsupported_axes(mesh_shape: dict[str, int], dtype: str) -> list[str]:
+    """['axis=n', ...]: the axes besides data that keep the hand-summed step from compiling (two or
+    more of size > 1; module docstring); [] when it compiles or the partitioner reduces."""
     others = [f"{axis}={n}" for axis, n in mesh_shape.items() if axis != "data" and n > 1]
-    if dtype != "float32" and mesh_shape.get("data", 1) > 1 and len(others) > 1:
+    return others if summed_by_hand(mesh_shape, dtype) and len(others) > 1 else []
+
+
+def check_mesh(mesh_shape: dict[str, int], dtype: str) -> None:
+    """Refuses (ConfigError) a mesh the hand-summed reduction cannot compile on."""
+    others = unsupported_axes(mesh_shape, dtype)
+    if others:
         raise ConfigError(f"mesh.gradient_reduce_dtype={dtype!r} runs on data with at most one other axis > 1, got "
                           f"data={mesh_shape['data']} with {', '.join(others)} (XLA's partitioner aborts on it): "
                           "set --config.mesh.gradient_reduce_dtype=float32 or fold an axis into data")
@@ -80,7 +98,7 @@ def scatter_dimension(spec: P, shape: tuple[int, ...], mesh: Mesh) -> int:
 def _summed(grads, param_specs, dims, dtype):
     """Inside the data-manual region: each rank's gradients -> their sum over data in `dtype`
     (reduce-scattered along `dims` where not ALL_REDUCE), as float32."""
-    mesh = jax.sharding.get_abstract_mesh()
+    mesh = current_mesh()
     rest = frozenset(mesh.axis_names) - frozenset(mesh.manual_axes)
 
     def one(g, dim):

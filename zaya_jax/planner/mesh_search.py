@@ -15,7 +15,7 @@ import math
 from zaya_jax.config import ModelConfig
 from zaya_jax.data.curriculum import PhaseInfo
 from zaya_jax.hardware import HardwareProfile
-from zaya_jax.parallel.gradient_reduce import check_mesh
+from zaya_jax.parallel.gradient_reduce import unsupported_axes
 from zaya_jax.parallel.mesh import MESH_AXES
 from zaya_jax.planner.phase_plan import phase_shape, plan_phase
 from zaya_jax.planner.step_plan import StepShape, _parameters
@@ -50,12 +50,13 @@ def search(cfg: ModelConfig, phases: tuple[PhaseInfo, ...], base: StepShape, dev
     whole_run = []
     candidates = candidate_meshes(cfg, devices, [p.seq_len for p in phases])
     for mesh in candidates:
-        try:
-            check_mesh(mesh, base.gradient_reduce_dtype)
-            parameters = _parameters(cfg, mesh)
-        except ValueError as e:
-            reason = ("mesh.gradient_reduce_dtype refuses it" if "gradient_reduce_dtype" in str(e)
-                      else "a parameter does not shard")
+        reason = "mesh.gradient_reduce_dtype refuses it" if unsupported_axes(mesh, base.gradient_reduce_dtype) else None
+        if reason is None:
+            try:
+                parameters = _parameters(cfg, mesh)
+            except ValueError:
+                reason = "a parameter does not shard"
+        if reason:
             for entry in per_phase:
                 entry["infeasible"][reason] = entry["infeasible"].get(reason, 0) + 1
             continue

@@ -26,6 +26,7 @@ from zaya_jax.config import ModelConfig
 from zaya_jax.model.attention_core import query_block_size
 from zaya_jax.model.build import abstract_model
 from zaya_jax.model.moe_dispatch import capacity_per_expert
+from zaya_jax.parallel.gradient_reduce import summed_by_hand
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
 from zaya_jax.parallel.rules import state_specs, with_data_axis
 from zaya_jax.planner.step_flops import expert_backend
@@ -238,7 +239,7 @@ def collectives(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: d
     # summed by hand (zaya_jax.parallel.gradient_reduce) once per step after the backward, in
     # mesh.gradient_reduce_dtype, on the critical path (the optimizer's global norm waits for it).
     dp = mesh["data"]
-    by_hand = shape.gradient_reduce_dtype != "float32" and dp > 1
+    by_hand = summed_by_hand(mesh, shape.gradient_reduce_dtype)
     wire = grads * (2 if shape.gradient_reduce_dtype == "bfloat16" else 4) / 4 if by_hand else m * grads
     if shape.shard_optimizer_over_data:
         out.append(Collective("reduce_scatter", "data", "gradients", wire * ring(dp), not by_hand))

@@ -17,7 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from zaya_jax.model.zaya import ZayaLM
-from zaya_jax.parallel.gradient_reduce import GradientReduce, check_mesh
+from zaya_jax.parallel.gradient_reduce import GradientReduce, check_mesh, summed_by_hand
 from zaya_jax.train import balancing
 from zaya_jax.train.objectives import make_objective
 from zaya_jax.train.optimizer import make_optimizer, schedule
@@ -54,10 +54,9 @@ def build_program(s: Settings, mesh: Mesh) -> TrainProgram:
                         s.mesh.shard_optimizer_over_data)
     shardings = to_shardings(specs, mesh)
     static = dict(parts=parts, loss_chunk=s.train.loss_chunk_size, objective=objective)
-    reduce = None
     check_mesh(dict(mesh.shape), s.mesh.gradient_reduce_dtype)
-    if s.mesh.gradient_reduce_dtype != "float32":
-        reduce = GradientReduce(s.mesh.gradient_reduce_dtype, specs.params, s.mesh.shard_optimizer_over_data)
+    reduce = (GradientReduce(s.mesh.gradient_reduce_dtype, specs.params, s.mesh.shard_optimizer_over_data)
+              if summed_by_hand(dict(mesh.shape), s.mesh.gradient_reduce_dtype) else None)
     train_step = jit_train_step(
         shardings, mesh, tx=tx, controller=controller, lr_schedule=lr_schedule, microbatches=s.train.microbatches,
         balance=s.balancing.enabled, include_skip=s.balancing.include_skip, gradient_reduce=reduce, **static)

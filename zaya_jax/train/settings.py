@@ -30,8 +30,9 @@ below, and every error names the offending `section.field`):
               harness_batch_size (zaya_jax.harness.in_training)
   mesh        data, fsdp, expert, tensor, context (one may be -1), shard_optimizer_over_data,
               gradient_reduce_dtype ('float32': the partitioner reduces; 'bfloat16': summed over
-              data by hand, zaya_jax.parallel.gradient_reduce), platform ('any' | 'cpu' | 'gpu' | 'cuda' | 'rocm' | 'tpu': the trainer refuses to
-              start on another, naming the install command)
+              data by hand, zaya_jax.parallel.gradient_reduce), platform ('any' | 'cpu' | 'gpu' |
+              'cuda' | 'rocm' | 'tpu': the trainer refuses to start on another, naming the install
+              command)
   monitor     progress_bar, tensorboard, heatmap_every_steps (0: only at the end),
               profile_start_step (0: off; else trace the profile_steps steps after it to
               WORKDIR/profile, zaya_jax.train.profiling), profile_steps

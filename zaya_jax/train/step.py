@@ -107,7 +107,8 @@ def train_step(state: TrainState, batch: dict, *, parts: ModelParts, tx: optax.G
                gradient_reduce: GradientReduce | None = None) -> tuple[TrainState, dict]:
     """One optimizer step on a global batch {inputs, targets, segment_ids, positions, loss_mask: [B, S]}.
 
-    gradient_reduce: sum the gradients over mesh `data` by hand in its dtype (None: the partitioner).
+    gradient_reduce: sum the gradients over mesh `data` (of size > 1) by hand in its dtype (None: the
+    partitioner reduces them; program.build_program passes one where gradient_reduce.summed_by_hand).
 
     metrics: objective.metric_keys (loss; for dpo also reward_margin, reward_accuracy,
              chosen_reward, rejected_reward, pairs), grad_norm, lr, tokens, skipped (0/1),
@@ -133,7 +134,7 @@ def train_step(state: TrainState, batch: dict, *, parts: ModelParts, tx: optax.G
         return grads, tuple(extras)
 
     fixed = (state.biases, state.reference)
-    if gradient_reduce is not None and mesh is not None and mesh.shape.get("data", 1) > 1:
+    if gradient_reduce is not None:
         grads, (sums, counts, dropped) = summed_over_data(accumulated, state.params, fixed, batch, mesh=mesh,
                                                           reduce=gradient_reduce)
     else:
