@@ -10,7 +10,7 @@ dense bf16 GEMM sustains, 708 TFLOP/s per MI300X (zaya_jax.hardware.MAF_SOURCE):
 make 725 PFLOP/s. So the 750 is the cluster's GEMM ceiling, not the model FLOPs its training step
 ran at; read as model FLOPs it would be 732 TFLOP/s per GPU (56% MFU), above what AMD measures its
 best GEMM at. The planner's MI300X GEMM rate is that MAF. Cases: the shipped config (its own mesh,
-attention_kernel auto = the XLA path on GPU), the previously shipped data=512,tensor=2 with each
+attention_kernel auto = the XLA path on GPU, and the same mesh with the flash kernel), the previously shipped data=512,tensor=2 with each
 kernel, Zyphra's data=1024 with each kernel, the mesh `plan --search` picks (also on 1,024 H200,
 the other launch job), the flash kernel without remat (nothing recomputed), and the GEMM
 efficiency at which the prediction would reach 56% MFU (null: not even at 100%).
@@ -116,6 +116,7 @@ def main():
                  "maf_source": MAF_SOURCE,
                  "per_gpu_tflops_if_model_flops": SEED_PFLOPS * 1e3 / DEVICES, "mfu_if_model_flops": seed_mfu},
         "shipped_config_mesh_xla_attention": phase_cases(cfg, config, None, hw),
+        "shipped_config_mesh_flash_attention": phase_cases(flash, config, None, hw),
         "data512_tensor2_xla_attention": phase_cases(cfg, config, "data=512,tensor=2", hw),
         "data512_tensor2_flash_attention": phase_cases(flash, config, "data=512,tensor=2", hw),
         "data1024_xla_attention": phase_cases(cfg, config, "data=1024", hw),

@@ -7,7 +7,7 @@ context, as in the released checkpoint after the long-context mid-train.
 Training (zaya1-spec section 4): the three-phase curriculum of zaya_jax.data.zaya1_base_data_config
 (8T + 4T tokens at 4k with rope_theta 1e4, then a 32k mid-train at 1e6; point data.sources at
 your prepared directories), Muon with AdamW RMS-matching for matrices and AdamW for the rest,
-data parallelism with the optimizer state sharded over data (Zyphra's distributed optimizer).
+data parallelism with the optimizer state sharded over data x context (Zyphra's distributed optimizer).
 Zyphra's learning rate, schedule, warmup, clipping and controller settings are not public: the
 values below are assumptions.
 
@@ -15,7 +15,7 @@ Mesh: data=-1, context=2 (context pairs are neighbouring GPUs of a node), one me
 phases, the mesh `python -m zaya_jax.planner --search --devices 1024` picks for this config on MI300X
 and on H200 with the XLA attention path that kernels.attention=auto runs on GPU: on 1,024 GPUs
 data=512 splits every phase's batch (4096, 4096 and the 32k phase's 512), which data=1024 cannot,
-and the planner predicts 0.445 s per 4k step against 0.474 s for data=512,tensor=2
+and the planner predicts 0.402 s per 4k step against 0.474 s for data=512,tensor=2
 (launch/README.md, docs/parallel.md). The Pallas flash kernel (kernels.attention=pallas) runs
 context > 1 too. The config declares mesh.platform=gpu: on
 a jax without a GPU plugin the trainer stops and names the install.

@@ -11,6 +11,7 @@ wire, back to float32 after:
   rank d: grads_d = local(params, rows of rank d)              (float32, all micro-batches)
   grad    = reduce_scatter_data(grads_d.astype(dtype))         where the ZeRO-1 optimizer state
                                                                 slices that dimension over data
+                                                                (then context)
           | all_reduce_data(grads_d.astype(dtype))             otherwise
   extras  = all_reduce_data(extras_d)                          (loss sums, expert counts: exact)
 
@@ -85,12 +86,13 @@ def check_mesh(mesh_shape: dict[str, int], dtype: str) -> None:
 
 
 def scatter_dimension(spec: P, shape: tuple[int, ...], mesh: Mesh) -> int:
-    """The dimension the ZeRO-1 optimizer state slices over `data` alone (rules.with_data_axis),
+    """The dimension the ZeRO-1 optimizer state slices over `data` first (rules.with_data_axis:
+    data alone, or data then context, which the partitioner slices further from the data slice),
     or ALL_REDUCE (that state keeps the gradient's layout, or puts data after other axes)."""
     sliced = with_data_axis(spec, shape, mesh)
     entries = list(spec) + [None] * (len(shape) - len(spec))
     for dim, (before, after) in enumerate(zip(entries, list(sliced) + [None] * (len(shape) - len(sliced)))):
-        if before is None and after == "data":
+        if before is None and (after == "data" or (isinstance(after, tuple) and after[0] == "data")):
             return dim
     return ALL_REDUCE
 

@@ -80,17 +80,34 @@ def state_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
                         is_leaf=lambda x: isinstance(x, P))
 
 
+# ZeRO-1's group: the axes over which every weight is replicated while the tokens are split, so
+# its gradient is summed over all of them (Megatron-Core's distributed optimizer over DP x CP).
+# `expert` splits tokens too but not the experts' own weights, so it stays out.
+ZERO1_AXES = ("data", "context")
+
+
+def zero1_axes(mesh: Mesh | dict[str, int]) -> tuple[str, ...]:
+    """The ZERO1_AXES of size > 1, in device order (data major)."""
+    shape = _mesh_shape(mesh)
+    return tuple(a for a in ZERO1_AXES if shape.get(a, 1) > 1)
+
+
 def with_data_axis(spec: P, shape: Sequence[int], mesh: Mesh | dict[str, int]) -> P:
-    """Adds 'data' to the first dimension it divides (optimizer-state sharding over data, ZeRO-1)."""
-    size = _mesh_shape(mesh).get("data", 1)
+    """Adds the ZeRO-1 axes (zero1_axes: data, then context) to the first dimension they divide
+    together with the axes already there (optimizer-state sharding over the data-parallel group,
+    ZeRO-1); `spec` unchanged where one of them is already used or no dimension divides."""
+    sizes = _mesh_shape(mesh)
+    added = zero1_axes(sizes)
     entries = list(spec) + [None] * (len(shape) - len(spec))
-    if size == 1 or any("data" in ((e,) if isinstance(e, str) else (e or ())) for e in entries):
+    used = {a for e in entries for a in ((e,) if isinstance(e, str) else (e or ()))}
+    if not added or used & set(added):
         return spec
     for dim, entry in enumerate(entries):
         axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
-        n = math.prod(_mesh_shape(mesh)[a] for a in axes)
-        if shape[dim] % (n * size) == 0:
-            entries[dim] = axes + ("data",) if axes else "data"
+        n = math.prod(sizes[a] for a in axes + added)
+        if shape[dim] % n == 0:
+            joined = axes + added
+            entries[dim] = joined[0] if len(joined) == 1 else joined
             return P(*entries)
     return spec
 

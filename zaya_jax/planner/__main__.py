@@ -128,7 +128,7 @@ def render_prediction(prediction: dict) -> list[str]:
                      + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in pr["hbm_bytes_per_device"].items()))
         lines.append("  collectives per device per step:")
         for c in pr["collectives"]:
-            lines.append(f"    {c['kind']:<15}{c['axis']:<8}{c['link']:<7}{c['bytes'] / GIB:>9.2f} GiB "
+            lines.append(f"    {c['kind']:<15}{c['axis']:<13}{c['link']:<7}{c['bytes'] / GIB:>9.2f} GiB "
                          f"{c['seconds'] * 1e3:>9.1f} ms  {'overlapped' if c['overlapped'] else 'blocking'}"
                          f"  ({c['what']})")
         lines.append(f"  compute {pr['compute_s'] * 1e3:.1f} ms, memory {pr['memory_s'] * 1e3:.1f} ms, blocking "

@@ -5,7 +5,8 @@ tensor dividing the query and KV heads and the expert hidden size, expert dividi
 experts and context dividing every phase's sequence length (cheap checks first); then a mesh is
 feasible for a phase when every parameter shards over it (zaya_jax.parallel.rules), the phase's
 batch splits over data * fsdp * expert times the micro-batches and its memory fits the device
-(both attention kernels run context parallelism).
+(both attention kernels run context parallelism). Predictions within TIE (2%) of the fastest are
+ties, won by the mesh that depends least on overlap.
 """
 
 from __future__ import annotations
@@ -36,6 +37,20 @@ def candidate_meshes(cfg: ModelConfig, devices: int, seq_lens: list[int]) -> lis
                     out.append({"data": rest // fsdp, "fsdp": fsdp, "expert": expert, "tensor": tensor,
                                 "context": context})
     return out
+
+
+# Predictions closer than this (relative) are ties: below what the model resolves (its overlap,
+# fusion and efficiency assumptions move a step by more), so the tie goes to the mesh with less to
+# hide, the smaller time with every collective exposed.
+TIE = 0.02
+
+
+def ranked(rows: list[dict], key: str) -> list[dict]:
+    """rows fastest first by rows[key], except that the rows within TIE of the fastest come first
+    ordered by rows[key + '_no_overlap'] (the module's tie rule)."""
+    rows = sorted(rows, key=lambda r: r[key])
+    ties = [r for r in rows if rows and r[key] <= rows[0][key] * (1 + TIE)]
+    return sorted(ties, key=lambda r: r[key + "_no_overlap"]) + rows[len(ties):]
 
 
 def mesh_name(mesh: dict[str, int]) -> str:
@@ -82,7 +97,7 @@ def search(cfg: ModelConfig, phases: tuple[PhaseInfo, ...], base: StepShape, dev
         if feasible_everywhere:
             whole_run.append({"mesh": mesh_name(mesh), "days": days, "days_no_overlap": days_no_overlap})
     for entry in per_phase:
-        entry["ranked"].sort(key=lambda r: (round(r["step_s"], 4), r["step_s_no_overlap"]))  # ties: less to hide
-    whole_run.sort(key=lambda r: (round(r["days"], 2), r["days_no_overlap"]))
+        entry["ranked"] = ranked(entry["ranked"], "step_s")
+    whole_run = ranked(whole_run, "days")
     return {"devices": devices, "hardware": hw.name, "candidates": len(candidates), "phases": per_phase,
             "whole_run": whole_run}

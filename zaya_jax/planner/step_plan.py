@@ -28,7 +28,7 @@ from zaya_jax.model.build import abstract_model
 from zaya_jax.model.moe_dispatch import capacity_per_expert
 from zaya_jax.parallel.gradient_reduce import summed_by_hand
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
-from zaya_jax.parallel.rules import state_specs, with_data_axis
+from zaya_jax.parallel.rules import state_specs, with_data_axis, zero1_axes
 from zaya_jax.planner.step_flops import expert_backend
 from zaya_jax.train.objectives import fuses_loss_head
 from zaya_jax.train.optimizer import MUON_MATRICES
@@ -214,7 +214,7 @@ def fsdp_gathered_memory(cfg: ModelConfig, mesh: dict[str, int], parameters: lis
 class Collective:
     """One collective of the step: bytes each device sends over a mesh axis per optimizer step."""
     kind: str          # all_gather | reduce_scatter | all_reduce | all_to_all | collective_permute
-    axis: str          # the mesh axis whose devices take part
+    axis: str          # the mesh axis whose devices take part, or axes joined by '+' (one group)
     what: str          # what it moves
     bytes: float
     overlappable: bool  # can run behind compute (weights and gradients), or on the critical path (activations)
@@ -233,19 +233,28 @@ def collectives(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: d
     out.append(Collective("all_gather", "fsdp", "parameters (forward and backward)",
                           2 * m * grads / 4 * dtype_bytes * fsdp * ring(fsdp), True))
     out.append(Collective("reduce_scatter", "fsdp", "gradients", m * grads * fsdp * ring(fsdp), True))
-    # data (and expert, for the non-expert weights) replicas: all-reduce, or reduce-scatter +
-    # all-gather of the (float32) update with optimizer-state sharding. Left to the partitioner
-    # (float32) the gradients are reduced inside every micro-batch's backward, behind its compute;
-    # summed by hand (zaya_jax.parallel.gradient_reduce) once per step after the backward, in
-    # mesh.gradient_reduce_dtype, on the critical path (the optimizer's global norm waits for it).
-    dp = mesh["data"]
-    by_hand = summed_by_hand(mesh, shape.gradient_reduce_dtype)
-    wire = grads * (2 if shape.gradient_reduce_dtype == "bfloat16" else 4) / 4 if by_hand else m * grads
-    if shape.shard_optimizer_over_data:
-        out.append(Collective("reduce_scatter", "data", "gradients", wire * ring(dp), not by_hand))
-        out.append(Collective("all_gather", "data", "updated parameters", grads * ring(dp), True))
+    # data-parallel replicas (data x context, rules.zero1_axes): every weight's gradient is summed
+    # over both. Left to the partitioner (float32) that is one collective over the whole group
+    # inside every micro-batch's backward, behind its compute; with ZeRO-1 a reduce-scatter into the
+    # optimizer state's slice of the group and an all-gather of the (float32) update. Summed by
+    # hand (zaya_jax.parallel.gradient_reduce, over data alone) once per step after the backward,
+    # in mesh.gradient_reduce_dtype, on the critical path (the optimizer's global norm waits for
+    # it); the partitioner then sums over context inside the data-manual region, in float32 per
+    # micro-batch.
+    group = zero1_axes(mesh) or ("data",)
+    replicas = math.prod(mesh[a] for a in group)
+    if summed_by_hand(mesh, shape.gradient_reduce_dtype):
+        wire = grads * (2 if shape.gradient_reduce_dtype == "bfloat16" else 4) / 4
+        reduced = [("data", wire, mesh["data"], False), ("context", m * grads, mesh["context"], True)]
     else:
-        out.append(Collective("all_reduce", "data", "gradients", 2 * wire * ring(dp), not by_hand))
+        reduced = [("+".join(group), m * grads, replicas, True)]
+    for axis, sent, n, overlapped in reduced:
+        if shape.shard_optimizer_over_data and axis != "context":
+            out.append(Collective("reduce_scatter", axis, "gradients", sent * ring(n), overlapped))
+        else:
+            out.append(Collective("all_reduce", axis, "gradients", 2 * sent * ring(n), overlapped))
+    if shape.shard_optimizer_over_data:
+        out.append(Collective("all_gather", "+".join(group), "updated parameters", grads * ring(replicas), True))
     tokens = shape.global_batch * shape.seq_len / (mesh["data"] * fsdp * mesh["expert"] * mesh["context"])
     act = tokens * cfg.hidden_size * dtype_bytes
     ep, tp, cp = mesh["expert"], mesh["tensor"], mesh["context"]

@@ -34,6 +34,7 @@ import math
 from zaya_jax.config import ModelConfig
 from zaya_jax.hardware import HardwareProfile
 from zaya_jax.parallel.mesh import MESH_AXES
+from zaya_jax.parallel.rules import zero1_axes
 from zaya_jax.planner.step_flops import expert_backend, expert_rows_per_token, layer_matmuls, recomputed, step_flops
 from zaya_jax.planner.step_plan import Collective, StepShape, collectives, muon_matrices
 from zaya_jax.train.objectives import fuses_loss_head
@@ -46,16 +47,20 @@ OVERLAP_ASSUMPTIONS = (
 
 
 def link_of(axis: str, mesh: dict[str, int], devices_per_node: int) -> tuple[str, int]:
-    """-> ('intra_node' | 'inter_node', members of the axis inside one node).
+    """-> ('intra_node' | 'inter_node', members of the group inside one node); `axis`: a mesh
+    axis, or axes joined by '+' (one collective over all their devices).
 
     Devices fill the mesh in MESH_AXES order with the last axis fastest, and a node holds
-    consecutive devices: an axis stays inside a node when its size times the sizes of the axes
-    after it fits in one node.
+    consecutive devices: an axis with `inner` devices after it (the product of the sizes of the
+    axes after it) has min(size, devices_per_node // inner) members in a node, at least 1; the
+    group stays inside a node when all its members are.
     """
-    inner = math.prod(mesh[a] for a in MESH_AXES[MESH_AXES.index(axis) + 1:])
-    if inner * mesh[axis] <= devices_per_node:
-        return "intra_node", mesh[axis]
-    return "inter_node", max(1, devices_per_node // inner)
+    members = size = 1
+    for name in axis.split("+"):
+        inner = math.prod(mesh[a] for a in MESH_AXES[MESH_AXES.index(name) + 1:])
+        members *= min(mesh[name], max(1, devices_per_node // inner))
+        size *= mesh[name]
+    return ("intra_node" if members == size else "inter_node"), members
 
 
 def collective_seconds(c: Collective, mesh: dict[str, int], hw: HardwareProfile) -> tuple[str, float]:
@@ -80,7 +85,7 @@ def hbm_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_res
                 for op in ops}  # one pass (forward) of every layer op
     logits = tokens * cfg.vocab_size / mesh["tensor"] * 4  # fp32 logits of every position, once
     mem = plan_result["bytes_per_device"]
-    opt_fraction = 1 / mesh["data"] if shape.shard_optimizer_over_data else 1.0
+    opt_fraction = 1 / math.prod(mesh[a] for a in zero1_axes(mesh)) if shape.shard_optimizer_over_data else 1.0
     traffic = {
         "activations": sum(per_pass[op.name] * (1 + 2 + recomputed(op, cfg.remat)) for op in ops),
         "loss_logits": logits * (4 if fuses_loss_head(shape.objective) else 6),
