@@ -10,7 +10,8 @@ dense bf16 GEMM sustains, 708 TFLOP/s per MI300X (zaya_jax.hardware.MAF_SOURCE):
 make 725 PFLOP/s. So the 750 is the cluster's GEMM ceiling, not the model FLOPs its training step
 ran at; read as model FLOPs it would be 732 TFLOP/s per GPU (56% MFU), above what AMD measures its
 best GEMM at. The planner's MI300X GEMM rate is that MAF. Cases: the shipped config (its own mesh,
-attention_kernel auto = the XLA path on GPU, and the same mesh with the flash kernel), the previously shipped data=512,tensor=2 with each
+attention_kernel auto = the XLA path on GPU, the same mesh with the flash kernel, and without
+distributed Muon, as shipped before), the previously shipped data=512,tensor=2 with each
 kernel, Zyphra's data=1024 with each kernel, the mesh `plan --search` picks (also on 1,024 H200,
 the other launch job), the flash kernel without remat (nothing recomputed), and the GEMM
 efficiency at which the prediction would reach 56% MFU (null: not even at 100%).
@@ -18,6 +19,7 @@ efficiency at which the prediction would reach 56% MFU (null: not even at 100%).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import sys
@@ -42,8 +44,15 @@ def base_shape(config, gradient_reduce_dtype: str | None = None, microbatches: i
     its train.microbatches."""
     return StepShape(1, 1, grad_accum=microbatches or config.train.microbatches, optimizer=config.optimizer.name,
                      shard_optimizer_over_data=config.mesh.shard_optimizer_over_data, platform="gpu",
-                     ns_steps=config.optimizer.muon_ns_steps, loss_chunk=config.train.loss_chunk_size,
+                     ns_steps=config.optimizer.muon_ns_steps, distributed_muon=config.optimizer.muon_distributed,
+                     loss_chunk=config.train.loss_chunk_size,
                      gradient_reduce_dtype=gradient_reduce_dtype or config.mesh.gradient_reduce_dtype)
+
+
+def without_distributed_muon(config):
+    config = copy.deepcopy(config)
+    config.optimizer.muon_distributed = False
+    return config
 
 
 def summarise(result: dict) -> dict:
@@ -117,6 +126,10 @@ def main():
                  "per_gpu_tflops_if_model_flops": SEED_PFLOPS * 1e3 / DEVICES, "mfu_if_model_flops": seed_mfu},
         "shipped_config_mesh_xla_attention": phase_cases(cfg, config, None, hw),
         "shipped_config_mesh_flash_attention": phase_cases(flash, config, None, hw),
+        # optimizer.muon_distributed off, as shipped before: every Newton-Schulz matmul gathers its
+        # whole operand on ZeRO-1's matrix-axis slice (step_plan.collectives)
+        "shipped_config_mesh_xla_attention_muon_not_distributed": phase_cases(cfg, without_distributed_muon(config),
+                                                                              None, hw),
         "data512_tensor2_xla_attention": phase_cases(cfg, config, "data=512,tensor=2", hw),
         "data512_tensor2_flash_attention": phase_cases(flash, config, "data=512,tensor=2", hw),
         "data1024_xla_attention": phase_cases(cfg, config, "data=1024", hw),

@@ -7,7 +7,8 @@ context, as in the released checkpoint after the long-context mid-train.
 Training (zaya1-spec section 4): the three-phase curriculum of zaya_jax.data.zaya1_base_data_config
 (8T + 4T tokens at 4k with rope_theta 1e4, then a 32k mid-train at 1e6; point data.sources at
 your prepared directories), Muon with AdamW RMS-matching for matrices and AdamW for the rest,
-data parallelism with the optimizer state sharded over data x context (Zyphra's distributed optimizer).
+data parallelism with the optimizer state sharded over data x context (Zyphra's distributed optimizer)
+and distributed Muon (each matrix orthogonalised on one rank of that group).
 Zyphra's learning rate, schedule, warmup, clipping and controller settings are not public: the
 values below are assumptions.
 
@@ -15,7 +16,7 @@ Mesh: data=-1, context=2 (context pairs are neighbouring GPUs of a node), one me
 phases, the mesh `python -m zaya_jax.planner --search --devices 1024` picks for this config on MI300X
 and on H200 with the XLA attention path that kernels.attention=auto runs on GPU: on 1,024 GPUs
 data=512 splits every phase's batch (4096, 4096 and the 32k phase's 512), which data=1024 cannot,
-and the planner predicts 0.402 s per 4k step against 0.474 s for data=512,tensor=2
+and the planner predicts 0.404 s per 4k step against 0.476 s for data=512,tensor=2
 (launch/README.md, docs/parallel.md). The Pallas flash kernel (kernels.attention=pallas) runs
 context > 1 too. The config declares mesh.platform=gpu: on
 a jax without a GPU plugin the trainer stops and names the install.
@@ -50,7 +51,7 @@ def get_config():
         name="muon", learning_rate=3e-4, adam_learning_rate=0.0, schedule="wsd", warmup_steps=2000,
         decay_fraction=0.1, min_lr_ratio=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, decay_embedding=True,
         grad_clip_norm=1.0, muon_momentum=0.95, muon_ns_steps=5, muon_nesterov=True, muon_rms_scale=0.2,
-        muon_distributed=False,
+        muon_distributed=True,
     ))
     config.balancing = ml_collections.ConfigDict(dict(enabled=True, rate=1e-3, b1=0.9, b2=0.999, include_skip=False))
     config.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, max_to_keep=3, async_save=True))

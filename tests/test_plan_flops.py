@@ -54,3 +54,38 @@ def test_newton_schulz_flops_per_device_are_xlas_for_distributed_muon(layers):
     ours = newton_schulz_flops(var_shape, dims.reduction_axis, dims.output_axis, 5) / devices
     assert dims == MUON_MATRICES["layers/moe/gate"] and devices == layers * 3 / -(-layers * 3 // 8)
     assert ours == pytest.approx(xla, rel=0.10), (ours, xla)
+
+
+@pytest.mark.parametrize("shape,zero1_axis,split", [((2, 3, 16, 24), 2, 8), ((8, 3, 16, 24), 0, 8),
+                                                    ((3, 8, 16, 24), 1, 1)])
+def test_newton_schulz_flops_per_device_are_xlas_without_distributed_muon(shape, zero1_axis, split):
+    """Without optimizer.muon_distributed the partitioner keeps the ZeRO-1 layout of the update on an
+    8-way data mesh: where it slices a matrix axis (16 rows) each rank runs Newton-Schulz on its
+    slice of every matrix (split 8); where it slices the leading stack axis (8 layers) each rank
+    its own matrices (split 8); where it slices a later stack axis (8 experts) the matrices are
+    gathered and every rank orthogonalises all of them (split 1). XLA's cost analysis of the
+    compiled update against the planner's count (planner.muon_matrices)."""
+    import jax
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    from zaya_jax.parallel.rules import with_data_axis
+    from zaya_jax.planner.step_flops import newton_schulz_flops
+    from zaya_jax.planner.step_plan import StepShape, muon_matrices
+    from zaya_jax.train.optimizer import distributed_muon
+    from zaya_jax.train.settings import OptimizerSettings
+    mesh_shape = {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1, "context": 1}
+    zero1 = with_data_axis(PartitionSpec(), shape, mesh_shape)
+    assert zero1 == PartitionSpec(*[("data" if d == zero1_axis else None) for d in range(4)])
+    tx = distributed_muon(OptimizerSettings(muon_distributed=False))
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    with jax.set_mesh(mesh):
+        g = jax.device_put({"layers": {"moe": {"gate": jax.numpy.ones(shape)}}}, NamedSharding(mesh, zero1))
+        compiled = jax.jit(lambda x: tx.update(x, tx.init(x))[0]).lower(g).compile()
+    cost = compiled.cost_analysis()
+    xla = (cost[0] if isinstance(cost, list) else cost)["flops"]
+    (var_shape, dims, devices), = muon_matrices(mesh_shape, StepShape(8, 64, optimizer="muon",
+                                                                      shard_optimizer_over_data=True),
+                                               [(("layers", "moe", "gate"), shape, PartitionSpec())])
+    assert devices == split
+    ours = newton_schulz_flops(var_shape, dims.reduction_axis, dims.output_axis, 5) / devices
+    assert ours == pytest.approx(xla, rel=0.10), (ours, xla)

@@ -14,7 +14,9 @@ whose gradient is near 0 may move by a few 1e-6; a sharding bug moves values by 
 step (1e-2).
 """
 
+import collections
 import functools
+import re
 
 import jax
 import numpy as np
@@ -22,13 +24,14 @@ import pytest
 
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.model.build import create_model
-from zaya_jax.parallel.mesh import parse_mesh_flag
+from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
 from zaya_jax.train import balancing
 from zaya_jax.train.data import open_training_data
 from zaya_jax.train.loop import Trainer
 from zaya_jax.train.optimizer import make_optimizer, schedule
+from zaya_jax.train.program import abstract_batch, build_program
 from zaya_jax.train.settings import settings_from_config
-from zaya_jax.train.state import ModelParts, initial_state
+from zaya_jax.train.state import ModelParts, initial_state, with_shardings
 from zaya_jax.train.step import train_step
 
 K = 3
@@ -117,6 +120,32 @@ def test_sliding_window_model_on_a_context_mesh_equals_one_device(tmp_path):
     reference = one_device_states("adamw", K, sliding=True)
     assert_states_close(_train(tmp_path, _config("adamw", "data=2,context=2,tensor=2", sliding=True), sliding=True),
                         reference[-1], atol=3e-5)
+
+
+def _newton_schulz_stacks(config) -> collections.Counter:
+    """{(batch, rows, cols): n} of the batched f32 dots in the compiled step of `config`."""
+    s = settings_from_config(config)
+    mesh = make_mesh(s.mesh.sizes)
+    program = build_program(s, mesh)
+    with jax.set_mesh(mesh):
+        text = program.train_step.lower(with_shardings(program.abstract_state, program.shardings),
+                                        abstract_batch(s.train.global_batch_size, s.train.seq_len),
+                                        s.model.rope_theta).compile().as_text()
+    return collections.Counter(re.findall(r"= f32\[(\d+),(\d+),(\d+)\]\{[\d,]+\} dot\(", text))
+
+
+def test_distributed_muon_on_the_launch_layout_equals_one_device(tmp_path):
+    """optimizer.muon_distributed on data=4,context=2 with ZeRO-1 (the launch's layout): K steps of
+    Muon and AdamW groups with balancing on equal one device, and each rank orthogonalises its own
+    share: the compiled step holds no Newton-Schulz dot over a stack (tiny's 2 x 4 experts and 2
+    layers: one whole matrix per rank), where with the option off every rank runs its 8-row slice
+    of all 8 expert matrices (5 iterations x 3 dots x gate, up, down)."""
+    config = _config("muon", "data=4,context=2", zero1=True)
+    assert _newton_schulz_stacks(config)[("8", "8", "64")] == 45
+    config.optimizer.muon_distributed = True
+    stacks = _newton_schulz_stacks(config)
+    assert not [shape for shape in stacks if shape[0] in ("2", "8")], stacks
+    assert_states_close(_train(tmp_path, config), one_device_states("muon", 4)[K - 1])
 
 
 def test_reshaped_restore_with_nonzero_moments_continues_like_one_device(tmp_path):

@@ -99,25 +99,53 @@ def parameter_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape,
 
 def muon_matrices(mesh: dict[str, int], shape: StepShape, parameters: list) -> list[tuple]:
     """(shape, MuonDimensionNumbers, devices that split its Newton-Schulz) of each parameter Muon
-    orthogonalises. With shape.distributed_muon its [B, m, n] stack is spread over the data ranks
-    (zaya_jax.train.optimizer: each rank takes ceil(B / data) matrices) and the parameter's own
-    sharding splits each matrix further; without, the partitioner splits it as the optimizer state's
-    sharding does."""
+    orthogonalises, as the compiled steps show (tests/test_plan_flops.py, tests/test_muon_traffic.py).
+    With shape.distributed_muon its [B, m, n] stack is spread over the R ranks of the data-parallel
+    group (zaya_jax.train.optimizer: each takes ceil(B / R) matrices) and the parameter's own
+    sharding splits each matrix further. Without, the partitioner keeps the optimizer state's
+    layout (zero1_slice): on a ZeRO-1 slice of a matrix axis every Newton-Schulz matmul runs on the
+    slice (and gathers the other operand, collectives below); on a slice of the leading stack axis
+    each rank orthogonalises its own matrices; a slice of a later stack axis is gathered into whole
+    matrices, and every replica orthogonalises all of them, as without ZeRO-1."""
     if shape.optimizer != "muon":
         return []
+    replicas = math.prod(mesh[a] for a in zero1_axes(mesh))
     out = []
     for path, var_shape, spec in parameters:
         dims = MUON_MATRICES.get("/".join(path))
         if dims is None:
             continue
+        split = _shard_factor(spec, mesh)
         if shape.distributed_muon:
-            matrix = {a % len(var_shape) for a in (*dims.reduction_axis, *dims.output_axis)}
-            stack = math.prod(n for a, n in enumerate(var_shape) if a not in matrix)
-            out.append((var_shape, dims, stack / math.ceil(stack / mesh.get("data", 1)) * _shard_factor(spec, mesh)))
-        else:
-            opt_spec = with_data_axis(spec, var_shape, mesh) if shape.shard_optimizer_over_data else spec
-            out.append((var_shape, dims, _shard_factor(opt_spec, mesh)))
+            split *= (stack := muon_stack(var_shape, dims)) / math.ceil(stack / replicas)
+        elif zero1_slice(var_shape, spec, dims, mesh, shape) in ("matrix", "leading stack"):
+            split = _shard_factor(with_data_axis(spec, var_shape, mesh), mesh)
+        out.append((var_shape, dims, split))
     return out
+
+
+def muon_stack(var_shape: tuple[int, ...], dims) -> int:
+    """B: the matrices of a parameter's [B, m, n] Muon stack (the product of its batch axes)."""
+    return math.prod(n for a, n in enumerate(var_shape) if a not in _matrix_axes(var_shape, dims))
+
+
+def _matrix_axes(var_shape: tuple[int, ...], dims) -> set[int]:
+    return {a % len(var_shape) for a in (*dims.reduction_axis, *dims.output_axis)}
+
+
+def zero1_slice(var_shape: tuple[int, ...], spec, dims, mesh: dict[str, int], shape: StepShape) -> str | None:
+    """Which axis of a Muon parameter ZeRO-1 (rules.with_data_axis) slices: 'matrix', 'leading stack'
+    (the first of its stack axes), 'stack' (a later one), or None (no ZeRO-1, or no axis divides)."""
+    if not shape.shard_optimizer_over_data:
+        return None
+    sliced = [d for d, (a, b) in enumerate(zip(list(spec) + [None] * len(var_shape),
+                                               with_data_axis(spec, var_shape, mesh))) if a != b]
+    if not sliced:
+        return None
+    matrix = _matrix_axes(var_shape, dims)
+    if sliced[0] in matrix:
+        return "matrix"
+    return "leading stack" if sliced[0] == min(set(range(len(var_shape))) - matrix) else "stack"
 
 
 def probability_widths(cfg: ModelConfig, seq_len: int) -> list[int]:
@@ -220,8 +248,10 @@ class Collective:
     overlappable: bool  # can run behind compute (weights and gradients), or on the critical path (activations)
 
 
-def collectives(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: dict[str, float]) -> list[Collective]:
-    """The step's collectives with the bytes each device sends (ring algorithms); axes of size 1 send nothing."""
+def collectives(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: dict[str, float],
+                parameters: list | None = None) -> list[Collective]:
+    """The step's collectives with the bytes each device sends (ring algorithms); axes of size 1 send
+    nothing. parameters: _parameters(cfg, mesh), computed when not given."""
     out = []
     dtype_bytes = 2 if cfg.dtype == "bfloat16" else 4
     ring = lambda n: (n - 1) / n if n > 1 else 0.0  # noqa: E731
@@ -255,6 +285,31 @@ def collectives(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: d
             out.append(Collective("all_reduce", axis, "gradients", 2 * sent * ring(n), overlapped))
     if shape.shard_optimizer_over_data:
         out.append(Collective("all_gather", "+".join(group), "updated parameters", grads * ring(replicas), True))
+    # Muon after the backward (zaya_jax.train.optimizer, muon_matrices). Distributed: the update
+    # and momentum stacks to the ranks that orthogonalise them and back; from a ZeRO-1 slice an
+    # all-to-all each way (each rank keeps 1/R of what it holds), from replicated state (no ZeRO-1)
+    # a local slice there and an all-gather back. Not distributed, on a ZeRO-1 slice of a matrix
+    # axis: each of Newton-Schulz's 3 matmuls per iteration gathers its whole other operand.
+    if shape.optimizer == "muon" and replicas > 1:
+        stacked = gathered = 0.0
+        for path, var_shape, spec in parameters or _parameters(cfg, mesh):
+            dims = MUON_MATRICES.get("/".join(path))
+            if dims is None:
+                continue
+            local = math.prod(var_shape) * 4 / _shard_factor(spec, mesh)
+            stack = muon_stack(var_shape, dims)
+            stacked += local * math.ceil(stack / replicas) * replicas / stack
+            if zero1_slice(var_shape, spec, dims, mesh, shape) == "matrix":
+                gathered += local
+        if not shape.distributed_muon:
+            out.append(Collective("all_gather", "+".join(group), "Newton-Schulz operands (Muon not distributed)",
+                                  3 * shape.ns_steps * gathered * ring(replicas), False))
+        elif shape.shard_optimizer_over_data:
+            out.append(Collective("all_to_all", "+".join(group), "Muon update and momentum stacks, there and back",
+                                  4 * stacked / replicas * ring(replicas), False))
+        else:
+            out.append(Collective("all_gather", "+".join(group), "Muon updates and momentum",
+                                  2 * stacked * ring(replicas), False))
     tokens = shape.global_batch * shape.seq_len / (mesh["data"] * fsdp * mesh["expert"] * mesh["context"])
     act = tokens * cfg.hidden_size * dtype_bytes
     ep, tp, cp = mesh["expert"], mesh["tensor"], mesh["context"]
@@ -287,10 +342,11 @@ def collectives(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: d
     return [c for c in out if c.bytes > 0]
 
 
-def collective_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: dict[str, float]) -> dict:
+def collective_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: dict[str, float],
+                     parameters: list | None = None) -> dict:
     """Bytes each device sends per optimizer step, by collective kind."""
     out = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0, "all_to_all": 0.0, "collective_permute": 0.0}
-    for c in collectives(cfg, mesh, shape, mem):
+    for c in collectives(cfg, mesh, shape, mem, parameters):
         out[c.kind] += c.bytes
     return out
 
@@ -321,7 +377,7 @@ def plan(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, device_memory
         "bytes_per_device": {**mem, **{k: v for k, v in act.items() if k != "tokens_per_device_per_microbatch"},
                              "total": total},
         "tokens_per_device_per_microbatch": act["tokens_per_device_per_microbatch"],
-        "collective_bytes_per_step_per_device": collective_bytes(cfg, mesh, shape, mem),
+        "collective_bytes_per_step_per_device": collective_bytes(cfg, mesh, shape, mem, parameters),
         "device_memory_bytes": device_memory_gb * 1e9,
         "fits": total <= device_memory_gb * 1e9,
     }

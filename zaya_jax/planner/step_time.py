@@ -119,7 +119,7 @@ def predict(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_resul
     compute_s = sum(flops.values()) / rates["matmul_flops"]
     memory_s = sum(traffic.values()) / rates["hbm_bytes"]
     rows, blocking_s, overlappable_s = [], 0.0, 0.0
-    for c in collectives(cfg, mesh, shape, plan_result["bytes_per_device"]):
+    for c in collectives(cfg, mesh, shape, plan_result["bytes_per_device"], parameters):
         link, seconds = collective_seconds(c, mesh, hw)
         rows.append({"kind": c.kind, "axis": c.axis, "what": c.what, "link": link, "bytes": c.bytes,
                      "seconds": seconds, "overlapped": c.overlappable})

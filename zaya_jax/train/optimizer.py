@@ -13,14 +13,18 @@ residual scales, key temperatures and the small CCA convolutions.
 
 Distributed Muon (optimizer.muon_distributed, off by default): Newton-Schulz is per matrix, so
 no data-parallel replica needs to repeat it. Muon always runs on each parameter as a [B, m, n]
-stack of its matrices (layers x experts flattened); with the option, under a mesh with a `data`
-axis (the trainer's step), the stack is zero-padded to a multiple of the data ranks and sharded
-over `data`: every data-parallel rank orthogonalises ceil(B / data) of the matrices, and the
-partitioner all-gathers the updates back to the parameters' sharding. The update equals
-single-device Muon (tests/test_train_optimizer.py, with the per-device batch of the compiled
-Newton-Schulz matmuls as proof that the work is split). Off by default: on 8 fake CPU devices
-under load, XLA:CPU's in-process all-reduce rendezvous timed out with it (a DPO resume test, 2
-of 3 runs on 2 loaded cores; 0 of 1 without it), which a GPU run has not yet ruled in or out.
+stack of its matrices (layers x experts flattened); with the option, under a mesh whose
+data-parallel group (rules.zero1_axes: data x context, ZeRO-1's group) has R > 1 ranks (the
+trainer's step), the stack is zero-padded to a multiple of R and sharded over the group: every
+data-parallel rank orthogonalises ceil(B / R) of the matrices, and the partitioner all-gathers
+the updates back to the parameters' sharding (as_matrices, from_matrices: one all-to-all each
+way from and to a ZeRO-1 slice). The update equals single-device Muon (tests/test_train_optimizer.py
+and, for whole training steps, tests/test_proof_sharded_training.py, with the per-device batch of
+the compiled Newton-Schulz matmuls as proof that the work is split). On in configs/zaya1_base.py,
+where without it every Newton-Schulz matmul gathers its whole operand (docs/training.md,
+tests/test_muon_traffic.py); off by default and in the CPU configs: on 8 fake CPU devices under
+load, XLA:CPU's in-process all-reduce rendezvous timed out with an earlier version of it (a DPO
+resume test, 2 of 3 runs on 2 loaded cores; 0 of 1 without it).
 
 Weight decay: matrices, convolution kernels and (if optimizer.decay_embedding) the embedding;
 never norms, biases, scales or temperatures. Both groups share the schedule's shape; AdamW's
@@ -39,6 +43,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
+from zaya_jax.parallel.rules import with_data_axis, zero1_axes
 from zaya_jax.train.settings import OptimizerSettings
 
 # parameter path -> (reduction axes, output axes), counted from the end.
@@ -116,40 +121,58 @@ def _layout(name: str, ndim: int) -> tuple[tuple[int, ...], int, int]:
     return batch + reduction + output, len(batch), len(reduction)
 
 
-def as_matrices(name: str, x: jax.Array) -> jax.Array:
+def replica_group() -> tuple[str, ...]:
+    """The current mesh's data-parallel group, the axes every replica of a weight spans
+    (rules.zero1_axes: data, context; () without a mesh or with both of size 1)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return () if mesh.empty else zero1_axes({a: mesh.shape[a] for a in mesh.axis_names})
+
+
+def as_matrices(name: str, x: jax.Array, group: tuple[str, ...] = ()) -> jax.Array:
     """Parameter-shaped `x` -> [B, m, n]: batch axes (layers, experts) flattened, then the reduction
-    and output axes (the order optax's Muon reshapes to)."""
+    and output axes (the order optax's Muon reshapes to).
+
+    With a group of R ranks (replica_group) the stack is zero-padded to a multiple of R matrices
+    and sharded over the group (m and n left to the partitioner), so that every rank holds
+    ceil(B / R) whole matrices. (An uneven sharding instead left XLA:CPU's collectives waiting for
+    devices that held no matrix.) Newton-Schulz maps a zero matrix to zero.
+
+    The rows move to their ranks while the batch axes are flattened and the matrix axes still
+    separate ([B, *reduction axes, *output axes]): the partitioner moves a ZeRO-1 slice of a matrix
+    axis there with one all-to-all. Merged into m and n first, a sharded matrix axis made it gather
+    the whole stack to every rank ("involuntary full rematerialization")."""
     order, batch, reduction = _layout(name, x.ndim)
     y = x.transpose(order)
-    return y.reshape(math.prod(y.shape[:batch]), math.prod(y.shape[batch:batch + reduction]),
-                     math.prod(y.shape[batch + reduction:]))
+    y = y.reshape(math.prod(y.shape[:batch]), *y.shape[batch:])
+    if group:
+        ranks = math.prod(jax.sharding.get_abstract_mesh().shape[a] for a in group)
+        y = jnp.pad(y, ((0, -y.shape[0] % ranks),) + ((0, 0),) * (y.ndim - 1))
+        y = jax.lax.with_sharding_constraint(
+            y, P(group if len(group) > 1 else group[0], *([P.UNCONSTRAINED] * (y.ndim - 1))))
+    return y.reshape(y.shape[0], math.prod(y.shape[1:1 + reduction]), math.prod(y.shape[1 + reduction:]))
 
 
-def from_matrices(name: str, y: jax.Array, like: jax.Array) -> jax.Array:
-    """as_matrices' inverse: [B, m, n] -> the shape of `like`."""
-    order, _, _ = _layout(name, like.ndim)
-    return y.reshape(tuple(like.shape[a] for a in order)).transpose(tuple(int(i) for i in np.argsort(order)))
+def from_matrices(name: str, y: jax.Array, like: jax.Array, group: tuple[str, ...] = ()) -> jax.Array:
+    """as_matrices' inverse: [B', m, n] (B' >= B, any padding dropped) -> the shape of `like`.
 
-
-def data_ranks() -> int:
-    """The size of the current mesh's `data` axis (1 without a mesh or without the axis)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    return 1 if mesh.empty or "data" not in mesh.axis_names else mesh.shape["data"]
-
-
-def spread_over_data(stacks, ranks: int):
-    """[B, m, n] stacks zero-padded to a multiple of `ranks` matrices and sharded over `data` (m and n
-    left to the partitioner), so that every rank holds ceil(B / ranks) whole matrices; as they are
-    with one rank. (An uneven sharding instead left XLA:CPU's collectives waiting for devices that
-    held no matrix.) Newton-Schulz maps a zero matrix to zero."""
-    if ranks == 1:
-        return stacks
-    spec = P("data", P.UNCONSTRAINED, P.UNCONSTRAINED)
-
-    def spread(x):
-        padded = jnp.pad(x, ((0, -x.shape[0] % ranks), (0, 0), (0, 0)))
-        return jax.lax.with_sharding_constraint(padded, spec)
-    return jax.tree.map(spread, stacks)
+    With a group the matrix axes are split apart first and the stack moved back to the ranks
+    while the padding is still there: onto the matrix axis ZeRO-1 slices (rules.with_data_axis of a
+    parameter no other axis shards) with one all-to-all, so that dropping the padding and restoring
+    the batch axes stay local. (Dropping it from the stack still spread over the group made the
+    partitioner gather the stack to every rank.)"""
+    order, batch, _ = _layout(name, like.ndim)
+    shape = tuple(like.shape[a] for a in order)
+    y = y.reshape(y.shape[0], *shape[batch:])
+    if group:
+        mesh = jax.sharding.get_abstract_mesh()
+        zero1 = list(with_data_axis(P(), like.shape, {a: mesh.shape[a] for a in mesh.axis_names}))
+        sliced = [order.index(d) for d, entry in enumerate(zero1) if entry is not None]
+        if sliced and sliced[0] >= batch:
+            spec = [P.UNCONSTRAINED] * y.ndim
+            spec[0], spec[1 + sliced[0] - batch] = None, zero1[order[sliced[0]]]
+            y = jax.lax.with_sharding_constraint(y, P(*spec))
+    y = y[:math.prod(shape[:batch])]
+    return y.reshape(shape).transpose(tuple(int(i) for i in np.argsort(order)))
 
 
 def _on_matrices(fn, tree, like=None):
@@ -161,7 +184,8 @@ def _on_matrices(fn, tree, like=None):
 
 def distributed_muon(settings: OptimizerSettings) -> optax.GradientTransformation:
     """optax's scale_by_muon on every parameter's [B, m, n] stack, spread over the data-parallel ranks
-    (spread_over_data); its momentum is kept in the parameters' shapes (their shardings, ZeRO-1)."""
+    (as_matrices with replica_group: data x context); its momentum is kept in the parameters'
+    shapes (their shardings, ZeRO-1)."""
     s = settings
     muon = scale_by_muon(ns_steps=s.muon_ns_steps, beta=s.muon_momentum, eps=s.eps, nesterov=s.muon_nesterov,
                          weight_dimension_numbers=lambda updates: _map_params(lambda _: MATRIX, updates))
@@ -172,13 +196,10 @@ def distributed_muon(settings: OptimizerSettings) -> optax.GradientTransformatio
 
     def update(updates, state, params=None):
         del params
-        ranks = data_ranks() if s.muon_distributed else 1
-        stacks = spread_over_data(_on_matrices(as_matrices, updates), ranks)
-        momentum = spread_over_data(_on_matrices(as_matrices, state.mu), ranks)
-        out, state = muon.update(stacks, state._replace(mu=momentum))
-
-        def back(name, y, like):  # the padding off, then the parameter's shape
-            return from_matrices(name, y[:math.prod(like.shape) // (y.shape[1] * y.shape[2])], like)
+        group = replica_group() if s.muon_distributed else ()
+        spread = lambda name, x: as_matrices(name, x, group)  # noqa: E731
+        out, state = muon.update(_on_matrices(spread, updates), state._replace(mu=_on_matrices(spread, state.mu)))
+        back = lambda name, y, like: from_matrices(name, y, like, group)  # noqa: E731
         return _on_matrices(back, out, updates), state._replace(mu=_on_matrices(back, state.mu, updates))
     return optax.GradientTransformation(init, update)
 

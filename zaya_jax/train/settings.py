@@ -99,7 +99,7 @@ class OptimizerSettings:
     muon_ns_steps: int = 5
     muon_nesterov: bool = True
     muon_rms_scale: float = 0.2
-    muon_distributed: bool = False  # Newton-Schulz spread over the data ranks (zaya_jax.train.optimizer)
+    muon_distributed: bool = False  # Newton-Schulz spread over data x context (zaya_jax.train.optimizer)
 
 
 @dataclasses.dataclass(frozen=True)
