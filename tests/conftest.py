@@ -7,7 +7,9 @@ import importlib.util
 import os
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from fake_devices import FAKE_DEVICES
+
+os.environ.setdefault("XLA_FLAGS", FAKE_DEVICES)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import flags  # noqa: E402

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 
+from fake_devices import FAKE_DEVICES
 from zaya_jax.errors import EXIT_PREEMPTED
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,7 +79,7 @@ if __name__ == "__main__":
 
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+    env.update(XLA_FLAGS=FAKE_DEVICES, JAX_PLATFORMS="cpu",
                JAX_COMPILATION_CACHE_DIR=os.environ.get("ZAYA_JAX_TEST_CACHE", "/tmp/zaya_jax_jit_cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
     return env
