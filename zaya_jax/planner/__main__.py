@@ -59,7 +59,7 @@ _REDUCE_DTYPE = flags.DEFINE_enum("gradient_reduce_dtype", None, list(GRADIENT_R
                                   "The data-axis gradient sum's wire dtype (default: config "
                                   "mesh.gradient_reduce_dtype or float32).")
 _ZERO1 = flags.DEFINE_bool("shard_optimizer_over_data", None,
-                           "Optimizer state also sharded over data (default: config mesh.shard_optimizer_over_data).")
+                           "Optimizer state also sharded over data x context (default: config mesh.shard_optimizer_over_data).")
 
 
 def _human(n: float) -> str:

@@ -33,7 +33,7 @@ A DPO step (objective 'dpo') also runs the frozen reference model forward once, 
 backward or recompute: `reference_model`, one pass of every layer op and of the loss head.
 The optimizer adds Muon's Newton-Schulz iterations, 4 a^2 b + 2 a^3 per step for an a x b
 matrix (a <= b), split over the devices planner.muon_matrices says (with optimizer.muon_distributed,
-each parameter's stack of matrices spread over the data ranks, zaya_jax.train.optimizer).
+each parameter's stack of matrices spread over the data-parallel group, zaya_jax.train.optimizer).
 
 Per device: divided by the devices that split the work (batch axes, context, and tensor for
 the ops whose heads / hidden / vocab it shards; ops it does not shard, the value projections

@@ -45,7 +45,7 @@ class StepShape:
     shard_optimizer_over_data: bool = False
     platform: str = "gpu"       # the target's platform: picks the `auto` MoE backend
     ns_steps: int = 5           # Muon's Newton-Schulz iterations
-    distributed_muon: bool = False  # optimizer.muon_distributed: Newton-Schulz spread over the data ranks
+    distributed_muon: bool = False  # optimizer.muon_distributed: Newton-Schulz spread over data x context
     loss_chunk: int = 512       # train.loss_chunk_size: positions per chunk of the loss head
     objective: str = "lm"       # train.objective: lm | sft | dpo (dpo holds a reference model too)
     gradient_reduce_dtype: str = "float32"  # mesh.gradient_reduce_dtype: the data-axis gradient sum's wire dtype
