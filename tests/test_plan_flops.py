@@ -68,13 +68,13 @@ def test_newton_schulz_flops_per_device_are_xlas_without_distributed_muon(shape,
     import jax
     from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-    from zaya_jax.parallel.rules import with_data_axis
+    from zaya_jax.parallel.rules import with_zero1_axes
     from zaya_jax.planner.step_flops import newton_schulz_flops
     from zaya_jax.planner.step_plan import StepShape, muon_matrices
     from zaya_jax.train.optimizer import distributed_muon
     from zaya_jax.train.settings import OptimizerSettings
     mesh_shape = {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1, "context": 1}
-    zero1 = with_data_axis(PartitionSpec(), shape, mesh_shape)
+    zero1 = with_zero1_axes(PartitionSpec(), shape, mesh_shape)
     assert zero1 == PartitionSpec(*[("data" if d == zero1_axis else None) for d in range(4)])
     tx = distributed_muon(OptimizerSettings(muon_distributed=False))
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))

@@ -12,7 +12,7 @@ from flax import nnx
 
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.model.build import abstract_model
-from zaya_jax.parallel.rules import state_specs, with_data_axis
+from zaya_jax.parallel.rules import state_specs, with_zero1_axes
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "zaya1_base_specs.json"
 MESH = {"data": 64, "fsdp": 8, "expert": 2, "tensor": 1, "context": 1}  # 1,024 devices
@@ -26,7 +26,7 @@ def spec_table() -> dict:
     for (path, spec), (_, var) in zip(nnx.to_flat_state(specs), nnx.to_flat_state(state)):
         spec = spec.get_value()
         table["/".join(map(str, path))] = {"shape": list(var.shape), "spec": str(spec),
-                                           "optimizer_spec": str(with_data_axis(spec, var.shape, MESH))}
+                                           "optimizer_spec": str(with_zero1_axes(spec, var.shape, MESH))}
     return {"mesh": MESH, "params": table}
 
 

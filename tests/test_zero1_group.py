@@ -76,10 +76,10 @@ def test_gradients_are_summed_once_over_data_and_context(monkeypatch):
 
 def test_optimizer_state_slices_over_data_then_context():
     mesh = {"data": 4, "fsdp": 1, "expert": 1, "tensor": 1, "context": 2}
-    assert rules.with_data_axis(P(None, "tensor"), (64, 32), mesh) == P(("data", "context"), "tensor")
-    assert rules.with_data_axis(P(None), (12,), mesh) == P(None)  # 8 does not divide 12: left whole
-    assert rules.with_data_axis(P(None), (16,), {**mesh, "context": 1}) == P("data")
-    assert rules.with_data_axis(P("data"), (16,), mesh) == P("data")
+    assert rules.with_zero1_axes(P(None, "tensor"), (64, 32), mesh) == P(("data", "context"), "tensor")
+    assert rules.with_zero1_axes(P(None), (12,), mesh) == P(None)  # 8 does not divide 12: left whole
+    assert rules.with_zero1_axes(P(None), (16,), {**mesh, "context": 1}) == P("data")
+    assert rules.with_zero1_axes(P("data"), (16,), mesh) == P("data")
 
 
 @pytest.mark.parametrize("mesh,expected", [

@@ -45,7 +45,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from zaya_jax.config import ConfigError
 from zaya_jax.parallel.context import current_mesh
-from zaya_jax.parallel.rules import with_data_axis
+from zaya_jax.parallel.rules import with_zero1_axes
 
 GRADIENT_REDUCE_DTYPES = ("float32", "bfloat16")
 
@@ -86,10 +86,10 @@ def check_mesh(mesh_shape: dict[str, int], dtype: str) -> None:
 
 
 def scatter_dimension(spec: P, shape: tuple[int, ...], mesh: Mesh) -> int:
-    """The dimension the ZeRO-1 optimizer state slices over `data` first (rules.with_data_axis:
+    """The dimension the ZeRO-1 optimizer state slices over `data` first (rules.with_zero1_axes:
     data alone, or data then context, which the partitioner slices further from the data slice),
     or ALL_REDUCE (that state keeps the gradient's layout, or puts data after other axes)."""
-    sliced = with_data_axis(spec, shape, mesh)
+    sliced = with_zero1_axes(spec, shape, mesh)
     entries = list(spec) + [None] * (len(shape) - len(spec))
     for dim, (before, after) in enumerate(zip(entries, list(sliced) + [None] * (len(shape) - len(sliced)))):
         if before is None and (after == "data" or (isinstance(after, tuple) and after[0] == "data")):

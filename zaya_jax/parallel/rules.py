@@ -92,7 +92,7 @@ def zero1_axes(mesh: Mesh | dict[str, int]) -> tuple[str, ...]:
     return tuple(a for a in ZERO1_AXES if shape.get(a, 1) > 1)
 
 
-def with_data_axis(spec: P, shape: Sequence[int], mesh: Mesh | dict[str, int]) -> P:
+def with_zero1_axes(spec: P, shape: Sequence[int], mesh: Mesh | dict[str, int]) -> P:
     """Adds the ZeRO-1 axes (zero1_axes: data, then context) to the first dimension they divide
     together with the axes already there (optimizer-state sharding over the data-parallel group,
     ZeRO-1); `spec` unchanged where one of them is already used or no dimension divides."""

@@ -28,7 +28,7 @@ from zaya_jax.model.build import abstract_model
 from zaya_jax.model.moe_dispatch import capacity_per_expert
 from zaya_jax.parallel.gradient_reduce import summed_by_hand
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
-from zaya_jax.parallel.rules import state_specs, with_data_axis, zero1_axes
+from zaya_jax.parallel.rules import state_specs, with_zero1_axes, zero1_axes
 from zaya_jax.planner.step_flops import expert_backend
 from zaya_jax.train.objectives import fuses_loss_head
 from zaya_jax.train.optimizer import MUON_MATRICES
@@ -88,7 +88,7 @@ def parameter_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape,
         per_device = numel * 4 / _shard_factor(spec, mesh)
         params += per_device
         grads += per_device
-        opt_spec = with_data_axis(spec, var_shape, mesh) if shape.shard_optimizer_over_data else spec
+        opt_spec = with_zero1_axes(spec, var_shape, mesh) if shape.shard_optimizer_over_data else spec
         slots = 1 if shape.optimizer == "muon" and _is_matrix(path, var_shape) else 2
         opt += slots * numel * 4 / _shard_factor(opt_spec, mesh)
     memory = {"params": params, "grads": grads, "optimizer_state": opt}
@@ -119,7 +119,7 @@ def muon_matrices(mesh: dict[str, int], shape: StepShape, parameters: list) -> l
         if shape.distributed_muon:
             split *= (stack := muon_stack(var_shape, dims)) / math.ceil(stack / replicas)
         elif zero1_slice(var_shape, spec, dims, mesh, shape) in ("matrix", "leading stack"):
-            split = _shard_factor(with_data_axis(spec, var_shape, mesh), mesh)
+            split = _shard_factor(with_zero1_axes(spec, var_shape, mesh), mesh)
         out.append((var_shape, dims, split))
     return out
 
@@ -134,12 +134,12 @@ def _matrix_axes(var_shape: tuple[int, ...], dims) -> set[int]:
 
 
 def zero1_slice(var_shape: tuple[int, ...], spec, dims, mesh: dict[str, int], shape: StepShape) -> str | None:
-    """Which axis of a Muon parameter ZeRO-1 (rules.with_data_axis) slices: 'matrix', 'leading stack'
+    """Which axis of a Muon parameter ZeRO-1 (rules.with_zero1_axes) slices: 'matrix', 'leading stack'
     (the first of its stack axes), 'stack' (a later one), or None (no ZeRO-1, or no axis divides)."""
     if not shape.shard_optimizer_over_data:
         return None
     sliced = [d for d, (a, b) in enumerate(zip(list(spec) + [None] * len(var_shape),
-                                               with_data_axis(spec, var_shape, mesh))) if a != b]
+                                               with_zero1_axes(spec, var_shape, mesh))) if a != b]
     if not sliced:
         return None
     matrix = _matrix_axes(var_shape, dims)

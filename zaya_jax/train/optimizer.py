@@ -43,7 +43,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
-from zaya_jax.parallel.rules import with_data_axis, zero1_axes
+from zaya_jax.parallel.rules import with_zero1_axes, zero1_axes
 from zaya_jax.train.settings import OptimizerSettings
 
 # parameter path -> (reduction axes, output axes), counted from the end.
@@ -156,7 +156,7 @@ def from_matrices(name: str, y: jax.Array, like: jax.Array, group: tuple[str, ..
     """as_matrices' inverse: [B', m, n] (B' >= B, any padding dropped) -> the shape of `like`.
 
     With a group the matrix axes are split apart first and the stack moved back to the ranks
-    while the padding is still there: onto the matrix axis ZeRO-1 slices (rules.with_data_axis of a
+    while the padding is still there: onto the matrix axis ZeRO-1 slices (rules.with_zero1_axes of a
     parameter no other axis shards) with one all-to-all, so that dropping the padding and restoring
     the batch axes stay local. (Dropping it from the stack still spread over the group made the
     partitioner gather the stack to every rank.)"""
@@ -165,7 +165,7 @@ def from_matrices(name: str, y: jax.Array, like: jax.Array, group: tuple[str, ..
     y = y.reshape(y.shape[0], *shape[batch:])
     if group:
         mesh = jax.sharding.get_abstract_mesh()
-        zero1 = list(with_data_axis(P(), like.shape, {a: mesh.shape[a] for a in mesh.axis_names}))
+        zero1 = list(with_zero1_axes(P(), like.shape, {a: mesh.shape[a] for a in mesh.axis_names}))
         sliced = [order.index(d) for d, entry in enumerate(zero1) if entry is not None]
         if sliced and sliced[0] >= batch:
             spec = [P.UNCONSTRAINED] * y.ndim

@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from zaya_jax.model.params import BalancingBias
 from zaya_jax.model.zaya import ZayaLM
-from zaya_jax.parallel.rules import state_shardings, with_data_axis
+from zaya_jax.parallel.rules import state_shardings, with_zero1_axes
 
 BIASES_PATH = ("layers", "moe", "router", "balancing_biases")
 
@@ -122,7 +122,7 @@ def state_specs(abstract: TrainState, param_specs: dict, biases_spec: P, mesh: M
                 spec = other_spec
             else:
                 return P()
-            return with_data_axis(spec, leaf.shape, mesh) if shard_optimizer_over_data else spec
+            return with_zero1_axes(spec, leaf.shape, mesh) if shard_optimizer_over_data else spec
         return jax.tree_util.tree_map_with_path(one, tree)
 
     return TrainState(step=P(), params=param_specs, biases=biases_spec,
