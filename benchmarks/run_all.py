@@ -36,6 +36,7 @@ RUNS: dict[str, list[str]] = {
     "quantization_cpu": ["quantization.py"],
     "step_profile_cpu": ["step_profile.py"],
     "train_step_cpu": ["train_step.py", "--muon"],
+    "compiled_collectives_cpu": ["compiled_collectives.py"],
     "planner_flops_vs_xla_cpu": ["planner_flops_vs_xla.py"],
     "planner_predictions": ["planner_predictions.py"],
     "posttrain_demo_cpu": ["posttrain_demo.py"],
