@@ -58,7 +58,8 @@ def launch_config(num_experts: int | None = None, muon_distributed: bool | None 
 
 
 def compiled_step(config, zero1_axes: tuple[str, ...] = rules.ZERO1_AXES) -> str:
-    """The compiled train step's HLO text, the optimizer state sliced over `zero1_axes`."""
+    """The compiled train step of `config` (its own mesh and batch) as HLO text, the optimizer state
+    sliced over `zero1_axes`."""
     shipped, rules.ZERO1_AXES = rules.ZERO1_AXES, zero1_axes
     try:
         s = settings_from_config(config)
@@ -66,7 +67,8 @@ def compiled_step(config, zero1_axes: tuple[str, ...] = rules.ZERO1_AXES) -> str
         program = build_program(s, mesh)
         with jax.set_mesh(mesh):
             return program.train_step.lower(with_shardings(program.abstract_state, program.shardings),
-                                            abstract_batch(BATCH, SEQ), s.model.rope_theta).compile().as_text()
+                                            abstract_batch(s.train.global_batch_size, s.train.seq_len),
+                                            s.model.rope_theta).compile().as_text()
     finally:
         rules.ZERO1_AXES = shipped
 

@@ -22,16 +22,16 @@ import jax
 import numpy as np
 import pytest
 
+from benchmarks.compiled_collectives import compiled_step
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.model.build import create_model
-from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
+from zaya_jax.parallel.mesh import parse_mesh_flag
 from zaya_jax.train import balancing
 from zaya_jax.train.data import open_training_data
 from zaya_jax.train.loop import Trainer
 from zaya_jax.train.optimizer import make_optimizer, schedule
-from zaya_jax.train.program import abstract_batch, build_program
 from zaya_jax.train.settings import settings_from_config
-from zaya_jax.train.state import ModelParts, initial_state, with_shardings
+from zaya_jax.train.state import ModelParts, initial_state
 from zaya_jax.train.step import train_step
 
 K = 3
@@ -124,14 +124,7 @@ def test_sliding_window_model_on_a_context_mesh_equals_one_device(tmp_path):
 
 def _newton_schulz_stacks(config) -> collections.Counter:
     """{(batch, rows, cols): n} of the batched f32 dots in the compiled step of `config`."""
-    s = settings_from_config(config)
-    mesh = make_mesh(s.mesh.sizes)
-    program = build_program(s, mesh)
-    with jax.set_mesh(mesh):
-        text = program.train_step.lower(with_shardings(program.abstract_state, program.shardings),
-                                        abstract_batch(s.train.global_batch_size, s.train.seq_len),
-                                        s.model.rope_theta).compile().as_text()
-    return collections.Counter(re.findall(r"= f32\[(\d+),(\d+),(\d+)\]\{[\d,]+\} dot\(", text))
+    return collections.Counter(re.findall(r"= f32\[(\d+),(\d+),(\d+)\]\{[\d,]+\} dot\(", compiled_step(config)))
 
 
 def test_distributed_muon_on_the_launch_layout_equals_one_device(tmp_path):

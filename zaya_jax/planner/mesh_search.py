@@ -49,7 +49,7 @@ def ranked(rows: list[dict], key: str) -> list[dict]:
     """rows fastest first by rows[key], except that the rows within TIE of the fastest come first
     ordered by rows[key + '_no_overlap'] (the module's tie rule)."""
     rows = sorted(rows, key=lambda r: r[key])
-    ties = [r for r in rows if rows and r[key] <= rows[0][key] * (1 + TIE)]
+    ties = [r for r in rows if r[key] <= rows[0][key] * (1 + TIE)]
     return sorted(ties, key=lambda r: r[key + "_no_overlap"]) + rows[len(ties):]
 
 

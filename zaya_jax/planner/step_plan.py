@@ -272,19 +272,19 @@ def collectives(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: d
     # it); the partitioner then sums over context inside the data-manual region, in float32 per
     # micro-batch.
     group = zero1_axes(mesh) or ("data",)
-    replicas = math.prod(mesh[a] for a in group)
+    group_axis, replicas = "+".join(group), math.prod(mesh[a] for a in group)
     if summed_by_hand(mesh, shape.gradient_reduce_dtype):
         wire = grads * (2 if shape.gradient_reduce_dtype == "bfloat16" else 4) / 4
         reduced = [("data", wire, mesh["data"], False), ("context", m * grads, mesh["context"], True)]
     else:
-        reduced = [("+".join(group), m * grads, replicas, True)]
+        reduced = [(group_axis, m * grads, replicas, True)]
     for axis, sent, n, overlapped in reduced:
         if shape.shard_optimizer_over_data and axis != "context":
             out.append(Collective("reduce_scatter", axis, "gradients", sent * ring(n), overlapped))
         else:
             out.append(Collective("all_reduce", axis, "gradients", 2 * sent * ring(n), overlapped))
     if shape.shard_optimizer_over_data:
-        out.append(Collective("all_gather", "+".join(group), "updated parameters", grads * ring(replicas), True))
+        out.append(Collective("all_gather", group_axis, "updated parameters", grads * ring(replicas), True))
     # Muon after the backward (zaya_jax.train.optimizer, muon_matrices). Distributed: the update
     # and momentum stacks to the ranks that orthogonalise them and back; from a ZeRO-1 slice an
     # all-to-all each way (each rank keeps 1/R of what it holds), from replicated state (no ZeRO-1)
@@ -302,13 +302,13 @@ def collectives(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: d
             if zero1_slice(var_shape, spec, dims, mesh, shape) == "matrix":
                 gathered += local
         if not shape.distributed_muon:
-            out.append(Collective("all_gather", "+".join(group), "Newton-Schulz operands (Muon not distributed)",
+            out.append(Collective("all_gather", group_axis, "Newton-Schulz operands (Muon not distributed)",
                                   3 * shape.ns_steps * gathered * ring(replicas), False))
         elif shape.shard_optimizer_over_data:
-            out.append(Collective("all_to_all", "+".join(group), "Muon update and momentum stacks, there and back",
+            out.append(Collective("all_to_all", group_axis, "Muon update and momentum stacks, there and back",
                                   4 * stacked / replicas * ring(replicas), False))
         else:
-            out.append(Collective("all_gather", "+".join(group), "Muon updates and momentum",
+            out.append(Collective("all_gather", group_axis, "Muon updates and momentum",
                                   2 * stacked * ring(replicas), False))
     tokens = shape.global_batch * shape.seq_len / (mesh["data"] * fsdp * mesh["expert"] * mesh["context"])
     act = tokens * cfg.hidden_size * dtype_bytes

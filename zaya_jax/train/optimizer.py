@@ -16,9 +16,9 @@ no data-parallel replica needs to repeat it. Muon always runs on each parameter 
 stack of its matrices (layers x experts flattened); with the option, under a mesh whose
 data-parallel group (rules.zero1_axes: data x context, ZeRO-1's group) has R > 1 ranks (the
 trainer's step), the stack is zero-padded to a multiple of R and sharded over the group: every
-data-parallel rank orthogonalises ceil(B / R) of the matrices, and the partitioner all-gathers
-the updates back to the parameters' sharding (as_matrices, from_matrices: one all-to-all each
-way from and to a ZeRO-1 slice). The update equals single-device Muon (tests/test_train_optimizer.py
+data-parallel rank orthogonalises ceil(B / R) of the matrices, and the partitioner moves the
+updates back to the parameters' sharding (as_matrices, from_matrices: one all-to-all each way
+from and to a ZeRO-1 slice). The update equals single-device Muon (tests/test_train_optimizer.py
 and, for whole training steps, tests/test_proof_sharded_training.py, with the per-device batch of
 the compiled Newton-Schulz matmuls as proof that the work is split). On in configs/zaya1_base.py,
 where without it every Newton-Schulz matmul gathers its whole operand (docs/training.md,
@@ -125,7 +125,7 @@ def replica_group() -> tuple[str, ...]:
     """The current mesh's data-parallel group, the axes every replica of a weight spans
     (rules.zero1_axes: data, context; () without a mesh or with both of size 1)."""
     mesh = jax.sharding.get_abstract_mesh()
-    return () if mesh.empty else zero1_axes({a: mesh.shape[a] for a in mesh.axis_names})
+    return () if mesh.empty else zero1_axes(mesh)
 
 
 def as_matrices(name: str, x: jax.Array, group: tuple[str, ...] = ()) -> jax.Array:
@@ -165,7 +165,7 @@ def from_matrices(name: str, y: jax.Array, like: jax.Array, group: tuple[str, ..
     y = y.reshape(y.shape[0], *shape[batch:])
     if group:
         mesh = jax.sharding.get_abstract_mesh()
-        zero1 = list(with_zero1_axes(P(), like.shape, {a: mesh.shape[a] for a in mesh.axis_names}))
+        zero1 = list(with_zero1_axes(P(), like.shape, mesh))
         sliced = [order.index(d) for d, entry in enumerate(zero1) if entry is not None]
         if sliced and sliced[0] >= batch:
             spec = [P.UNCONSTRAINED] * y.ndim
