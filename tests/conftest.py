@@ -1,10 +1,18 @@
 """Test bootstrap: 8 fake CPU devices, absl flags parsed (Grain workers), a compilation cache; tests
 marked `torch_reference` (they compare with PyTorch transformers) skipped, so counted, where
 torch or transformers is not installed (the Python 3.12 run: the registry's torch there is a
-multi-GB CUDA build). Everywhere else they run, and a missing torch fails them."""
+multi-GB CUDA build). Everywhere else they run, and a missing torch fails them.
+
+The tests of ONE_STACK run on the Python 3.11 stack (jax 0.10.2) only and are skipped, so counted,
+on the others: what each proves is the project's own logic above jax (a CLI's messages, lm-eval's
+glue, Grain's data order, a loss against numpy, the planner's arithmetic), which the jax version
+does not change; the jax API it goes through (lowering, sharding, Pallas, Orbax, the optimizer,
+multi-process start-up) is proven on both stacks by the tests left out of the table
+(docs/testing.md)."""
 
 import importlib.util
 import os
+import sys
 import tempfile
 
 from fake_devices import FAKE_DEVICES
@@ -31,13 +39,61 @@ WITHOUT_TORCH = pytest.mark.skip(reason="left out: compares with PyTorch transfo
                                         "is not installed")
 
 
+# node id below tests/ (a module, or a module::test prefix) -> why it need not run on both stacks
+ONE_STACK = {
+    "test_harness.py": "lm-eval's glue and scoring over the model (model, sharding and multi-process start-up "
+                       "are proven on both stacks by test_model, test_parallel and test_multihost)",
+    "test_train_objectives.py::test_dpo": "the DPO loss against numpy and DPO data (the train step runs on both)",
+    "test_train_objectives.py::test_sft": "the SFT loss against a hand count",
+    "test_train_objectives.py::test_resume_after_sigkill": "post-training resume (Orbax resume is proven on both "
+                                                           "by test_train_cli and test_proof_multiprocess_resume)",
+    "test_train_objectives.py::test_a_sharded_mesh_equals_one_device[dpo]": "DPO on a mesh ([sft] runs on both)",
+    "test_train_objectives.py::test_init_from": "init_from_checkpoint's choice of weights",
+    "test_cli_handoffs.py": "the CLIs' messages and phase hand-offs",
+    "test_cli_errors.py": "the CLIs' error messages",
+    "test_cli_convert.py": "convert's refusals and read-back messages",
+    "test_config_and_loading_errors.py": "config and loading error messages",
+    "test_config_overrides.py": "ml_collections overrides",
+    "test_infer_cli.py": "generate's flags and messages (decoding runs on both: test_infer_decode, _generate)",
+    "test_posttrain_demo.py": "the post-training demo's data and CLI chain",
+    "test_posttrain_handoffs.py": "post-training's CLI hand-offs and exports",
+    "test_posttrain_batches.py": "post-training batch assembly (numpy)",
+    "test_infer_notebook.py": "the notebook's cells, which call the APIs tested on both stacks",
+    "test_proof_pipeline_resume.py": "Grain's data order across a resume (the same grain on both stacks)",
+    "test_proof_quantized_trained.py": "weight-only quantization's error on a trained model",
+    "test_plan_time.py": "the planner's time model (arithmetic; its XLA cross-checks, test_plan_flops, run on both)",
+    "test_data_demo.py": "the demo corpus",
+    "test_data_packing.py": "sequence packing (numpy)",
+    "test_data_pipeline.py": "the Grain pipeline (the same grain on both stacks)",
+    "test_data_prepare.py": "data.prepare",
+    "test_chat_data.py": "chat templates and masks",
+    "test_instruction_tasks.py": "the generated tasks",
+    "test_proof_benchmark_results.py": "the committed results files against the docs",
+    "test_proof_kill_after_commit.py::test_two_processes": "the same kill on 2 processes (the 1-process kill and "
+                                                           "the 2-process kill-and-resume run on both)",
+    "test_gradient_reduce.py::test_bfloat16_on_the_wire": "60 demo steps' losses with bf16 reduction (its "
+                                                          "lowered collectives and float32-by-hand proofs run on both)",
+    "test_train_cli.py::test_a_restart_names": "a restart's refusal messages",
+}
+FIRST_STACK = sys.version_info[:2] == (3, 11)
+
+
+def one_stack_reason(nodeid: str) -> str | None:
+    """Why the test `nodeid` (tests/...) runs on the 3.11 stack only, or None."""
+    below_tests = nodeid.split("/", 1)[-1]
+    return next((why for prefix, why in ONE_STACK.items() if below_tests.startswith(prefix)), None)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "torch_reference: compares with PyTorch transformers (needs torch)")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Without torch, the torch_reference tests are skipped (pytest's closing line counts them)."""
-    if not HAS_TORCH_REFERENCE:
-        for item in items:
-            if item.get_closest_marker("torch_reference"):
-                item.add_marker(WITHOUT_TORCH)
+    """Without torch, the torch_reference tests are skipped; off the 3.11 stack, ONE_STACK's (pytest's
+    closing line counts both)."""
+    for item in items:
+        if not HAS_TORCH_REFERENCE and item.get_closest_marker("torch_reference"):
+            item.add_marker(WITHOUT_TORCH)
+        why = one_stack_reason(item.nodeid)
+        if why and not FIRST_STACK:
+            item.add_marker(pytest.mark.skip(reason=f"runs on the Python 3.11 stack only: {why}"))
