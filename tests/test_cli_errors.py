@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.train_helpers import REPO, cli_env
+from tests.train_helpers import REPO, cli_env, run_train
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.model.build import create_model
 from zaya_jax.train.checkpoint import save_model
@@ -55,10 +55,34 @@ def test_train_config_mistakes(tmp_path, args, fragments):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_config_file_with_a_syntax_error_is_named_with_its_line_and_column(tmp_path):
+    config = tmp_path / "broken.py"
+    config.write_text("def get_config():\n    return dict(model=1,,)\n")
+    assert_user_error(cli("zaya_jax.train", "--config", config, "--workdir", tmp_path / "run"),
+                      f"--config {config}: Python syntax error at line 2, column 25: invalid syntax")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_harness_without_the_eval_extra_names_the_install(tmp_path):
+    without_lm_eval = ("import runpy, sys; sys.modules['lm_eval'] = None; sys.argv[0] = 'zaya_jax.harness'; "
+                       "runpy.run_module('zaya_jax.harness', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", without_lm_eval, "--checkpoint", str(tmp_path), "--tasks", "zaya_demo"],
+                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert_user_error(done, "python -m zaya_jax.harness needs lm-evaluation-harness", 'pip install -e ".[eval]"')
+
+
 def test_train_workdir_that_is_a_file(tmp_path):
     (tmp_path / "file").write_text("")
     assert_user_error(cli("zaya_jax.train", "--config", TINY, "--workdir", tmp_path / "file"),
                       "is a file, not a directory")
+
+
+def test_train_workdir_that_cannot_be_created(tmp_path):
+    assert_user_error(cli("zaya_jax.train", "--config", TINY, "--workdir", "/proc/zaya_run"),
+                      "workdir /proc/zaya_run cannot be created", "choose another --workdir")
+    (tmp_path / "read_only").mkdir(mode=0o555)
+    done = run_train(tmp_path / "read_only" / "run", unprivileged=True)  # file modes bind it, even as root
+    assert_user_error(done, f"workdir {tmp_path / 'read_only' / 'run'} cannot be created: Permission denied")
 
 
 def test_debug_shows_the_traceback(tmp_path):
@@ -95,6 +119,17 @@ def test_an_hf_directory_given_as_checkpoint_is_pointed_to_hf(tmp_path):
         assert_user_error(cli(module, "--checkpoint", tmp_path / "hf", "--prompt_ids", "2,5")
                           if module == "zaya_jax.generate" else cli(module, "--checkpoint", tmp_path / "hf"),
                           "no step directories (it holds an HF checkpoint's config.json: give it as --hf instead)")
+
+
+def test_generate_names_a_quantization_group_the_weights_do_not_split_into(tmp_path):
+    cfg = model_config(load_config_file(TINY))
+    import zaya_jax
+    zaya_jax.save_hf(create_model(cfg.replace(layout="native", router_norm_eps=cfg.rms_norm_eps,
+                                              residual_in_fp32=True), seed=0), tmp_path / "hf")
+    done = cli("zaya_jax.generate", "--hf", tmp_path / "hf", "--prompt_ids", "2,5", "--quantize", "int4",
+               "--group_size", "24")
+    assert_user_error(done, "does not split into groups of 24",
+                      "choose a group_size (generate's --group_size) that divides it")
 
 
 def test_plan_accepts_the_spelling_its_help_shows(tmp_path):

@@ -77,6 +77,15 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
         raise UserError(f"{err} (--help lists the flags)") from err
     except AttributeError as err:  # ml_collections: an override of a field the config does not have
         raise UserError(_unknown_field_message(err, argv)) from err
+    except SyntaxError as err:  # ml_collections imports the config file while the flags are parsed
+        if config is None or not _same_file(err.filename, config.split(":")[0]):
+            raise
+        raise UserError(f"--config {config}: Python syntax error at line {err.lineno}, column {err.offset}: "
+                        f"{err.msg}") from err
+
+
+def _same_file(a: str | None, b: str) -> bool:
+    return a is not None and os.path.exists(a) and os.path.samefile(a, b)
 
 
 def usage() -> str:

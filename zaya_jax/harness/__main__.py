@@ -64,6 +64,13 @@ def main(argv: list[str]) -> None:
     if not _TASKS.value:
         raise app.UsageError("--tasks is required, e.g. --tasks zaya_demo")
     from zaya_jax.errors import UserError
+    try:
+        import lm_eval
+    except ModuleNotFoundError as err:
+        if err.name != "lm_eval":
+            raise
+        raise UserError("python -m zaya_jax.harness needs lm-evaluation-harness, which this install lacks: "
+                        'pip install -e ".[eval]"') from err
     from zaya_jax.harness.loading import check_source
     check_source(_CHECKPOINT.value, _HF.value, _STEP.value)
     if _INCLUDE_PATH.value and not os.path.isdir(_INCLUDE_PATH.value):
@@ -72,7 +79,6 @@ def main(argv: list[str]) -> None:
     manager = task_manager(_INCLUDE_PATH.value, parse_metadata(_METADATA.value))
     tasks = task_names(manager, _TASKS.value)
 
-    import lm_eval
     from lm_eval.utils import handle_non_serializable, make_table
 
     from zaya_jax.harness.model import ZayaHarnessLM

@@ -31,6 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from zaya_jax.config import ConfigError
+
 QUANTIZED_WEIGHTS = {  # (module, parameter) -> input axis, from the end
     ("attention", "q_proj"): -3, ("attention", "k_proj"): -3, ("attention", "v_proj_current"): -3,
     ("attention", "v_proj_delayed"): -3, ("attention", "o_proj"): -2,
@@ -107,8 +109,8 @@ def unpack_int4(packed: jax.Array, axis: int) -> jax.Array:
 def group_for(length: int, group_size: int, name: str) -> int:
     group = min(group_size, length)
     if length % group:
-        raise ValueError(f"{name}: input axis of length {length} does not split into groups of {group}; "
-                         f"choose a group_size that divides it")
+        raise ConfigError(f"{name}: input axis of length {length} does not split into groups of {group}; "
+                          f"choose a group_size (generate's --group_size) that divides it")
     return group
 
 

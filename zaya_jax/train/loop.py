@@ -119,7 +119,11 @@ class Trainer:
                                                           self.phases[0].rope_theta,
                                                           s.train.init_from_checkpoint_made_by)
                                  if s.train.init_from_checkpoint and not resuming else None)
-        os.makedirs(self.workdir, exist_ok=True)
+        try:
+            os.makedirs(self.workdir, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"workdir {self.workdir} cannot be created: {e.strerror} ({e.filename}); "
+                            "choose another --workdir") from None
         self.is_main = jax.process_index() == 0
         self._lock = WorkdirLock(self.workdir) if self.is_main else None
         self.stopped_by: int | None = None  # the signal that stopped run(), if one did
