@@ -85,6 +85,15 @@ def test_train_workdir_that_cannot_be_created(tmp_path):
     assert_user_error(done, f"workdir {tmp_path / 'read_only' / 'run'} cannot be created: Permission denied")
 
 
+def test_a_cache_variable_naming_a_file_is_named_and_leaves_no_workdir(tmp_path):
+    (tmp_path / "cache").write_text("")
+    done = subprocess.run([sys.executable, "-m", "zaya_jax.train", "--config", TINY, "--workdir", str(tmp_path / "run")],
+                          cwd=REPO, env={**cli_env(), "ZAYA_JAX_CACHE": str(tmp_path / "cache")},
+                          capture_output=True, text=True, timeout=300)
+    assert_user_error(done, f"ZAYA_JAX_CACHE={tmp_path / 'cache'}: is a file, not a directory")
+    assert not (tmp_path / "run").exists()  # no workdir, so no .lock left behind
+
+
 def test_debug_shows_the_traceback(tmp_path):
     done = cli("zaya_jax.train", "--config", TINY, "--config.train.steps=5", "--workdir", tmp_path / "run", "--debug")
     assert done.returncode != 0 and "Traceback" in done.stderr and "ConfigError" in done.stderr

@@ -16,6 +16,7 @@ data.prepare:
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 import sys
 from typing import Callable, Sequence
@@ -86,6 +87,15 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
 
 def _same_file(a: str | None, b: str) -> bool:
     return a is not None and os.path.exists(a) and os.path.samefile(a, b)
+
+
+def cache_root() -> pathlib.Path:
+    """$ZAYA_JAX_CACHE, else ~/.cache/zaya_jax: where the compilation cache (jit/) and the demo
+    corpus (demo_corpus/) go; a UserError when it names a file."""
+    root = os.environ.get("ZAYA_JAX_CACHE")
+    if root and os.path.exists(root) and not os.path.isdir(root):
+        raise UserError(f"ZAYA_JAX_CACHE={root}: is a file, not a directory; point it at a directory or unset it")
+    return pathlib.Path(root or "~/.cache/zaya_jax").expanduser()
 
 
 def usage() -> str:

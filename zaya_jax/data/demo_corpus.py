@@ -59,7 +59,7 @@ class DemoCorpus:
 
 
 def default_cache_dir() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("ZAYA_JAX_CACHE") or "~/.cache/zaya_jax").expanduser() / "demo_corpus"
+    return cli.cache_root() / "demo_corpus"
 
 
 def _strip_markdown(text: str) -> str:

@@ -33,10 +33,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, met
 
 
 def enable_compilation_cache() -> None:
+    root = cli.cache_root()  # checked where the cache is set otherwise too: the demo corpus goes there
     import jax
     if not jax.config.jax_compilation_cache_dir:
-        root = os.environ.get("ZAYA_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "zaya_jax"))
-        jax.config.update("jax_compilation_cache_dir", os.path.join(root, "jit"))
+        jax.config.update("jax_compilation_cache_dir", str(root / "jit"))
 
 
 def main(argv):
