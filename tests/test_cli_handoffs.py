@@ -130,7 +130,10 @@ def test_generate_reads_the_exports_tokenizer_and_a_given_step(demo_run, demo_ex
     assert on_hf.stdout == at_step.stdout  # one model, one prompt (bos first), greedy
     assert "6 tokens in" in on_hf.stderr and "6 tokens in" in at_step.stderr
     missing = cli("zaya_jax.generate", "--checkpoint", workdir, "--step", 3, *args)
-    assert missing.returncode == 2 and "(step 3): step 3: no such step directory" in missing.stderr
+    assert missing.returncode == 2 and "(step 3): step 3: no such step directory (saved steps: 4)" in missing.stderr
+    step_dir = cli("zaya_jax.generate", "--checkpoint", workdir / "checkpoints" / "4", *args)
+    assert step_dir.returncode == 2, step_dir.stderr[-2000:]
+    assert f"(it is a step directory: give --checkpoint {workdir / 'checkpoints'} --step 4)" in step_dir.stderr
 
 
 @pytest.mark.parametrize("args,message", [
@@ -138,6 +141,9 @@ def test_generate_reads_the_exports_tokenizer_and_a_given_step(demo_run, demo_ex
     (("--prompt_ids", "2,5", "--max_new_tokens", "5000"),
      "error: --max_new_tokens 5000: with the 2-token prompt that is 5002 positions, past the model's "
      "max_position_embeddings 1024; ask for at most 1022"),
+    (("--prompt_ids", ",".join(["5"] * 1030)),
+     "error: the prompt is 1030 tokens, 7 too many: the model's max_position_embeddings 1024 leaves room for a "
+     "prompt of at most 1023 and one new token; shorten it"),
 ])
 def test_generate_names_a_prompt_the_model_cannot_take(demo_run, args, message):
     done = cli("zaya_jax.generate", "--checkpoint", demo_run[0], *args)

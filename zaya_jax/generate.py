@@ -133,6 +133,10 @@ def check_lengths(ids: list[int], cfg) -> None:
     if outside:
         raise UserError(f"--prompt_ids: {', '.join(map(str, outside[:5]))} outside the model's vocabulary "
                         f"(ids 0..{cfg.vocab_size - 1})")
+    if len(ids) >= cfg.max_position_embeddings:
+        raise UserError(f"the prompt is {len(ids)} tokens, {len(ids) - cfg.max_position_embeddings + 1} too many: the "
+                        f"model's max_position_embeddings {cfg.max_position_embeddings} leaves room for a prompt of "
+                        f"at most {cfg.max_position_embeddings - 1} and one new token; shorten it")
     if len(ids) + _MAX_NEW.value > cfg.max_position_embeddings:
         raise UserError(f"--max_new_tokens {_MAX_NEW.value}: with the {len(ids)}-token prompt that is "
                         f"{len(ids) + _MAX_NEW.value} positions, past the model's max_position_embeddings "

@@ -370,6 +370,12 @@ def whole_step(directory: str, items: tuple[str, ...], step: int | None = None) 
         detail = "; ".join(f"step {s}: {why}" for s, why in skipped) or "no step directories"
         if not skipped and os.path.isfile(os.path.join(directory, "config.json")):
             detail += " (it holds an HF checkpoint's config.json: give it as --hf instead)"
+        parent, name = os.path.split(os.path.normpath(directory))
+        if not skipped and name.isdigit() and int(name) in integrity.steps_in(parent):
+            detail += f" (it is a step directory: give --checkpoint {parent} --step {name})"
+        saved = integrity.steps_in(directory)
+        if step is not None and step not in saved:
+            detail += f" (saved steps: {', '.join(map(str, saved)) or 'none'})"
         raise UserError(f"no whole checkpoint at {directory}{f' (step {step})' if step is not None else ''}: {detail}")
     return found
 
