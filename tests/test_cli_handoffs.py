@@ -134,6 +134,10 @@ def test_generate_reads_the_exports_tokenizer_and_a_given_step(demo_run, demo_ex
     step_dir = cli("zaya_jax.generate", "--checkpoint", workdir / "checkpoints" / "4", *args)
     assert step_dir.returncode == 2, step_dir.stderr[-2000:]
     assert f"(it is a step directory: give --checkpoint {workdir / 'checkpoints'} --step 4)" in step_dir.stderr
+    workdir_as_hf = cli("zaya_jax.generate", "--hf", workdir, *args)
+    assert workdir_as_hf.returncode == 2 and "Traceback" not in workdir_as_hf.stderr, workdir_as_hf.stderr[-2000:]
+    assert f"is a zaya_jax run or checkpoint directory, not an HF export: give it as --checkpoint {workdir}" \
+        in workdir_as_hf.stderr and "--tokenizer" not in workdir_as_hf.stderr
 
 
 @pytest.mark.parametrize("args,message", [

@@ -39,6 +39,7 @@ import numpy as np
 from absl import app, flags
 
 from zaya_jax import cli
+from zaya_jax.convert.hf_load import read_hf_config
 from zaya_jax.errors import UserError
 from zaya_jax.infer.chat import chat_template_for, read_messages
 from zaya_jax.infer.generate import generate, stop_tokens
@@ -102,6 +103,7 @@ def tokenizer_file() -> str:
     if _TOKENIZER.value is not None:
         return _TOKENIZER.value
     if _CHECKPOINT.value is None:
+        read_hf_config(_HF.value)  # a directory that is no HF export is named before its tokenizer
         path = os.path.join(_HF.value, "tokenizer.json")
         if not os.path.isfile(path):
             raise UserError(f"--hf {_HF.value} holds no tokenizer.json: pass --tokenizer FILE (or --prompt_ids)")

@@ -21,6 +21,9 @@ from zaya_jax.model.zaya import ZayaLM
 def read_hf_config(directory: str | os.PathLike) -> dict:
     path = Path(directory) / "config.json"
     if not path.exists():
+        if (Path(directory) / "checkpoints").is_dir() or any(p.name.isdigit() for p in Path(directory).glob("*/")):
+            raise HFFileMissing(f"{path}: missing; {directory} is a zaya_jax run or checkpoint directory, not an HF "
+                                f"export: give it as --checkpoint {directory}")
         raise HFFileMissing(f"{path}: missing (an HF checkpoint directory holds config.json)")
     try:
         return json.loads(path.read_text())
