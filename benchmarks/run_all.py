@@ -48,6 +48,7 @@ RUNS: dict[str, list[str]] = {
     "train_step_cpu_native": ["train_step.py", "--muon"],
     "allocator_cpu": ["allocator.py"],
     "harness_speed_cpu": ["harness_speed.py"],
+    "ci_suite_cpu": ["ci_suite.py"],  # the whole .ci/run on a clean clone: as long as CI takes
 }
 NEEDS_NATIVE = {name for name in RUNS if name.endswith("_native")}
 WRITES_ITS_OWN_FILE = {"chaos_cpu"}  # prints only a summary; its file holds the whole campaign

@@ -227,3 +227,22 @@ def test_harness_speed_figures_are_the_results_file():
     times = {side: ll["times_s"][side] + rolling["times_s"][side] for side in ("hf_torch", "zaya_jax")}
     assert (f"its repeats took {min(times['hf_torch']):.1f}-{max(times['hf_torch']):.1f} s, zaya_jax's "
             f"{min(times['zaya_jax']):.1f}-{max(times['zaya_jax']):.1f} s") in text
+
+
+def test_ci_suite_reads_what_ci_run_prints():
+    from benchmarks.ci_suite import parse
+    log = ("Python 3.11 stack installed after 91 s\n"
+           "============ slowest 20 durations ============\n166.21s call     tests/test_a.py::test_x[1]\n"
+           "3.00s setup    tests/test_b.py::test_y\n705 passed, 2 warnings in 1751.38s (0:29:11)\n"
+           "Python 3.11 stack: pytest wall time 1760 s, load average 3.61\n"
+           "12.50s call     tests/test_c.py::test_z\n= 400 passed, 310 skipped in 900.00s (0:15:00) =\n"
+           "Python 3.12 stack: pytest wall time 905 s, load average 2.00\nwhole .ci/run: 2800 s, load average 1.50\n")
+    result = parse(log)
+    assert result["install_311_s"] == 91 and result["whole_run_s"] == 2800
+    first, second = result["stacks"]
+    assert (first["python"], first["pytest_wall_s"], first["load_average_1m_at_end"]) == ("3.11", 1760, 3.61)
+    assert first["closing_line"] == "705 passed, 2 warnings" and second["closing_line"] == "400 passed, 310 skipped"
+    assert [t["test"] for t in first["slowest"]] == ["tests/test_a.py::test_x[1]", "tests/test_b.py::test_y"]
+    assert second["slowest"] == [{"seconds": 12.5, "phase": "call", "test": "tests/test_c.py::test_z"}]
+    with pytest.raises(ValueError, match="not a finished .ci/run log"):
+        parse(log.split("Python 3.12 stack")[0])
