@@ -101,6 +101,25 @@ def test_fused_loss_head_equals_full_logits_and_runs_three_matmuls():
                           hidden, model.embed[...]) == 4
 
 
+def test_fused_loss_head_scales_its_gradients_by_the_incoming_cotangent():
+    """A caller that scales the loss or uses it inside a larger expression (a loss weight, an
+    auxiliary objective) gets the chain rule: 3.7 * L + 0.5 * L**2 differentiated through the fused
+    head equals the same expression of the full-logits loss, for hidden, the weight and the token
+    weights (cotangents 3.7 and 3.7 + L, not 1)."""
+    model = tiny_model()
+    hidden = jax.random.normal(jax.random.key(1), (B, S, TINY.hidden_size))
+    logits_fn = lambda h, e: jnp.einsum("...d,vd->...v", h, e)  # noqa: E731
+    weights = BATCH["loss_mask"] * jnp.linspace(0.5, 1.5, S)
+    outer = {"scaled": lambda loss: 3.7 * loss, "inside an expression": lambda loss: 3.7 * loss + 0.5 * loss ** 2}
+    for name, f in outer.items():
+        ref = jax.jit(jax.grad(lambda h, e, w: f(jnp.sum(token_nll(logits_fn(h, e), BATCH["targets"]) * w) / S),
+                               argnums=(0, 1, 2)))
+        fused = jax.jit(jax.grad(lambda h, e, w: f(weighted_nll_sum(logits_fn, h, e, BATCH["targets"], w, 8) / S),
+                                 argnums=(0, 1, 2)))
+        for g, r in zip(fused(hidden, model.embed[...], weights), ref(hidden, model.embed[...], weights)):
+            np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
 def test_step_gradient_is_the_full_logits_gradient():
     """The LM step (its loss head fused) moves every parameter by the gradient of the token-mean
     nll of the model's full logits (SGD at rate 1, no balancing)."""
