@@ -66,6 +66,23 @@ def test_matches_reference(case):
                                    rtol=rtol, err_msg=name)
 
 
+def test_windows_at_and_around_block_boundaries_match_reference():
+    """Block skipping at the block edges, 16-row blocks: a query block's first visible key (its first
+    row minus window - 1) is the first key of a key block (window 16 k + 1), the last (16 k + 2), or
+    one past the row's own block (16 k), for k = 1, 2; out, dq, dk and dv under a random cotangent
+    equal the reference. (Skipping one key block too many in the forward walk, or stopping the dk/dv
+    walk one query block early, fails it at window 18: out and dk off in 3% of the entries.)"""
+    q, k, v, do = _inputs(1, 64, 2, 1, 16, jnp.float32)
+    for window in (16, 17, 18, 33, 34):
+        kernel = jax.jit(functools.partial(cca_flash_attention, block_q=16, block_k=16, block_q_bwd=16,
+                                           block_k_bwd=16, window=window))
+        got = _value_and_grads(kernel, q, k, v, do)
+        want = _value_and_grads(functools.partial(attention_reference, window=window), q, k, v, do)
+        for name, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=2e-5,
+                                       err_msg=f"{name}, window {window}")
+
+
 def test_window_skips_blocks_before_it():
     """Window 8, blocks of 16: NaN values in key block 0 reach only the query blocks that visit it
     (0-1; block 2 starts at key 25), and NaN output gradients of query block 3 only the key blocks
