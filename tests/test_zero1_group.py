@@ -21,7 +21,7 @@ from zaya_jax.planner.step_time import link_of
 
 
 def test_gradients_are_summed_once_over_data_and_context():
-    joint = gradient_bytes_by_group_size(compiled_step(launch_config(), ("data", "context")))
+    joint = gradient_bytes_by_group_size(compiled_step(launch_config()))  # the shipped rules.ZERO1_AXES
     # 2.96 of 3.01 GB over all 8 (results/compiled_collectives_cpu.json); the rest moves Muon's stacks
     assert joint.get(8, 0) >= 0.95 * sum(joint.values()) > 1e9, joint
     data_alone = gradient_bytes_by_group_size(compiled_step(launch_config(), ("data",)))
