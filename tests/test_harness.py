@@ -31,7 +31,7 @@ from zaya_jax.data.tokenizer import Tokenizer  # noqa: E402
 from zaya_jax.errors import EXIT_PREEMPTED, UserError  # noqa: E402
 from zaya_jax.harness import model as harness_model  # noqa: E402
 from zaya_jax.harness.model import ZayaHarnessLM  # noqa: E402
-from zaya_jax.harness.tasks import task_manager  # noqa: E402
+from zaya_jax.harness.tasks import task_manager, task_names  # noqa: E402
 
 LOCAL_TASKS = ["local_mc", "local_gen", "local_rolling"]
 
@@ -165,6 +165,15 @@ def test_loglikelihood_is_the_float64_sum_of_the_models_logprobs_on_the_exact_co
         assert got == pytest.approx(expected, rel=1e-6), (split, got - expected)
         assert got_greedy == greedy
         assert abs(got - math.fsum(per_token[-1][0])) < 1e-9, (split, got - math.fsum(per_token[-1][0]))
+
+
+def test_an_unknown_task_lists_the_bundled_and_included_tasks_first(exported):
+    with pytest.raises(UserError) as raised:
+        task_names(task_manager(str(exported[2])), "local_mc,no_such_task")
+    message = str(raised.value)
+    assert message.startswith("--tasks: unknown task no_such_task; the bundled and --include_path tasks are ")
+    assert "local_gen, local_mc, local_rolling, zaya_demo, zaya_demo_cloze" in message
+    assert "hellaswag" not in message and "`python -m lm_eval ls tasks`" in message
 
 
 def test_demo_task_set_runs_on_the_demo_corpus(on_export, tmp_path):

@@ -36,9 +36,19 @@ def task_names(manager, requested: str) -> list[str]:
     names = [n.strip() for n in requested.split(",") if n.strip()]
     unknown = [n for n in names if not manager.match_tasks([n]) and not os.path.isfile(n)]
     if unknown:
-        raise UserError(f"--tasks: unknown task {', '.join(unknown)}; list the known ones with "
-                        "`python -m lm_eval ls tasks`, or add a directory of task YAMLs with --include_path DIR")
+        local = local_task_names(manager)
+        raise UserError(f"--tasks: unknown task {', '.join(unknown)}; the bundled and --include_path tasks are "
+                        f"{', '.join(local)}; lm-eval's own are listed by `python -m lm_eval ls tasks`, and "
+                        "--include_path DIR adds a directory of task YAMLs")
     return names
+
+
+def local_task_names(manager) -> list[str]:
+    """The names of the tasks and groups from TASKS_DIR and the manager's other include paths (not
+    lm-eval's own ~14,700), sorted."""
+    roots = tuple(os.path.abspath(p) + os.sep for p in manager.include_path)
+    return sorted(name for name, entry in manager.task_index.items()
+                  if entry.yaml_path and os.path.abspath(str(entry.yaml_path)).startswith(roots))
 
 
 def parse_metadata(text: str | None) -> dict | None:
