@@ -13,9 +13,12 @@ from flax import nnx
 
 from zaya_jax.convert.hf_config import HFCheckpointError, HFFileMissing, model_config_from_hf
 from zaya_jax.convert.hf_names import ENTRIES, IGNORED_SUFFIXES, TIED_HEAD, Entry
+from zaya_jax.convert.hf_vision_names import vision_entries
 from zaya_jax.convert.safetensors_io import TensorReader
 from zaya_jax.model.build import abstract_model
 from zaya_jax.model.zaya import ZayaLM
+from zaya_jax.vision.config import VisionConfig
+from zaya_jax.vision.tower import VisionTower
 
 
 def read_hf_config(directory: str | os.PathLike) -> dict:
@@ -54,9 +57,17 @@ def params_from_tensors(model_like: ZayaLM, entries: list[Entry], get_tensor, wh
 
     get_tensor(name) -> np.ndarray. Returns the nested dict of numpy float32 arrays.
     """
-    pure = nnx.to_pure_dict(nnx.state(model_like))
-    arrays = jax.tree.map(lambda a: np.zeros(a.shape, np.float32), pure)
+    arrays = _zeros_like(model_like)
     arrays["layers"]["moe"]["router"]["state_scale"][...] = 1.0  # layer 0 has none in a checkpoint
+    return fill_arrays(arrays, entries, get_tensor, where)
+
+
+def _zeros_like(module: nnx.Module) -> dict:
+    return jax.tree.map(lambda a: np.zeros(a.shape, np.float32), nnx.to_pure_dict(nnx.state(module)))
+
+
+def fill_arrays(arrays: dict, entries: list[Entry], get_tensor, where: str) -> dict:
+    """Writes each entry's HF tensor (get_tensor(name) -> array, shape-checked) into `arrays`."""
     for entry in entries:
         tensor = get_tensor(entry.hf_name)
         if tuple(tensor.shape) != entry.hf_shape:
@@ -74,9 +85,20 @@ def model_from_tensors(hf_config: dict, names: set[str], get_tensor, where: str,
     check_names(entries, names, where)
     abstract = abstract_model(cfg)
     arrays = params_from_tensors(abstract, entries, get_tensor, where)
-    graphdef, state = nnx.split(abstract)
+    return _with_arrays(abstract, arrays)
+
+
+def _with_arrays(module: nnx.Module, arrays: dict):
+    graphdef, state = nnx.split(module)
     nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, arrays))
     return nnx.merge(graphdef, state)
+
+
+def vision_tower_from_tensors(cfg: VisionConfig, get_tensor, prefix: str, where: str) -> VisionTower:
+    """A VisionTower whose every parameter comes from the HF tensors named `prefix` + transformers'
+    vision-tower names (zaya_jax.convert.hf_vision_names), shape-checked."""
+    abstract = nnx.eval_shape(lambda: VisionTower(cfg, rngs=nnx.Rngs(0)))
+    return _with_arrays(abstract, fill_arrays(_zeros_like(abstract), vision_entries(cfg, prefix), get_tensor, where))
 
 
 def load_hf(directory: str | os.PathLike, dtype: str = "float32", **overrides) -> ZayaLM:

@@ -31,6 +31,11 @@ RULES: dict[str, tuple[str, ...]] = {
     "router": (),
     "router_classes": (),
     "layers": (),
+    # the vision tower (zaya_jax.vision.tower): width like embed, heads and MLP like the text model's
+    "vision_embed": ("fsdp",),
+    "vision_heads": ("tensor",),
+    "vision_mlp": ("tensor",),
+    "patch": (),
 }
 
 
