@@ -15,6 +15,7 @@ from zaya_jax.convert.hf_load import model_from_tensors
 
 if TYPE_CHECKING:
     from transformers import ZayaForCausalLM
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
 TINY_HF = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                head_dim=8, num_experts=4, moe_intermediate_size=16, router_hidden_size=8, eos_token_id=1,
@@ -62,3 +63,29 @@ def jax_from_hf(model: ZayaForCausalLM, **overrides):
     """Our ZayaLM with the HF model's in-memory weights (through the checkpoint name mapping)."""
     state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     return model_from_tensors(model.config.to_dict(), set(state), state.__getitem__, "hf-in-memory", **overrides)
+
+
+TINY_VISION = dict(depth=4, hidden_size=32, intermediate_size=40, num_heads=4, in_channels=3, patch_size=4,
+                   temporal_patch_size=1, spatial_merge_size=2, window_size=16, out_hidden_size=24,
+                   fullatt_block_indexes=[1, 3])  # windows of 2x2 merge blocks; blocks 1 and 3 full
+
+
+def make_hf_vision_tower(seed: int = 1, **overrides) -> Qwen2_5_VisionTransformerPretrainedModel:
+    """transformers 5.24's Qwen2.5-VL vision tower, fp32, eager attention, every parameter random
+    (norm weights around 1, biases O(0.5), matrices at 1/sqrt(fan-in))."""
+    import torch
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    torch.manual_seed(seed)
+    config = Qwen2_5_VLVisionConfig(**{**TINY_VISION, **overrides})
+    config._attn_implementation = "eager"
+    model = Qwen2_5_VisionTransformerPretrainedModel(config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_q" in name:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * (0.5 if p.ndim == 1 else p[0].numel() ** -0.5))
+    return model

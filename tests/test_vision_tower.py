@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.hf_reference import make_hf_vision_tower
 from zaya_jax.convert.hf_load import _lookup, vision_tower_from_tensors
 from zaya_jax.convert.hf_vision_names import vision_entries
 from zaya_jax.vision.config import VisionConfig
@@ -20,31 +21,14 @@ from zaya_jax.vision.layout import patch_layout
 
 pytestmark = pytest.mark.torch_reference
 
-TINY = dict(depth=4, hidden_size=32, intermediate_size=40, num_heads=4, in_channels=3, patch_size=4,
-            temporal_patch_size=1, spatial_merge_size=2, window_size=16, out_hidden_size=24,
-            fullatt_block_indexes=[1, 3])
 GRIDS = [(1, 6, 8), (1, 4, 4), (1, 2, 6)]
 
 
 @pytest.fixture(scope="module")
 def reference():
     """(HF tower with random weights, our config, patches [P, F], cotangent [P/4, O])."""
-    import torch
-    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
-
-    torch.manual_seed(0)
-    hf_cfg = Qwen2_5_VLVisionConfig(**TINY)
-    hf_cfg._attn_implementation = "eager"
-    model = Qwen2_5_VisionTransformerPretrainedModel(hf_cfg).eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or "ln_q" in name:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * (0.5 if p.ndim == 1 else p[0].numel() ** -0.5))
-    cfg = VisionConfig.from_hf(hf_cfg.to_dict())
+    model = make_hf_vision_tower()
+    cfg = VisionConfig.from_hf(model.config.to_dict())
     rng = np.random.default_rng(2)
     patches = rng.normal(size=(sum(t * h * w for t, h, w in GRIDS), cfg.patch_dim)).astype(np.float32)
     cotangent = rng.normal(size=(patches.shape[0] // 4, cfg.out_hidden_size)).astype(np.float32)

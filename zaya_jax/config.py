@@ -78,6 +78,10 @@ class ModelConfig:
     moe_matmul_kernel: str = "auto"
     init_std: float = 0.02
     key_temperature_init: float = 1.0
+    # ZAYA1-VL's vision LoRA (docs/vision.md): adapters of these ranks on CCA's projections and on the
+    # experts, applied at image positions only; 0 = none (the text model)
+    vision_lora_rank_attn: int = 0
+    vision_lora_rank_mlp: int = 0
     pad_token_id: int = 0
     bos_token_id: int = 2
     eos_token_id: int = 1
@@ -161,6 +165,10 @@ def _validate(c: ModelConfig) -> None:
                           ("moe_matmul_kernel", KERNELS), ("expert_parallel", EXPERT_PARALLEL)):
         if getattr(c, name) not in allowed:
             raise ConfigError(f"model.{name}={getattr(c, name)!r} does not exist; choose one of {allowed}")
+    for name in ("vision_lora_rank_attn", "vision_lora_rank_mlp"):
+        value = getattr(c, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"model.{name} must be a non-negative integer (0: no vision LoRA), got {value!r}")
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if not 0 <= getattr(c, name) < c.vocab_size:
             raise ConfigError(f"model.{name} ({getattr(c, name)}) must lie in [0, vocab_size={c.vocab_size})")

@@ -11,6 +11,10 @@ s-W < t <= s, transformers' `sliding_window`), block i also starts reading at it
 first visible key, so keys before every row's window are never computed either. Each KV head's
 G query heads are one matmul operand ([G*c, H] against [L, H]), which XLA runs as one dot per
 (batch, KV head).
+
+With `bidirectional` [B, S] bool (ZAYA1-VL's image positions), a pair of such positions is visible
+both ways (within a document), on top of the causal or windowed pattern; every block then reads
+all keys, since an image query sees the image keys after it.
 """
 
 from __future__ import annotations
@@ -33,25 +37,33 @@ def first_visible_key(q_start: int, window: int | None) -> int:
     return 0 if window is None else max(0, q_start - window + 1)
 
 
-def block_mask(segment_ids: jax.Array | None, q_start: int, q_end: int, window: int | None = None) -> jax.Array:
-    """Query rows [q_start, q_end) against keys [k_start, q_end), k_start = first_visible_key:
-    causal, within `window` keys (query s sees s-window < t <= s) when given, and the same document
-    when segment_ids [B, S] are given -> [B or 1, 1, 1, c, q_end - k_start] bool."""
-    k_start = first_visible_key(q_start, window)
-    keys, queries = jnp.arange(k_start, q_end)[None, :], jnp.arange(q_start, q_end)[:, None]
+def block_mask(segment_ids: jax.Array | None, q_start: int, q_end: int, window: int | None = None,
+               k_start: int | None = None, k_end: int | None = None,
+               bidirectional: jax.Array | None = None) -> jax.Array:
+    """Query rows [q_start, q_end) against keys [k_start, k_end) (default: first_visible_key to
+    q_end): causal, within `window` keys (query s sees s-window < t <= s) when given, or both
+    positions in `bidirectional` [B, S] when given; and the same document when segment_ids [B, S]
+    are given -> [B or 1, 1, 1, c, k_end - k_start] bool."""
+    k_start = first_visible_key(q_start, window) if k_start is None else k_start
+    k_end = q_end if k_end is None else k_end
+    keys, queries = jnp.arange(k_start, k_end)[None, :], jnp.arange(q_start, q_end)[:, None]
     visible = keys <= queries
     if window is not None:
         visible = visible & (keys > queries - window)
+    visible = visible[None]
+    if bidirectional is not None:
+        visible = visible | (bidirectional[:, q_start:q_end, None] & bidirectional[:, None, k_start:k_end])
     if segment_ids is None:
-        return visible[None, None, None]
-    same_doc = segment_ids[:, q_start:q_end, None] == segment_ids[:, None, k_start:q_end]
+        return visible[:, None, None]
+    same_doc = segment_ids[:, q_start:q_end, None] == segment_ids[:, None, k_start:k_end]
     return (visible & same_doc)[:, None, None]
 
 
 def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None,
-                  window: int | None = None) -> jax.Array:
+                  window: int | None = None, bidirectional: jax.Array | None = None) -> jax.Array:
     """q: [B, S, N, H]; k, v: [B, S, K, H]; segment_ids: [B, S] or None; window: keys per query
-    (sliding-window attention) or None (full causal)  ->  [B, S, N, H].
+    (sliding-window attention) or None (full causal); bidirectional: [B, S] bool or None (positions
+    that see each other both ways)  ->  [B, S, N, H].
 
     Query head n uses KV head n // (N // K). Logits and softmax in fp32, scale 1/sqrt(H).
     """
@@ -63,10 +75,11 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Arr
     outs = []
     for start in range(0, s, block):
         end = min(start + block, s)
-        keys = slice(first_visible_key(start, window), end)
+        keys = slice(0, s) if bidirectional is not None else slice(first_visible_key(start, window), end)
         logits = jnp.einsum("bkgch,bkth->bkgct", qt[:, :, :, start:end], kt[:, :, keys],
                             preferred_element_type=jnp.float32) * (h ** -0.5)
-        logits = jnp.where(block_mask(segment_ids, start, end, window), logits, jnp.finfo(jnp.float32).min)
+        mask = block_mask(segment_ids, start, end, window, keys.start, keys.stop, bidirectional)
+        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
         weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
         outs.append(jnp.einsum("bkgct,bkth->bkgch", weights, vt[:, :, keys]))
     out = jnp.concatenate(outs, axis=3)                             # [B,K,G,S,H]

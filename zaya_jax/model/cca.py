@@ -32,6 +32,7 @@ from flax import nnx
 from zaya_jax.config import ModelConfig
 from zaya_jax.model.params import constant, normal, param
 from zaya_jax.model.rope import apply_partial_rope
+from zaya_jax.model.vision_lora import CCAVisionLoRA, masked_lora
 
 
 class CCACarry(NamedTuple):
@@ -90,14 +91,16 @@ class CCA(nnx.Module):
         self.o_proj = param(init, rngs.params(), (n, h, d), ("q_heads", "head_dim", "embed"))
         self.num_q_heads = n
         self.isolate_documents = cfg.isolate_documents
+        self.vision_lora = CCAVisionLoRA(cfg, rngs=rngs) if cfg.vision_lora_rank_attn else None
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segment_ids: jax.Array | None,
-                 attention: Callable) -> jax.Array:
-        """x: [B,S,D] (normed); cos, sin: [B,S,R]; segment_ids: [B,S] or None -> [B,S,D]."""
+                 attention: Callable, image_mask: jax.Array | None = None) -> jax.Array:
+        """x: [B,S,D] (normed); cos, sin: [B,S,R]; segment_ids: [B,S] or None; image_mask: [B,S]
+        bool where the vision LoRA acts (zaya_jax.model.vision_lora), or None -> [B,S,D]."""
         b, s, _ = x.shape
         continues = continues_previous_token(segment_ids if self.isolate_documents else None, b, s)
-        q, k, v, _ = self.qkv(x, cos, sin, continues)
-        return self.output(attention(q, k, v, segment_ids))
+        q, k, v, _ = self.qkv(x, cos, sin, continues, image_mask=image_mask)
+        return self.output(attention(q, k, v, segment_ids), image_mask)
 
     def start_carry(self, batch: int, dtype) -> CCACarry:
         """The carry before a sequence's first token: P[-1] = 0, Y[-1] = b0, no delayed value."""
@@ -108,18 +111,23 @@ class CCA(nnx.Module):
                         jnp.zeros((batch, half, h), dtype))
 
     def qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array, continues: jax.Array,
-            prev: CCACarry | None = None) -> QKV:
+            prev: CCACarry | None = None, image_mask: jax.Array | None = None) -> QKV:
         """x: [B,S,D] (normed); cos, sin: [B,S,R]; continues: [B,S] bool (token t-1 feeds the
         convolutions and value shift of token t); prev: the carry of the token before x[:, 0]
-        (None: x starts the sequence) -> q, k, v and every token's carry."""
+        (None: x starts the sequence); image_mask: [B,S] bool or None -> q, k, v and every token's
+        carry."""
         dt = x.dtype
         b, s, _ = x.shape
         n = self.num_q_heads
         w = lambda p: p[...].astype(dt)  # noqa: E731
         start = self.start_carry(b, dt)
         prev = start if prev is None else prev
+        lora = self.vision_lora if image_mask is not None else None
         q0 = jnp.einsum("bsd,dnh->bsnh", x, w(self.q_proj))
         k0 = jnp.einsum("bsd,dkh->bskh", x, w(self.k_proj))
+        if lora is not None:
+            q0 = q0 + masked_lora(x, lora.q_a[...], lora.q_b[...], image_mask)
+            k0 = k0 + masked_lora(x, lora.k_a[...], lora.k_b[...], image_mask)
         kv = k0.shape[2]
 
         packed = jnp.concatenate([q0, k0], axis=2)                                   # [B,S,C,H]
@@ -140,9 +148,15 @@ class CCA(nnx.Module):
 
         v_current = jnp.einsum("bsd,dkh->bskh", x, w(self.v_proj_current))
         delayed = jnp.einsum("bsd,dkh->bskh", x, w(self.v_proj_delayed))
+        if lora is not None:
+            v_current = v_current + masked_lora(x, lora.v_current_a[...], lora.v_current_b[...], image_mask)
+            delayed = delayed + masked_lora(x, lora.v_delayed_a[...], lora.v_delayed_b[...], image_mask)
         v = jnp.concatenate([v_current, previous_token(prev.value_delayed, delayed, continues, 0.0)], axis=2)
         return QKV(q, k, v, CCACarry(packed, y, delayed))
 
-    def output(self, o: jax.Array) -> jax.Array:
+    def output(self, o: jax.Array, image_mask: jax.Array | None = None) -> jax.Array:
         """o: [B,S,N,H] attention output -> [B,S,D]."""
-        return jnp.einsum("bsnh,nhd->bsd", o, self.o_proj[...].astype(o.dtype))
+        out = jnp.einsum("bsnh,nhd->bsd", o, self.o_proj[...].astype(o.dtype))
+        if self.vision_lora is not None and image_mask is not None:
+            out = out + masked_lora(o, self.vision_lora.o_a[...], self.vision_lora.o_b[...], image_mask)
+        return out

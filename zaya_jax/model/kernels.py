@@ -68,9 +68,16 @@ def resolve_moe_matmul_kernel(name: str, target_platform: str | None = None) -> 
     return _AUTO_MOE_MATMUL.get(target_platform or platform(), "xla") if name == "auto" else name
 
 
-def attention_fn(cfg: ModelConfig) -> Callable:
+def attention_fn(cfg: ModelConfig, bidirectional: jax.Array | None = None) -> Callable:
     """-> attention(q [B,S,N,H], k [B,S,K,H], v [B,S,K,H], segment_ids [B,S] | None, window=None)
-    -> [B,S,N,H]; window: keys per query of a sliding-window layer (static), None for full causal."""
+    -> [B,S,N,H]; window: keys per query of a sliding-window layer (static), None for full causal.
+    bidirectional: [B,S] bool positions that also see each other forwards (ZAYA1-VL's images): the
+    XLA path only (the Pallas kernel is causal)."""
+    if bidirectional is not None:
+        if resolve_attention_kernel(cfg.attention_kernel) == "pallas":
+            raise UserError("model.attention_kernel='pallas' cannot attend image tokens both ways; use "
+                            "model.attention_kernel='xla' (or 'auto') for a vision-language model")
+        return functools.partial(xla_attention, bidirectional=bidirectional)
     if resolve_attention_kernel(cfg.attention_kernel) == "pallas":
         from pallas_kernels import cca_flash_attention
 

@@ -20,6 +20,7 @@ from zaya_jax.config import ModelConfig
 from zaya_jax.model.moe_dispatch import ExpertWeights
 from zaya_jax.model.params import normal, param
 from zaya_jax.model.router import Router
+from zaya_jax.model.vision_lora import ExpertVisionLoRA, image_expert_choice
 from zaya_jax.parallel.moe_sharding import dispatch_on_mesh
 
 
@@ -41,17 +42,23 @@ class MoE(nnx.Module):
         self.skip_passes_input = cfg.layout == "base"
         self.capacity_factor = cfg.capacity_factor
         self.expert_parallel = cfg.expert_parallel
+        self.vision_lora = ExpertVisionLoRA(cfg, rngs=rngs) if cfg.vision_lora_rank_mlp else None
 
-    def __call__(self, x: jax.Array, prev_state: jax.Array, token_mask: jax.Array, dispatch: Callable
-                 ) -> tuple[jax.Array, jax.Array, MoEStats]:
-        """x: [B,S,D] normed; prev_state: [B,S,R]; token_mask: [B,S] bool -> y [B,S,D], state, stats."""
+    def __call__(self, x: jax.Array, prev_state: jax.Array, token_mask: jax.Array, dispatch: Callable,
+                 image_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array, MoEStats]:
+        """x: [B,S,D] normed; prev_state: [B,S,R]; token_mask: [B,S] bool; image_mask: [B,S] bool where
+        the experts' vision LoRA acts, or None -> y [B,S,D], state, stats."""
         dt = x.dtype
         with jax.named_scope("router"):
             routing = self.router(x, prev_state)
         num_experts = self.gate.shape[0]
         weights = ExpertWeights(self.gate[...].astype(dt), self.up[...].astype(dt), self.down[...].astype(dt))
+        choice = routing.choice
+        if self.vision_lora is not None and image_mask is not None:
+            weights = self.vision_lora.with_image_experts(weights)
+            choice = image_expert_choice(choice, image_mask, num_experts)
         with jax.named_scope("experts"):
-            expert_out, dropped = dispatch_on_mesh(dispatch, x, routing.choice, weights,
+            expert_out, dropped = dispatch_on_mesh(dispatch, x, choice, weights,
                                                    capacity_factor=self.capacity_factor,
                                                    expert_parallel=self.expert_parallel)
         if self.skip_passes_input:

@@ -67,6 +67,7 @@ class LayerContext(NamedTuple):
     dispatch: Callable
     dtype: jnp.dtype
     stream_dtype: jnp.dtype
+    image_mask: jax.Array | None = None  # [B,S] bool: ZAYA1-VL's image positions (vision LoRA), or None
 
 
 class DecoderLayer(nnx.Module):
@@ -82,11 +83,12 @@ class DecoderLayer(nnx.Module):
     def __call__(self, stream: jax.Array, router_state: jax.Array, ctx: LayerContext
                  ) -> tuple[jax.Array, jax.Array, MoEStats]:
         with jax.named_scope("attention"):  # op-name scopes: profiles sum time per block
-            a = self.attention(self.input_norm(stream, ctx.dtype), ctx.cos, ctx.sin, ctx.segment_ids, ctx.attention)
+            a = self.attention(self.input_norm(stream, ctx.dtype), ctx.cos, ctx.sin, ctx.segment_ids, ctx.attention,
+                               ctx.image_mask)
             stream = self.attention_residual(a, stream, ctx.stream_dtype)
         with jax.named_scope("moe"):
             m, router_state, stats = self.moe(self.post_attention_norm(stream, ctx.dtype), router_state,
-                                              ctx.token_mask, ctx.dispatch)
+                                              ctx.token_mask, ctx.dispatch, ctx.image_mask)
             return self.moe_residual(m, stream, ctx.stream_dtype), router_state, stats
 
 
@@ -131,13 +133,16 @@ class ZayaLM(nnx.Module):
         """hidden: [..., D] final-normed -> [..., V] float32 (tied embedding, `tied_logits`)."""
         return tied_logits(hidden, self.embed[...], dtype=self.config.dtype)
 
-    def hidden_states(self, input_ids, *, segment_ids=None, positions=None, rope_theta=None
-                      ) -> tuple[jax.Array, MoEStats]:
+    def hidden_states(self, input_ids, *, segment_ids=None, positions=None, rope_theta=None,
+                      image_tokens: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, MoEStats]:
         """input_ids: [B,S] -> final-normed hidden [B,S,D] (compute dtype) and router stats.
 
         segment_ids: [B,S] packed document ids (0 = padding) or None; positions default to
         0..S-1, or restart per document when segment_ids are given. rope_theta overrides the
         config's full-layer base (curriculum phases change it; sliding layers keep theirs).
+        image_tokens: ZAYA1-VL's (image_mask [B,S] bool, features [B,S,D]): the embedding at each
+        image position is replaced by its feature (zaya_jax.vision.model places them), those
+        positions see each other both ways and the vision LoRA acts there.
         """
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
@@ -146,16 +151,19 @@ class ZayaLM(nnx.Module):
         if positions is None:
             positions = (positions_from_segments(segment_ids) if segment_ids is not None
                          else jnp.broadcast_to(jnp.arange(s), (b, s)))
-        kinds = layer_kinds(cfg, positions, attention_fn(cfg), rope_theta)
+        image_mask = None if image_tokens is None else image_tokens[0]
+        kinds = layer_kinds(cfg, positions, attention_fn(cfg, bidirectional=image_mask), rope_theta)
         token_mask = segment_ids > 0 if segment_ids is not None else jnp.ones((b, s), bool)
         ctx = LayerContext(*kinds.full_rope, segment_ids, token_mask, kinds.attention, moe_dispatch_fn(cfg),
-                           dtype, stream_dtype)
+                           dtype, stream_dtype, image_mask)
 
         emb = jnp.take(self.embed[...], input_ids, axis=0)
         # torch.nn.Embedding(padding_idx=pad) as in Zyphra's and HF's code: looking up the pad
         # token sends no gradient to its row (the tied LM head still does)
         is_pad = (input_ids == cfg.pad_token_id)[..., None].astype(emb.dtype)
         emb = emb - is_pad * (emb - jax.lax.stop_gradient(emb))
+        if image_tokens is not None:
+            emb = jnp.where(image_mask[..., None], image_tokens[1].astype(emb.dtype), emb)
         stream = constrain_tokens(((emb + self.input_bias[...]) * self.input_scale[...]).astype(stream_dtype))
         router_state = jnp.zeros((b, s, cfg.router_hidden_size), jnp.float32)
         stream, stats = self._run_layers(stream, router_state, ctx, kinds)

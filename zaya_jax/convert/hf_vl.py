@@ -1,0 +1,110 @@
+"""transformers' ZAYA1-VL checkpoints (`Zaya1VLForConditionalGeneration`, model_type "zaya1_vl"):
+config and tensor names, onto zaya_jax.vision.model.ZayaVL.
+
+config.json holds `text_config` (a ZAYA text config plus `vision_lora`, `vision_lora_rank_attn`,
+`vision_lora_rank_mlp`), `vision_config` (Qwen2.5-VL's vision tower) and the image token ids.
+Tensors: the text model's under `model.language_model.` (transformers' ZAYA names, but the final
+norm is `final_norm` and the router's norm `rmsnorm_eda`), its vision LoRA beside the projections it
+adapts (`self_attn.qkv_proj.{q,k,v_current,v_delayed}_lora_{a,b}`, `self_attn.o_lora_{a,b}`,
+`mlp.experts.lora_{gate_up,down}_proj_{a,b}`), the vision tower's under `model.visual.`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flax import nnx
+
+from zaya_jax.config import ModelConfig
+from zaya_jax.convert.hf_config import HFCheckpointError, _native_to_model
+from zaya_jax.convert.hf_load import _zeros_like, _with_arrays, check_names, fill_arrays
+from zaya_jax.convert.hf_names import Entry, _Builder, _SWAP, _swiglu_split, native_entries
+from zaya_jax.convert.hf_vision_names import vision_entries
+from zaya_jax.vision.config import VisionConfig
+from zaya_jax.vision.model import ImageTokenIds, ZayaVL
+
+TEXT_PREFIX, VISION_PREFIX = "model.language_model.", "model.visual."
+_RENAMED = {"model.norm.weight": "final_norm.weight", "router_mlp.norm.weight": "router_mlp.rmsnorm_eda.weight"}
+
+
+def vl_configs_from_hf(hf: dict[str, Any], **overrides) -> tuple[ModelConfig, VisionConfig, ImageTokenIds]:
+    """config.json of a zaya1_vl checkpoint -> (text ModelConfig, VisionConfig, image token ids);
+    overrides set the text model's runtime fields (dtype, moe_backend, ...), dtype also the tower's."""
+    if hf.get("model_type") != "zaya1_vl":
+        raise HFCheckpointError(f"config.json: model_type is {hf.get('model_type')!r}, expected 'zaya1_vl'")
+    text, vision = hf.get("text_config") or {}, hf.get("vision_config") or {}
+    if not text or not vision:
+        raise HFCheckpointError("config.json: a zaya1_vl config holds text_config and vision_config")
+    lora = bool(text.get("vision_lora", True))
+    text_cfg = ModelConfig(**{**_native_to_model(text),
+                              "vision_lora_rank_attn": text.get("vision_lora_rank_attn", 8) if lora else 0,
+                              "vision_lora_rank_mlp": text.get("vision_lora_rank_mlp", 32) if lora else 0,
+                              **overrides})
+    vision_cfg = VisionConfig.from_hf(vision, dtype=text_cfg.dtype)
+    ids = ImageTokenIds(hf.get("image_token_id", 262147), hf.get("vision_start_token_id", 255999),
+                        hf.get("vision_end_token_id", 256000))
+    return text_cfg, vision_cfg, ids
+
+
+def _text_name(name: str) -> str:
+    """transformers' ZAYA text name -> its name inside a zaya1_vl checkpoint."""
+    name = name.replace("model.", TEXT_PREFIX, 1)
+    name = TEXT_PREFIX + "final_norm.weight" if name == TEXT_PREFIX + "norm.weight" else name
+    return name.replace(".router_mlp.norm.weight", ".router_mlp.rmsnorm_eda.weight")
+
+
+def _under(root: str, entries: list[Entry], rename=lambda name: name) -> list[Entry]:
+    """The same entries with their targets under ZayaVL's `root` submodule (and renamed)."""
+    return [Entry(rename(e.hf_name), e.hf_shape, tuple(((root,) + path, ix) for path, ix in e.targets), e.from_hf,
+                  e.to_hf) for e in entries]
+
+
+def _lora_linear(out_dims: tuple[int, ...]):
+    """LoRA up-projection: torch Linear weight [out, r] <-> ours [r, *out_dims]."""
+    return (lambda w: (w.T.reshape(w.shape[1], *out_dims),), lambda x: x.reshape(x.shape[0], -1).T)
+
+
+def _lora_entries(b: _Builder, cfg: ModelConfig, i: int) -> None:
+    d, n, k, h = cfg.hidden_size, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
+    r, rm, i_size = cfg.vision_lora_rank_attn, cfg.vision_lora_rank_mlp, cfg.moe_intermediate_size
+    p = f"{TEXT_PREFIX}layers.{i}."
+    att = ("layers", "attention", "vision_lora")  # paths inside ZayaLM
+    transpose = (lambda w: (w.T,), lambda x: x.T)
+    if r:
+        for ours, theirs, heads in (("q", "q", n), ("k", "k", k), ("v_current", "v_current", k // 2),
+                                    ("v_delayed", "v_delayed", k // 2)):
+            name = f"{p}self_attn.qkv_proj.{theirs}_lora_"
+            b.add(name + "a.weight", (r, d), att + (ours + "_a",), (i,), transpose)
+            b.add(name + "b.weight", (heads * h, r), att + (ours + "_b",), (i,), _lora_linear((heads, h)))
+        b.add(p + "self_attn.o_lora_a.weight", (r, n * h), att + ("o_a",), (i,),
+              (lambda w: (w.T.reshape(n, h, r),), lambda x: x.reshape(-1, r).T))
+        b.add(p + "self_attn.o_lora_b.weight", (d, r), att + ("o_b",), (i,), transpose)
+    if rm:
+        e, moe = cfg.num_experts, ("layers", "moe", "vision_lora")
+        ex = p + "mlp.experts.lora_"
+        b.add(ex + "gate_up_proj_a", (e, rm, d), moe + ("gate_up_a",), (i,), _SWAP)
+        b.add_multi(ex + "gate_up_proj_b", (e, 2 * i_size, rm), ((moe + ("gate_b",), (i,)), (moe + ("up_b",), (i,))),
+                    *_swiglu_split(i_size))
+        b.add(ex + "down_proj_a", (e, rm, i_size), moe + ("down_a",), (i,), _SWAP)
+        b.add(ex + "down_proj_b", (e, d, rm), moe + ("down_b",), (i,), _SWAP)
+
+
+def vl_entries(text: ModelConfig, vision: VisionConfig) -> list[Entry]:
+    """Every HF tensor of a zaya1_vl checkpoint; targets are paths in ZayaVL ("text" / "vision" first)."""
+    lora = _Builder()
+    for i in range(text.num_layers):
+        _lora_entries(lora, text, i)
+    return (_under("text", native_entries(text), _text_name) + _under("text", lora.entries)
+            + _under("vision", vision_entries(vision, VISION_PREFIX)))
+
+
+def vl_model_from_tensors(hf: dict[str, Any], names: set[str], get_tensor, where: str, **overrides) -> ZayaVL:
+    """A ZayaVL from a zaya1_vl config dict and a tensor source (get_tensor(name) -> array), every
+    tensor named and shape-checked."""
+    text, vision, ids = vl_configs_from_hf(hf, **overrides)
+    entries = vl_entries(text, vision)
+    check_names(entries, names, where)
+    abstract = nnx.eval_shape(lambda: ZayaVL(text, vision, ids, rngs=nnx.Rngs(0)))
+    arrays = _zeros_like(abstract)
+    arrays["text"]["layers"]["moe"]["router"]["state_scale"][...] = 1.0  # layer 0 has none in a checkpoint
+    return _with_arrays(abstract, fill_arrays(arrays, entries, get_tensor, where))
