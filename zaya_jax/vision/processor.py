@@ -1,0 +1,79 @@
+"""Images -> patches and placeholders, as Qwen2-VL's image processor does (transformers'
+`Qwen2VLImageProcessorPil`, which ZAYA1-VL's processor uses):
+
+  resize (bicubic, Pillow) to h x w, each a multiple of f = patch_size * merge_size, keeping the
+    aspect ratio, with h * w within [min_pixels, max_pixels] (`smart_resize`)
+  scale to [0, 1], normalise per channel with CLIP's mean and std
+  patches of patch_size^2 pixels, block-major over merge_size^2 blocks (zaya_jax.vision.layout's
+    order), each flattened channel x frame x row x column  -> [h*w / patch^2, F], grid (1, h/p, w/p)
+In the text, an image is `vision_start`, one `image` placeholder per merged token, `vision_end`
+(`image_span`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+from PIL import Image
+
+from zaya_jax.errors import UserError
+from zaya_jax.vision.config import VisionConfig
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """The size an image is resized to: both sides multiples of `factor`, the area within
+    [min_pixels, max_pixels], the aspect ratio kept as closely as that allows."""
+    if max(height, width) / min(height, width) > 200:
+        raise UserError(f"an image of {height}x{width} pixels: its aspect ratio must be below 200")
+    h, w = round(height / factor) * factor, round(width / factor) * factor
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h, w = max(factor, math.floor(height / beta / factor) * factor), max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageProcessor:
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 1
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+
+    @classmethod
+    def for_tower(cls, cfg: VisionConfig, **sizes) -> "ImageProcessor":
+        return cls(cfg.patch_size, cfg.spatial_merge_size, cfg.temporal_patch_size, **sizes)
+
+    def __call__(self, image: np.ndarray | Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """An RGB (or grey, or RGBA) image, uint8 [H, W(, C)] or Pillow -> patches [N, F] float32 and
+        its grid (1, h / patch, w / patch)."""
+        pil = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
+        pil = pil.convert("RGB")
+        p, m = self.patch_size, self.merge_size
+        h, w = smart_resize(pil.height, pil.width, p * m, self.min_pixels, self.max_pixels)
+        pixels = np.asarray(pil.resize((w, h), resample=Image.Resampling.BICUBIC), np.float32) / 255.0
+        pixels = ((pixels - np.asarray(CLIP_MEAN, np.float32)) / np.asarray(CLIP_STD, np.float32)).transpose(2, 0, 1)
+        gh, gw = h // p, w // p
+        blocks = pixels.reshape(3, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)  # gh gw mh mw C ph pw
+        frames = np.broadcast_to(blocks[:, :, :, :, :, None], (*blocks.shape[:5], self.temporal_patch_size, p, p))
+        return np.ascontiguousarray(frames.reshape(gh * gw, -1)), (1, gh, gw)
+
+    def batch(self, images: Sequence[np.ndarray | Image.Image]) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+        """Several images -> their patches concatenated [sum N, F] and their grids."""
+        done = [self(image) for image in images]
+        return np.concatenate([d[0] for d in done]), [d[1] for d in done]
+
+
+def image_span(grid: Sequence[int], image_id: int, start_id: int, end_id: int, merge_size: int = 2) -> list[int]:
+    """One image's tokens in the text: start, t*h*w / merge^2 placeholders, end."""
+    t, h, w = grid
+    return [start_id] + [image_id] * (t * h * w // merge_size ** 2) + [end_id]
