@@ -225,3 +225,29 @@ def test_text_only_inputs_give_exactly_the_text_model(case):
     plain = jax_from_hf(text, moe_backend="dense")
     text_ids = jnp.asarray(np.where(ids >= 90, 5, ids))
     np.testing.assert_array_equal(np.asarray(model(text_ids)), np.asarray(plain(text_ids)))
+
+
+def test_export_reads_back_with_the_reference_names_and_a_bad_write_leaves_nothing(case, tmp_path, monkeypatch):
+    from zaya_jax.convert import hf_vl
+    from zaya_jax.convert.safetensors_io import TensorReader
+
+    text, vision, lora, ids, grids, patches, _ = case
+    model = _ours(text, vision, lora)
+    lines = []
+    out = hf_vl.save_vl_hf(model, tmp_path / "vl", report=lines.append)
+    expected = {_vl_name(k) for k in text.state_dict() if k != "lm_head.weight"}
+    expected |= {"model.visual." + k for k in vision.state_dict()} | set(lora)
+    assert TensorReader(out).names() == expected and "probe batch with an image" in lines[0]
+    images = _image_batch(model, GRIDS, patches)
+    again = hf_vl.load_vl_hf(out, moe_backend="dense")
+    np.testing.assert_array_equal(np.asarray(again(jnp.asarray(ids), images)), np.asarray(model(jnp.asarray(ids), images)))
+
+    honest = hf_vl.vl_tensors
+
+    def corrupted(model):  # one LoRA matrix written wrong: only an image probe can see it
+        for name, tensor in honest(model):
+            yield name, tensor * 1.5 if "q_lora_b" in name else tensor
+    monkeypatch.setattr(hf_vl, "vl_tensors", corrupted)
+    with pytest.raises(hf_vl.ExportMismatch, match="nothing was written"):
+        hf_vl.save_vl_hf(model, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["vl"]

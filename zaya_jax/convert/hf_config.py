@@ -30,6 +30,9 @@ class HFFileMissing(UserError, FileNotFoundError):
 
 
 def detect_schema(hf: dict[str, Any]) -> str:
+    if hf.get("model_type") == "zaya1_vl":
+        raise HFCheckpointError("config.json: a zaya1_vl (vision-language) checkpoint; load it with "
+                                "zaya_jax.convert.hf_vl.load_vl_hf (docs/vision.md)")
     if hf.get("model_type") != "zaya":
         raise HFCheckpointError(f"config.json: model_type is {hf.get('model_type')!r}, expected 'zaya'")
     return "original" if "zaya_layers" in hf else "native"

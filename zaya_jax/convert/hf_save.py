@@ -65,18 +65,30 @@ def save_hf(model: ZayaLM, directory: str | os.PathLike, schema: str | None = No
     if schema not in ENTRIES:
         raise UserError(f"schema={schema!r} does not exist; choose one of {sorted(ENTRIES)}")
     check_schema(model, schema)
+
+    def fill(staging: Path) -> str:
+        write_sharded(staging, hf_tensors(model, schema), max_shard_bytes)
+        config = {**hf_config_from_model(cfg, schema), "torch_dtype": "float32"}
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        for name, text in (extra_files or {}).items():
+            (staging / name).write_text(text, encoding="utf-8")
+        return verify_export(model, staging, schema)
+
+    return write_whole_directory(directory, fill, report)
+
+
+def write_whole_directory(directory: str | os.PathLike, fill: Callable[[Path], str],
+                          report: Callable[[str], None] | None = None) -> Path:
+    """Runs fill(staging) in a temporary sibling of `directory` (it writes and checks the files and
+    returns what the check found), then renames it into place: the directory appears whole or not
+    at all. An existing non-empty directory is refused."""
     target = Path(directory)
     if target.exists() and any(target.iterdir()):
         raise OutputExistsError(f"{target}: exists and is not empty; refusing to overwrite (choose a new directory)")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        write_sharded(staging, hf_tensors(model, schema), max_shard_bytes)
-        config = {**hf_config_from_model(cfg, schema), "torch_dtype": "float32"}
-        (staging / "config.json").write_text(json.dumps(config, indent=2))
-        for name, text in (extra_files or {}).items():
-            (staging / name).write_text(text, encoding="utf-8")
-        checked = verify_export(model, staging, schema)
+        checked = fill(staging)
         group_readable(staging)
         if target.exists():
             target.rmdir()

@@ -11,17 +11,26 @@ adapts (`self_attn.qkv_proj.{q,k,v_current,v_delayed}_lora_{a,b}`, `self_attn.o_
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
 
+import numpy as np
 from flax import nnx
 
-from zaya_jax.config import ModelConfig
-from zaya_jax.convert.hf_config import HFCheckpointError, _native_to_model
-from zaya_jax.convert.hf_load import _zeros_like, _with_arrays, check_names, fill_arrays
+from zaya_jax.config import RUNTIME_MODEL_FIELDS, ModelConfig
+from zaya_jax.convert.export_check import PROBE_TOLERANCE, ExportMismatch, check_schema
+from zaya_jax.convert.hf_config import HFCheckpointError, _native_to_model, hf_config_from_model
+from zaya_jax.convert.hf_load import _lookup, _with_arrays, _zeros_like, check_names, fill_arrays, read_hf_config
+from zaya_jax.convert.hf_save import write_whole_directory
 from zaya_jax.convert.hf_names import Entry, _Builder, _SWAP, _swiglu_split, native_entries
 from zaya_jax.convert.hf_vision_names import vision_entries
+from zaya_jax.convert.safetensors_io import TensorReader, write_sharded
 from zaya_jax.vision.config import VisionConfig
-from zaya_jax.vision.model import ImageTokenIds, ZayaVL
+from zaya_jax.vision.layout import patch_layout
+from zaya_jax.vision.model import ImageBatch, ImageTokenIds, ZayaVL
 
 TEXT_PREFIX, VISION_PREFIX = "model.language_model.", "model.visual."
 _RENAMED = {"model.norm.weight": "final_norm.weight", "router_mlp.norm.weight": "router_mlp.rmsnorm_eda.weight"}
@@ -108,3 +117,82 @@ def vl_model_from_tensors(hf: dict[str, Any], names: set[str], get_tensor, where
     arrays = _zeros_like(abstract)
     arrays["text"]["layers"]["moe"]["router"]["state_scale"][...] = 1.0  # layer 0 has none in a checkpoint
     return _with_arrays(abstract, fill_arrays(arrays, entries, get_tensor, where))
+
+
+def hf_vl_config(model: ZayaVL) -> dict[str, Any]:
+    """config.json of a zaya1_vl checkpoint for `model` (transformers' Zaya1VLConfig keys)."""
+    text, vision, ids = model.text.config, model.vision.config, model.ids
+    text_hf = {**hf_config_from_model(text, "native"), "model_type": "zaya1_vl_text",
+               "vision_lora": bool(text.vision_lora_rank_attn or text.vision_lora_rank_mlp),
+               "vision_lora_rank_attn": text.vision_lora_rank_attn, "vision_lora_rank_mlp": text.vision_lora_rank_mlp}
+    text_hf.pop("architectures", None)
+    vision_hf = {"model_type": "zaya1_vl_vision", **{f.name: getattr(vision, f.name) for f in dataclasses.fields(vision)
+                                                      if f.name not in ("rope_theta", "rms_norm_eps", "dtype")}}
+    vision_hf["fullatt_block_indexes"] = list(vision.fullatt_block_indexes)
+    return {"model_type": "zaya1_vl", "architectures": ["Zaya1VLForConditionalGeneration"], "text_config": text_hf,
+            "vision_config": vision_hf, "image_token_id": ids.image, "vision_start_token_id": ids.vision_start,
+            "vision_end_token_id": ids.vision_end, "tie_word_embeddings": True, "torch_dtype": "float32"}
+
+
+def load_vl_hf(directory: str | os.PathLike, dtype: str = "float32", **overrides) -> ZayaVL:
+    """Reads a zaya1_vl checkpoint directory (config.json + safetensors) into a ZayaVL."""
+    reader = TensorReader(directory)
+    return vl_model_from_tensors(read_hf_config(directory), reader.names(), reader.get, str(directory),
+                                 dtype=dtype, **overrides)
+
+
+def _probe(model: ZayaVL) -> tuple[np.ndarray, ImageBatch]:
+    """[1, 24] ids holding one image of 2x2 merged tokens, and its patches (fixed random pixels)."""
+    cfg, ids = model.vision.config, model.ids
+    m = cfg.spatial_merge_size
+    grid = (1, 2 * m, 2 * m)
+    rng = np.random.default_rng(0)
+    text = list(rng.integers(3, min(ids.image, ids.vision_start, ids.vision_end, model.text.config.vocab_size), 24))
+    span = [ids.vision_start] + [ids.image] * 4 + [ids.vision_end]
+    layout = patch_layout([grid], cfg)
+    patches = rng.normal(size=(4 * m * m, cfg.patch_dim)).astype(np.float32)
+    batch = ImageBatch(*(np.asarray(a)[None] for a in (patches, *layout[:3])))
+    return np.asarray([text[:4] + span + text[4:4 + 24 - 4 - len(span)]]), batch
+
+
+def verify_vl_export(model: ZayaVL, directory: Path) -> str:
+    """The written files, read back, give the source's configs and its logits on a probe batch with
+    an image; returns what was checked, as one line."""
+    runtime = {f: getattr(model.text.config, f) for f in RUNTIME_MODEL_FIELDS}
+    written = load_vl_hf(directory, **runtime)
+    expected_text = model.text.config.replace(layout="native")
+    if written.text.config != expected_text or written.vision.config != model.vision.config or written.ids != model.ids:
+        raise ExportMismatch("the zaya1_vl export reads back with a different config than its source; nothing was "
+                             "written")
+    ids, images = _probe(model)
+    forward = nnx.jit(lambda m, x, im: m(x, im))
+    source, reread = (np.asarray(forward(m, ids, images), np.float32) for m in (model, written))
+    scale = max(float(np.abs(source).max()), 1e-30)
+    error = float(np.abs(source - reread).max())
+    if not error <= PROBE_TOLERANCE * scale:
+        raise ExportMismatch(f"the zaya1_vl export computes different logits than its source on a probe batch with an "
+                             f"image (max difference {error:.3g}, logits up to {scale:.3g}); nothing was written")
+    return (f"checked: the zaya1_vl export read back gives the source's configs and logits on a probe batch with an "
+            f"image (max difference {error:.3g}, logits up to {scale:.3g}, tolerance {PROBE_TOLERANCE:g} of the scale)")
+
+
+def vl_tensors(model: ZayaVL):
+    """Yields (hf_name, np.ndarray float32), one tensor at a time."""
+    pure = nnx.to_pure_dict(nnx.state(model))
+    for entry in vl_entries(model.text.config, model.vision.config):
+        yield entry.hf_name, entry.to_hf(*(np.asarray(_lookup(pure, path)[index], np.float32)
+                                           for path, index in entry.targets))
+
+
+def save_vl_hf(model: ZayaVL, directory: str | os.PathLike, max_shard_bytes: int = 5 * 2**30,
+               report: Callable[[str], None] | None = None) -> Path:
+    """Writes a zaya1_vl checkpoint (transformers' `Zaya1VLForConditionalGeneration` layout),
+    checked on write and whole or absent, as save_hf does for the text model."""
+    check_schema(model.text, "native")
+
+    def fill(staging: Path) -> str:
+        write_sharded(staging, vl_tensors(model), max_shard_bytes)
+        (staging / "config.json").write_text(json.dumps(hf_vl_config(model), indent=2))
+        return verify_vl_export(model, staging)
+
+    return write_whole_directory(directory, fill, report)
