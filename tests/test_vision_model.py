@@ -240,7 +240,8 @@ def test_export_reads_back_with_the_reference_names_and_a_bad_write_leaves_nothi
     assert TensorReader(out).names() == expected and "probe batch with an image" in lines[0]
     images = _image_batch(model, GRIDS, patches)
     again = hf_vl.load_vl_hf(out, moe_backend="dense")
-    np.testing.assert_array_equal(np.asarray(again(jnp.asarray(ids), images)), np.asarray(model(jnp.asarray(ids), images)))
+    ids = jnp.asarray(ids)
+    np.testing.assert_array_equal(np.asarray(again(ids, images)), np.asarray(model(ids, images)))
 
     honest = hf_vl.vl_tensors
 

@@ -42,8 +42,9 @@ def _model():
     state = nnx.state(model)
     pure = nnx.to_pure_dict(state)
     rng = np.random.default_rng(1)
-    lora = lambda tree: {k: lora(v) if isinstance(v, dict) else 0.3 * rng.normal(size=v.shape).astype(np.float32)  # noqa
-                         for k, v in tree.items()}
+    def lora(tree):
+        return {k: lora(v) if isinstance(v, dict) else 0.3 * rng.normal(size=v.shape).astype(np.float32)
+                for k, v in tree.items()}
     for block in (pure["text"]["layers"]["attention"], pure["text"]["layers"]["moe"]):
         block["vision_lora"] = lora(block["vision_lora"])     # B = 0 at init: make every adapter act
     nnx.replace_by_pure_dict(state, pure)

@@ -78,7 +78,8 @@ def test_windows_act_and_padding_is_inert(reference):
     tower = _ours(model, cfg)
     layout = patch_layout(GRIDS, cfg)
     tokens = np.asarray(tower.embed_images(patches, layout))
-    batched = lambda lay: [jnp.asarray(a)[None] for a in (lay.positions, lay.image_segments, lay.window_segments)]  # noqa
+    def batched(lay):
+        return [jnp.asarray(a)[None] for a in (lay.positions, lay.image_segments, lay.window_segments)]
     pos, img, _ = batched(layout)
     all_full = np.asarray(tower(jnp.asarray(patches)[None], pos, img, img)[0])
     assert np.abs(all_full - tokens).max() > 1e-2

@@ -96,12 +96,18 @@ def verify_export(model: ZayaLM, directory, schema: str) -> str:
                 f"export with --schema {'original' if schema == 'native' else 'native'}.")
     ids = probe_ids(cfg.vocab_size)
     forward = jax.jit(lambda m, x: m(x))  # one compilation serves both (same graph)
-    source, reread = np.asarray(forward(model, ids), np.float32), np.asarray(forward(written, ids), np.float32)
+    found = compare_probe_logits(forward(model, ids), forward(written, ids), f"the {schema} export", "a probe batch")
+    return (f"checked: the {schema} export read back gives every architecture field and the source's logits on a "
+            f"{PROBE_SHAPE[0]} x {PROBE_SHAPE[1]} probe batch ({found})")
+
+
+def compare_probe_logits(source, reread, what: str, probe: str) -> str:
+    """Raises ExportMismatch unless the read-back logits are the source's within PROBE_TOLERANCE of
+    their scale; returns the figures, as words."""
+    source, reread = np.asarray(source, np.float32), np.asarray(reread, np.float32)
     scale = max(float(np.abs(source).max()), 1e-30)
     error = float(np.abs(source - reread).max())
     if not error <= PROBE_TOLERANCE * scale:
-        raise ExportMismatch(f"the {schema} export computes different logits than its source on a probe batch "
+        raise ExportMismatch(f"{what} computes different logits than its source on {probe} "
                              f"(max difference {error:.3g}, logits up to {scale:.3g}); nothing was written")
-    return (f"checked: the {schema} export read back gives every architecture field and the source's logits on a "
-            f"{PROBE_SHAPE[0]} x {PROBE_SHAPE[1]} probe batch (max difference {error:.3g}, logits up to {scale:.3g}, "
-            f"tolerance {PROBE_TOLERANCE:g} of the scale)")
+    return f"max difference {error:.3g}, logits up to {scale:.3g}, tolerance {PROBE_TOLERANCE:g} of the scale"

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from zaya_jax.config import RUNTIME_MODEL_FIELDS, ModelConfig
-from zaya_jax.convert.export_check import PROBE_TOLERANCE, ExportMismatch, check_schema
+from zaya_jax.convert.export_check import ExportMismatch, check_schema, compare_probe_logits
 from zaya_jax.convert.hf_config import HFCheckpointError, _native_to_model, hf_config_from_model
 from zaya_jax.convert.hf_load import _lookup, _with_arrays, _zeros_like, check_names, fill_arrays, read_hf_config
 from zaya_jax.convert.hf_save import write_whole_directory
@@ -166,14 +166,10 @@ def verify_vl_export(model: ZayaVL, directory: Path) -> str:
                              "written")
     ids, images = _probe(model)
     forward = nnx.jit(lambda m, x, im: m(x, im))
-    source, reread = (np.asarray(forward(m, ids, images), np.float32) for m in (model, written))
-    scale = max(float(np.abs(source).max()), 1e-30)
-    error = float(np.abs(source - reread).max())
-    if not error <= PROBE_TOLERANCE * scale:
-        raise ExportMismatch(f"the zaya1_vl export computes different logits than its source on a probe batch with an "
-                             f"image (max difference {error:.3g}, logits up to {scale:.3g}); nothing was written")
-    return (f"checked: the zaya1_vl export read back gives the source's configs and logits on a probe batch with an "
-            f"image (max difference {error:.3g}, logits up to {scale:.3g}, tolerance {PROBE_TOLERANCE:g} of the scale)")
+    found = compare_probe_logits(forward(model, ids, images), forward(written, ids, images), "the zaya1_vl export",
+                                 "a probe batch with an image")
+    return (f"checked: the zaya1_vl export read back gives the source's configs and logits on a probe batch with "
+            f"an image ({found})")
 
 
 def vl_tensors(model: ZayaVL):

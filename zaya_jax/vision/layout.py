@@ -72,5 +72,6 @@ def patch_layout(grid_thw: Sequence[Sequence[int]], cfg: VisionConfig, pad_to: i
         raise ConfigError(f"the images have {n} patches, more than the {pad_to} the batch holds; "
                           "raise the patch budget or send fewer or smaller images")
     pad = 0 if pad_to is None else pad_to - n
-    as_int = lambda parts, fill: np.concatenate(parts + [np.full((pad,) + parts[0].shape[1:], fill)]).astype(np.int32)  # noqa
-    return PatchLayout(as_int(positions, 0), as_int(images, 0), as_int(windows, 0), tuple(tokens))
+    def as_int(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts + [np.zeros((pad,) + parts[0].shape[1:], parts[0].dtype)]).astype(np.int32)
+    return PatchLayout(as_int(positions), as_int(images), as_int(windows), tuple(tokens))
