@@ -120,12 +120,18 @@ def test_chat_prompts_are_the_ids_generate_chat_sends(exported):
 def test_cli_runs_local_tasks_offline_and_writes_json(exported, tmp_path):
     checkpoint, _, tasks = exported
     done = harness("--checkpoint", checkpoint, "--tasks", "local_mc,local_gen", "--include_path", tasks,
-                   "--limit", 3, "--output_path", tmp_path / "out.json", "--log_samples", "--bootstrap_iters", 0)
+                   "--limit", 3, "--output_path", tmp_path / "out", "--log_samples", "--bootstrap_iters", 0)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "local_mc" in done.stdout and "acc" in done.stdout
-    out = json.loads((tmp_path / "out.json").read_text())
+    # lm_eval's layout: OUT/<model path, sanitized>/results_<time>.json and samples_<task>_<time>.jsonl
+    (model_dir,) = (tmp_path / "out").iterdir()
+    assert model_dir.name == str(checkpoint).replace("/", "__")
+    (results,) = model_dir.glob("results_*.json")
+    out = json.loads(results.read_text())
     assert out["config"]["model"] == "ZayaHarnessLM" and out["config"]["model_args"] is None
-    assert {"local_mc", "local_gen"} <= set(out["results"]) and len(out["samples"]["local_mc"]) == 3
+    assert {"local_mc", "local_gen"} <= set(out["results"]) and "samples" not in out
+    (samples,) = model_dir.glob("samples_local_mc_*.jsonl")
+    assert len(samples.read_text().splitlines()) == 3 and len(list(model_dir.glob("samples_local_gen_*.jsonl"))) == 1
 
 
 @pytest.mark.parametrize("args, named", [

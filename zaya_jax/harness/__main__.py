@@ -2,14 +2,15 @@
 
   python -m zaya_jax.harness --checkpoint runs/demo --tasks zaya_demo [--step N]
   python -m zaya_jax.harness --hf DIR --tasks my_task --include_path DIR_OF_YAMLS --limit 50 \\
-      --output_path results.json [--num_fewshot 5 --batch_size 16 --log_samples --apply_chat_template]
+      --output_path results/ [--num_fewshot 5 --batch_size 16 --log_samples --apply_chat_template]
 
 --tasks: comma-separated task or group names (the harness's own, the bundled zaya_demo set of
 zaya_jax/harness/tasks/, or those of --include_path). The model is ZayaHarnessLM (model.py).
 Nothing is downloaded: HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set, so a task reads local files
 (`dataset_path: json` with `data_files`) or builds its data (`custom_dataset`, as the demo set does).
-The results table goes to stdout; --output_path FILE gets the JSON (with --log_samples, every
-sample's requests and responses). Task names and the model source are checked before anything
+The results table goes to stdout; --output_path gets the JSON in lm_eval's own layout
+(`save_as_lm_eval`: DIR/<model>/results_<time>.json, with --log_samples a samples_<task>_<time>.jsonl
+per task beside it). Task names and the model source are checked before anything
 loads or compiles.
 """
 
@@ -37,7 +38,7 @@ _LIMIT = flags.DEFINE_float("limit", None, "Documents per task (below 1: a fract
 _NUM_FEWSHOT = flags.DEFINE_integer("num_fewshot", None, "Few-shot examples per prompt.", lower_bound=0)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Rows scored together (rounded up to the device count).",
                                    lower_bound=1)
-_OUTPUT_PATH = flags.DEFINE_string("output_path", None, "Write the results JSON here.")
+_OUTPUT_PATH = flags.DEFINE_string("output_path", None, "Write the results (and samples) here, in lm_eval's layout.")
 _LOG_SAMPLES = flags.DEFINE_bool("log_samples", False, "Keep every sample's requests and responses in the JSON.")
 _CHAT = flags.DEFINE_bool("apply_chat_template", False, "Render prompts with the chat template.")
 _MULTITURN = flags.DEFINE_bool("fewshot_as_multiturn", False, "With --apply_chat_template: few-shot examples "
@@ -79,26 +80,42 @@ def main(argv: list[str]) -> None:
     manager = task_manager(_INCLUDE_PATH.value, parse_metadata(_METADATA.value))
     tasks = task_names(manager, _TASKS.value)
 
-    from lm_eval.utils import handle_non_serializable, make_table
+    from lm_eval.utils import make_table
 
     from zaya_jax.harness.model import ZayaHarnessLM
     lm = ZayaHarnessLM(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value, tokenizer=_TOKENIZER.value,
                        chat_template=_CHAT_TEMPLATE.value, batch_size=_BATCH_SIZE.value, max_length=_MAX_LENGTH.value,
                        max_gen_toks=_MAX_GEN.value, seed=_SEED.value, dtype=_DTYPE.value)
+    tracker = None
+    if _OUTPUT_PATH.value:
+        from lm_eval.loggers import EvaluationTracker
+        tracker = EvaluationTracker(output_path=_OUTPUT_PATH.value)
     results = lm_eval.simple_evaluate(
-        model=lm, tasks=tasks, task_manager=manager, limit=_LIMIT.value, num_fewshot=_NUM_FEWSHOT.value,
+        model=lm, evaluation_tracker=tracker, tasks=tasks, task_manager=manager, limit=_LIMIT.value, num_fewshot=_NUM_FEWSHOT.value,
         log_samples=_LOG_SAMPLES.value, apply_chat_template=_CHAT.value, fewshot_as_multiturn=_MULTITURN.value,
         system_instruction=_SYSTEM.value, gen_kwargs=_GEN_KWARGS.value, bootstrap_iters=_BOOTSTRAP.value,
         random_seed=_SEED.value, numpy_random_seed=_SEED.value, fewshot_random_seed=_SEED.value)
     print(make_table(results))
     if "groups" in results:
         print(make_table(results, "groups"))
-    if _OUTPUT_PATH.value:
-        os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT_PATH.value)), exist_ok=True)
-        with open(_OUTPUT_PATH.value, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2, default=handle_non_serializable, ensure_ascii=False)
-        print(f"wrote {_OUTPUT_PATH.value}", file=sys.stderr)
+    if tracker is not None:
+        save_as_lm_eval(tracker, results, _CHECKPOINT.value or _HF.value)
 
+
+def save_as_lm_eval(tracker, results: dict, source: str) -> None:
+    """lm_eval's own layout (its EvaluationTracker, as `lm_eval --output_path` writes): DIR/<model>/
+    results_<time>.json, or PATH_<time>.json for a PATH ending in .json, and with --log_samples one
+    samples_<task>_<time>.jsonl per task beside it; <model> is the checkpoint or HF path, sanitized
+    as lm_eval does a `pretrained=` path."""
+    from lm_eval.utils import sanitize_model_name
+
+    names = tracker.general_config_tracker
+    names.model_name, names.model_name_sanitized = source, sanitize_model_name(str(source))
+    samples = results.pop("samples", None)
+    tracker.save_results_aggregated(results=results, samples=samples)
+    for task in results["configs"] if samples else ():
+        tracker.save_results_samples(task_name=task, samples=samples[task])
+    print(f"wrote the results under {tracker.output_path} (lm_eval's layout)", file=sys.stderr)
 
 if __name__ == "__main__":
     cli.run(main)
