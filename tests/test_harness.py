@@ -138,8 +138,10 @@ def test_cli_runs_local_tasks_offline_and_writes_json(exported, tmp_path):
     (("--checkpoint", "{ckpt}", "--tasks", "no_such_task"), "--tasks: unknown task no_such_task"),
     (("--checkpoint", "{ckpt}", "--hf", "{tmp}", "--tasks", "local_mc"), "give exactly one of --checkpoint"),
     (("--checkpoint", "{tmp}/nope", "--tasks", "local_mc"), "--checkpoint {tmp}/nope: no such directory"),
+    (("--checkpoint", "{ckpt}", "--tasks", "hellaswag"), "--tasks hellaswag: a task's dataset is not available offline"),
 ])
-def test_mistakes_are_named_before_anything_loads(exported, tmp_path, args, named):
+def test_mistakes_are_named_before_anything_loads(exported, tmp_path, args, named, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "no_datasets"))  # hellaswag cached elsewhere stays unseen
     done = harness(*(a.format(ckpt=exported[0], tmp=tmp_path) for a in args))
     assert done.returncode == 2, done.stderr[-3000:]
     error = [line for line in done.stderr.splitlines() if line.startswith("error:")]

@@ -79,6 +79,12 @@ def main(argv: list[str]) -> None:
     from zaya_jax.harness.tasks import parse_metadata, task_manager, task_names
     manager = task_manager(_INCLUDE_PATH.value, parse_metadata(_METADATA.value))
     tasks = task_names(manager, _TASKS.value)
+    try:
+        manager.load(tasks)  # builds every task's data now: a missing dataset ends here, before the model loads
+    except ConnectionError as err:
+        raise UserError(f"--tasks {_TASKS.value}: a task's dataset is not available offline ({err}); nothing is "
+                        "downloaded here: give the task local data with a task YAML (dataset_path: json, "
+                        "dataset_kwargs.data_files) in an --include_path directory (docs/evaluation.md)") from err
 
     from lm_eval.utils import make_table
 
