@@ -3,6 +3,8 @@ line and its 20 slowest tests, and the machine's load; prints the JSON (docs/tes
 
   python benchmarks/ci_suite.py                 # clones HEAD into a temporary folder and runs .ci/run there
   python benchmarks/ci_suite.py --log CI.LOG    # reads the output of a .ci/run that already ran
+  python benchmarks/ci_suite.py --busy 2        # with 2 processes spinning on the CPU throughout: the
+                                                # suite's 2 workers + 2 = a load of about 4
 
 The clone gets a compilation cache of its own (ZAYA_JAX_TEST_CACHE in a new temporary folder), so
 nothing compiled by an earlier run is reused, as on a new CI machine. Takes as long as CI does.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import subprocess
@@ -54,16 +57,29 @@ def parse(log: str) -> dict:
     return {**result, "stacks": stacks}
 
 
-def run_ci() -> tuple[str, float, str]:
-    """(the output of .ci/run on a clean clone of HEAD, the load average at its start, HEAD)."""
+def _spin() -> None:
+    while True:
+        pass
+
+
+def run_ci(busy: int = 0) -> tuple[str, float, str]:
+    """(the output of .ci/run on a clean clone of HEAD, the load average at its start, HEAD), with
+    `busy` processes spinning on the CPU while it runs."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
     with tempfile.TemporaryDirectory() as root:
         clone = os.path.join(root, "clone")
         subprocess.run(["git", "clone", "-q", REPO, clone], check=True)
         load = os.getloadavg()[0]
         env = {**os.environ, "CI": "true", "ZAYA_JAX_TEST_CACHE": os.path.join(root, "jit_cache")}
-        done = subprocess.run(["bash", ".ci/run"], cwd=clone, env=env, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(busy)]
+        for spinner in spinners:
+            spinner.start()
+        try:
+            done = subprocess.run(["bash", ".ci/run"], cwd=clone, env=env, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        finally:
+            for spinner in spinners:
+                spinner.terminate()
         if done.returncode:
             raise SystemExit(f".ci/run failed (exit {done.returncode}):\n{done.stdout[-3000:]}")
         return done.stdout, load, head
@@ -72,6 +88,7 @@ def run_ci() -> tuple[str, float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log", help="the output of a finished .ci/run (default: run one now)")
+    parser.add_argument("--busy", type=int, default=0, help="processes spinning on the CPU during the run")
     args = parser.parse_args()
     if args.log:
         with open(args.log) as f:
@@ -79,7 +96,7 @@ def main() -> None:
         source, load, head = f"the log {os.path.basename(args.log)} of a clean-clone .ci/run", None, None
     else:
         start = time.time()
-        log, load, head = run_ci()
+        log, load, head = run_ci(args.busy)
         source = f"a clean clone of {head[:12]}, run by this script ({time.time() - start:.0f} s)"
     print(json.dumps({"source": source, "commit": head, "cpu_count": os.cpu_count(),
                       "load_average_1m_at_start": load, **parse(log)}, indent=2))
