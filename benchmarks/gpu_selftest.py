@@ -63,7 +63,8 @@ GPU_BACKENDS = ("cuda", "rocm")
 RESULT_LINE = "SECTION_RESULT "
 # Distribution name -> module, where they differ (the preflight's import check).
 MODULES = {"absl-py": "absl", "ml-collections": "ml_collections", "orbax-checkpoint": "orbax.checkpoint",
-           "scipy-openblas32": "scipy_openblas32", "array-record": "array_record", "pyyaml": "yaml"}
+           "scipy-openblas32": "scipy_openblas32", "array-record": "array_record", "pyyaml": "yaml",
+           "pillow": "PIL"}
 
 
 def sections() -> dict[str, int]:

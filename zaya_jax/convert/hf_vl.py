@@ -33,7 +33,6 @@ from zaya_jax.vision.layout import patch_layout
 from zaya_jax.vision.model import ImageBatch, ImageTokenIds, ZayaVL
 
 TEXT_PREFIX, VISION_PREFIX = "model.language_model.", "model.visual."
-_RENAMED = {"model.norm.weight": "final_norm.weight", "router_mlp.norm.weight": "router_mlp.rmsnorm_eda.weight"}
 
 
 def vl_configs_from_hf(hf: dict[str, Any], **overrides) -> tuple[ModelConfig, VisionConfig, ImageTokenIds]:
