@@ -1,8 +1,29 @@
-"""XLA_FLAGS of the suite's processes: 8 fake CPU devices.
+"""XLA_FLAGS of the suite's processes: fake CPU devices, patient collectives, cheap compiles.
 
 XLA:CPU ends a collective whose in-process participants have not all arrived within 40 s; on two
 cores loaded by two test workers a device thread can be descheduled that long (seen with
 distributed Muon's all-to-alls), so the fake devices wait 300 s before calling it a deadlock.
+
+The suite's programs are tiny, so compiling them costs more than running them: LLVM at -O0
+(`--xla_backend_optimization_level=0`) makes a cold run of tests/test_train_step.py take 0.71 of
+its time at the default level (benchmarks/results/suite_compile_level_cpu.json). XLA's own HLO
+passes (fusion, layout, sharding) are the same at every level, so what the tests prove about the
+compiled program does not change; the benchmarks, which time code, never use these flags. The code is slower at -O0, so the runs of
+RUNTIME_BOUND configs (the demo: 60 steps of a wider model) compile at the default level (the bf16
+reduction test's 60 demo steps took 360 s at -O0).
 """
 
-FAKE_DEVICES = "--xla_force_host_platform_device_count=8 --xla_cpu_collective_call_terminate_timeout_seconds=300"
+
+CHEAP_COMPILE = "--xla_backend_optimization_level=0"
+
+
+RUNTIME_BOUND = ("configs/demo.py",)
+
+
+def xla_flags(devices: int, cheap_compile: bool = True) -> str:
+    """XLA_FLAGS for a test process with `devices` fake CPU devices (LLVM at -O0 unless not cheap_compile)."""
+    flags = f"--xla_force_host_platform_device_count={devices} --xla_cpu_collective_call_terminate_timeout_seconds=300"
+    return f"{flags} {CHEAP_COMPILE}" if cheap_compile else flags
+
+
+FAKE_DEVICES = xla_flags(8)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import zaya_jax
+from tests.fake_devices import xla_flags
 from tests.train_helpers import REPO, cli_env, run_train
 from zaya_jax.infer import load_checkpoint
 from zaya_jax.train.state import ModelParts
@@ -45,7 +46,7 @@ np.savez(out, **arrays)
 
 
 def _one_device_env() -> dict[str, str]:
-    return {**cli_env(), "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    return {**cli_env(), "XLA_FLAGS": xla_flags(1)}
 
 
 def _run_one_device(*command) -> str:

@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from tests.fake_devices import xla_flags
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.data import parse_phases
 from zaya_jax.parallel.mesh import phase_mesh_sizes, resolve_mesh_shape
@@ -154,7 +155,7 @@ def test_a_slurm_task_per_node_drives_every_device_of_its_node():
     import socket
     port = next(p for p in range(62000, 65000) if socket.socket().connect_ex(("127.0.0.1", p)) != 0)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ZAYA_"))}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4", PYTHONPATH=REPO)
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(4), PYTHONPATH=REPO)
     tasks = [subprocess.Popen([sys.executable, "-c", SLURM_START], cwd=REPO, env={**env, **_slurm_env(node, port)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in range(2)]
     outputs = [t.communicate(timeout=180)[0] for t in tasks]

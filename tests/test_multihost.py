@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.fake_devices import CHEAP_COMPILE, xla_flags
 from tests.train_helpers import GLOO_CONNECT_FAILURE, RERUN_IF_OVERLOADED, OverloadedHarness
 from zaya_jax.parallel import distributed
 
@@ -27,9 +28,9 @@ def _losses(cmd, env):
 @pytest.mark.xdist_group("multiprocess")
 @pytest.mark.flaky(**RERUN_IF_OVERLOADED)
 def test_two_processes_match_one():
-    single = _losses(CHECK + ["--mesh", "data=8"], {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    single = _losses(CHECK + ["--mesh", "data=8"], {"XLA_FLAGS": xla_flags(8)})
     multi = _losses(["launch/local.sh", "2", "--devices-per-process", "4"] + CHECK + ["--mesh", "data=2,fsdp=4"],
-                    {"XLA_FLAGS": ""})
+                    {"XLA_FLAGS": CHEAP_COMPILE})
     assert multi["processes"] == 2 and multi["global_devices"] == 8 and multi["local_devices"] == 4
     assert single["processes"] == 1
     assert multi["losses"] == pytest.approx(single["losses"], rel=1e-5)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks.run_all import json_output
+from tests.fake_devices import xla_flags
 from tests.train_helpers import REPO
 from zaya_jax.data import chat_template, demo_posttrain, instruction_tasks
 from zaya_jax.data.sources import heldout_count, open_sources, tokenizer_path
@@ -99,7 +100,7 @@ def test_onpolicy_pairs_reject_the_models_own_wrong_answers():
 
 def _run(args, cwd):
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": REPO, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+                          env={**os.environ, "PYTHONPATH": REPO, "XLA_FLAGS": xla_flags(1, cheap_compile=False)})
 
 
 def test_missing_start_checkpoint_names_the_command_that_makes_it(tmp_path):

@@ -116,9 +116,12 @@ def test_newton_schulz_is_spread_over_the_data_ranks_and_the_update_is_optax_muo
         spread = jax.jit(lambda a, b: two_steps(ours, a, b))
         got = spread(*replicated)
         text = spread.lower(*replicated).compile().as_text()
+    # Five Newton-Schulz iterations amplify float32 rounding: built at LLVM -O0 (the suite's
+    # fake_devices.CHEAP_COMPILE) one of 9,216 entries differed by 1.5e-6 (3.6e-6 relative); a wrong
+    # layout, dimension or update is off by O(0.1).
     for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
         assert a.shape == b.shape
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5)
     share = -(-layers * 3 // 8)  # the gate's layers x experts matrices, ceil-divided over 8 ranks
     assert _newton_schulz_batches(text, 16) == {share}, _newton_schulz_batches(text, 16)
     alone = jax.jit(lambda a, b: two_steps(ours, a, b)).lower(*grads).compile().as_text()  # no mesh: all of it

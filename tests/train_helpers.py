@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 
-from fake_devices import FAKE_DEVICES
+from fake_devices import RUNTIME_BOUND, xla_flags
 from zaya_jax.errors import EXIT_PREEMPTED
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,9 +77,10 @@ if __name__ == "__main__":
 """
 
 
-def cli_env() -> dict[str, str]:
+def cli_env(cheap_compile: bool = True) -> dict[str, str]:
+    """The environment of a CLI subprocess: 8 fake devices, the suite's compilation cache (fake_devices.xla_flags)."""
     env = dict(os.environ)
-    env.update(XLA_FLAGS=FAKE_DEVICES, JAX_PLATFORMS="cpu",
+    env.update(XLA_FLAGS=xla_flags(8, cheap_compile), JAX_PLATFORMS="cpu",
                JAX_COMPILATION_CACHE_DIR=os.environ.get("ZAYA_JAX_TEST_CACHE", "/tmp/zaya_jax_jit_cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
     return env
@@ -103,7 +104,7 @@ def run_train(workdir, *overrides: str, config: str = "configs/tiny.py", faults:
     `unprivileged`: file modes bind the process even when it runs as root (without_dac_override)."""
     args = ["--config", os.path.join(REPO, config), "--workdir", str(workdir),
             "--config.monitor.progress_bar=False", *overrides]
-    env = cli_env()
+    env = cli_env(cheap_compile=config not in RUNTIME_BOUND)
     if faults:
         env.update({k: str(v) for k, v in faults.items()})
         command = [sys.executable, "-c", WRAPPER, *args]
@@ -210,7 +211,7 @@ class Job:
         self.processes = []
         for i in range(2):
             env = {**cli_env(), "ZAYA_COORDINATOR": f"127.0.0.1:{port}", "ZAYA_NUM_PROCESSES": "2",
-                   "ZAYA_PROCESS_ID": str(i), "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"}
+                   "ZAYA_PROCESS_ID": str(i), "XLA_FLAGS": xla_flags(devices_per_process)}
             entry = ["-m", "zaya_jax.train"]
             if faults and i == 0:
                 env.update({k: str(v) for k, v in faults.items()})
