@@ -50,8 +50,8 @@ RUNS: dict[str, list[str]] = {
     "harness_speed_cpu": ["harness_speed.py"],
     "ci_suite_cpu": ["ci_suite.py"],  # the whole .ci/run on a clean clone: as long as CI takes
     "ci_suite_cpu_loaded": ["ci_suite.py", "--busy", "2"],  # the same at a load of about 4
-    "suite_compile_level_cpu": ["suite_compile_level.py"],
-    "suite_profile_cpu": ["suite_profile.py"],  # every test's time, by size and module  # the suite's -O0 compiles against the default
+    "suite_compile_level_cpu": ["suite_compile_level.py"],  # the suite's -O0 compiles against the default
+    "suite_profile_cpu": ["suite_profile.py"],  # every test's time, by size and module
 }
 NEEDS_NATIVE = {name for name in RUNS if name.endswith("_native")}
 WRITES_ITS_OWN_FILE = {"chaos_cpu"}  # prints only a summary; its file holds the whole campaign

@@ -21,7 +21,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from fake_devices import CHEAP_COMPILE, xla_flags  # noqa: E402
+from fake_devices import xla_flags  # noqa: E402
 
 PASSED = re.compile(r"(\d+) passed")
 
@@ -43,7 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tests", nargs="+", default=["tests/test_train_step.py"])
     args = parser.parse_args()
-    default_flags = xla_flags(8).replace(CHEAP_COMPILE, "").strip()
+    default_flags = xla_flags(8, cheap_compile=False)
     load_start = os.getloadavg()[0]
     default = run_module(args.tests, default_flags)
     cheap = run_module(args.tests, xla_flags(8))
