@@ -37,10 +37,15 @@ def multiprocess_tests() -> set[str]:
     return found
 
 
+def test_name(testcase) -> str:
+    """A JUnit testcase's test name without the `@<group>` that `--dist loadgroup` appends."""
+    return testcase.get("name").split("@")[0]
+
+
 def summarise(junit: str) -> dict:
     """The profile of one JUnit XML file."""
     root = ET.parse(junit).getroot()
-    tests = sorted(((float(t.get("time")), t.get("classname").replace(".", "/") + ".py::" + t.get("name"))
+    tests = sorted(((float(t.get("time")), t.get("classname").replace(".", "/") + ".py::" + test_name(t))
                     for t in root.iter("testcase")), reverse=True)
     total = sum(s for s, _ in tests)
     sizes = {"under_1_s": (0, 1), "1_to_10_s": (1, 10), "10_s_or_more": (10, float("inf"))}

@@ -27,6 +27,7 @@ if not flags.FLAGS.is_parsed():
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from _pytest.nodes import Node  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir",
                   os.environ.get("ZAYA_JAX_TEST_CACHE", os.path.join(tempfile.gettempdir(), "zaya_jax_jit_cache")))
@@ -46,7 +47,7 @@ ONE_STACK = {
     "test_train_objectives.py::test_dpo": "the DPO loss against numpy and DPO data (the train step runs on both)",
     "test_train_objectives.py::test_sft": "the SFT loss against a hand count",
     "test_train_objectives.py::test_resume_after_sigkill": "post-training resume (Orbax resume is proven on both "
-                                                           "by test_train_cli and test_proof_multiprocess_resume)",
+                                                           "by test_train_cli and test_proof_kill_after_commit)",
     "test_train_objectives.py::test_a_sharded_mesh_equals_one_device[dpo]": "DPO on a mesh ([sft] runs on both)",
     "test_train_objectives.py::test_init_from": "init_from_checkpoint's choice of weights",
     "test_cli_handoffs.py": "the CLIs' messages and phase hand-offs",
@@ -69,8 +70,6 @@ ONE_STACK = {
     "test_chat_data.py": "chat templates and masks",
     "test_instruction_tasks.py": "the generated tasks",
     "test_proof_benchmark_results.py": "the committed results files against the docs",
-    "test_proof_kill_after_commit.py::test_two_processes": "the same kill on 2 processes (the 1-process kill and "
-                                                           "the 2-process kill-and-resume run on both)",
     "test_gradient_reduce.py::test_bfloat16_on_the_wire": "60 demo steps' losses with bf16 reduction (its "
                                                           "lowered collectives and float32-by-hand proofs run on both)",
     "test_train_cli.py::test_a_restart_names": "a restart's refusal messages",
@@ -85,12 +84,46 @@ def one_stack_reason(nodeid: str) -> str | None:
 
 
 def pytest_configure(config):
+    """`--dist loadgroup` (pyproject.toml) needs a pytest whose node ids xdist can suffix with the group:
+    xdist 3.8 writes `item._nodeid`, which pytest 9.2 no longer reads, and then every group is silently
+    ignored (the multi-process tests overlap, module fixtures are built on both workers)."""
     config.addinivalue_line("markers", "torch_reference: compares with PyTorch transformers (needs torch)")
+    if config.getoption("dist", None) == "loadgroup" and "_nodeid" not in Node.__slots__:
+        raise pytest.UsageError(f"pytest {pytest.__version__} ignores pytest-xdist's test groups "
+                                "(--dist loadgroup): install the pytest that pyproject.toml pins")
 
 
+def xdist_group_of(item) -> str | None:
+    """The item's xdist_group marker's name, or None."""
+    mark = item.get_closest_marker("xdist_group")
+    return None if mark is None else str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+
+def group_modules_by_their_fixtures(items) -> None:
+    """Put the tests of a module that share a module-scoped fixture (a trained run, an export) on one
+    xdist worker, so that it is built once: `--dist loadgroup` otherwise spreads a module's tests over
+    both workers, and each builds the module's fixtures. Where one of those tests is already in a
+    group (the multiprocess lane), the others join it."""
+    sharing: dict[str, list] = {}
+    for item in items:
+        definitions = getattr(item, "_fixtureinfo", None)
+        if definitions and any(d and d[-1].scope == "module" for d in definitions.name2fixturedefs.values()):
+            sharing.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    for module, shared in sharing.items():
+        if len(shared) < 2:
+            continue
+        groups = sorted({g for g in map(xdist_group_of, shared) if g})
+        group = groups[0] if groups else os.path.basename(module).removesuffix(".py")
+        for item in shared:
+            if xdist_group_of(item) is None:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
     """Without torch, the torch_reference tests are skipped; off the 3.11 stack, ONE_STACK's (pytest's
-    closing line counts both)."""
+    closing line counts both). A module's tests that share its module-scoped fixtures run on one worker."""
+    group_modules_by_their_fixtures(items)
     for item in items:
         if not HAS_TORCH_REFERENCE and item.get_closest_marker("torch_reference"):
             item.add_marker(WITHOUT_TORCH)
