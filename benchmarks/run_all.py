@@ -29,6 +29,7 @@ RUNS: dict[str, list[str]] = {
     "checkpoint_save_cpu": ["checkpoint_save.py"],
     "data_pipeline_cpu": ["data_pipeline.py"],
     "demo_run_cpu": ["demo_run.py"],
+    "newcomer_run_cpu": ["newcomer_run.py"],  # the README's install-and-train line on a clean clone
     "decode_cpu_torch2threads": ["decode.py", "--torch-threads", "2"],
     "decode_cpu_torch1thread": ["decode.py", "--torch-threads", "1"],
     "moe_layer_cpu": ["moe_layer.py"],

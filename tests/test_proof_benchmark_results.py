@@ -96,6 +96,20 @@ def test_demo_run_figures_are_the_results_file():
     assert f"from about {first['loss']:.1f} to {last['loss']:.1f}" in readme
 
 
+def test_newcomer_figures_are_the_results_file():
+    """The README's wait for a newcomer is newcomer_run.py's measurement of the README's own line."""
+    from benchmarks.newcomer_run import readme_main_job
+    run = _load("newcomer_run_cpu")
+    with open(os.path.join(REPO, "README.md")) as f:
+        text = f.read()
+    install, train = readme_main_job(text).split(" && python -m zaya_jax.train ")
+    assert run["install"]["command"] == install and run["train"]["command"].endswith(train)
+    readme = " ".join(text.split())
+    assert f"{run['install']['wall_s']:.0f} s for the venv and install, then {run['train']['wall_s']:.0f} s" in readme
+    low, high = run["install"]["load_average_1m_start_end"][0], run["train"]["load_average_1m_start_end"][1]
+    assert f"load of {low:.1f} to {high:.1f}" in readme
+
+
 def test_posttrain_demo_figures_are_the_results_file():
     run = _load("posttrain_demo_cpu")
     wall, ablation = run["wall_s_including_compile"], run["dpo_without_rpo"]
