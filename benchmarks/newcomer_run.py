@@ -7,7 +7,7 @@ The command is read from the README (its bash line that trains configs/demo.py) 
 timed parts: everything before `python -m zaya_jax.train` (the venv and `pip install`, from the
 package index pip is configured with) and the train command (the corpus build, compilation and
 the 260 steps), each with the 1-minute load average at its start and end, since the CPU may be
-shared. Takes as long as a newcomer waits (about 10 minutes on 2 cores).
+shared. Takes as long as a newcomer waits (343 s on 2 idle cores: results/newcomer_run_cpu.json).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def timed(command: str, cwd: str, env: dict) -> dict:
     if done.returncode:
         raise SystemExit(f"`{command}` failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return {"command": command, "wall_s": round(time.perf_counter() - start, 1),
-            "load_average_1m_start_end": [round(load, 2), round(os.getloadavg()[0], 2)], "output": done.stdout}
+            "load_average_1m_start_end": [round(load, 2), round(os.getloadavg()[0], 2)]}
 
 
 def last_logged_loss(workdir: str) -> dict:
@@ -56,12 +56,11 @@ def last_logged_loss(workdir: str) -> dict:
 
 def main() -> None:
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-    with open(os.path.join(REPO, "README.md")) as f:
-        command = readme_main_job(f.read())
-    install, train = command.split(TRAIN)
     with tempfile.TemporaryDirectory() as root:
         clone = os.path.join(root, "clone")
         subprocess.run(["git", "clone", "-q", REPO, clone], check=True)
+        with open(os.path.join(clone, "README.md")) as f:  # the committed README, as the newcomer reads it
+            install, train = readme_main_job(f.read()).split(TRAIN)
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
         env.update(ZAYA_JAX_CACHE=os.path.join(root, "cache"), PATH=os.pathsep.join(
             p for p in env["PATH"].split(os.pathsep) if not p.startswith(REPO)))
@@ -69,8 +68,6 @@ def main() -> None:
         trained = timed(f". .venv/bin/activate{TRAIN}{train}", clone, env)
         workdir = re.search(r"--workdir (\S+)", train)[1]
         loss = last_logged_loss(os.path.join(clone, workdir))
-    for part in (installed, trained):
-        del part["output"]
     print(json.dumps({"commit": head, "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
                       "install": installed, "train": trained, "last_logged": loss,
                       "total_s": round(installed["wall_s"] + trained["wall_s"], 1)}, indent=2))

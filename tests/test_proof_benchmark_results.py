@@ -98,11 +98,11 @@ def test_demo_run_figures_are_the_results_file():
 
 def test_newcomer_figures_are_the_results_file():
     """The README's wait for a newcomer is newcomer_run.py's measurement of the README's own line."""
-    from benchmarks.newcomer_run import readme_main_job
+    from benchmarks.newcomer_run import TRAIN, readme_main_job
     run = _load("newcomer_run_cpu")
     with open(os.path.join(REPO, "README.md")) as f:
         text = f.read()
-    install, train = readme_main_job(text).split(" && python -m zaya_jax.train ")
+    install, train = readme_main_job(text).split(TRAIN)
     assert run["install"]["command"] == install and run["train"]["command"].endswith(train)
     readme = " ".join(text.split())
     assert f"{run['install']['wall_s']:.0f} s for the venv and install, then {run['train']['wall_s']:.0f} s" in readme
