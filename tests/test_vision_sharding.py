@@ -8,21 +8,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from zaya_jax.config import ModelConfig
+from tests.vision_fixtures import IDS, VISION, random_vl_model
 from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.parallel.rules import batch_spec, state_shardings
-from zaya_jax.vision.config import VisionConfig
 from zaya_jax.vision.layout import patch_layout
-from zaya_jax.vision.model import ImageBatch, ImageTokenIds, ZayaVL
+from zaya_jax.vision.model import ImageBatch
 from zaya_jax.vision.processor import image_span
 
-TEXT = ModelConfig(vocab_size=96, hidden_size=32, num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=8,
-                   num_experts=4, moe_intermediate_size=16, router_hidden_size=8, layout="native",
-                   residual_in_fp32=True, moe_backend="dense", capacity_factor=8.0,
-                   vision_lora_rank_attn=2, vision_lora_rank_mlp=2)
-VISION = VisionConfig(depth=2, hidden_size=16, intermediate_size=24, num_heads=2, patch_size=4, window_size=16,
-                      fullatt_block_indexes=(1,), out_hidden_size=32)
-IDS = ImageTokenIds(90, 91, 92)
 B, S, GRID = 4, 16, (1, 4, 4)
 
 
@@ -37,21 +29,6 @@ def _inputs():
     return ids, images
 
 
-def _model():
-    model = ZayaVL(TEXT, VISION, IDS, rngs=nnx.Rngs(0))
-    state = nnx.state(model)
-    pure = nnx.to_pure_dict(state)
-    rng = np.random.default_rng(1)
-    def lora(tree):
-        return {k: lora(v) if isinstance(v, dict) else 0.3 * rng.normal(size=v.shape).astype(np.float32)
-                for k, v in tree.items()}
-    for block in (pure["text"]["layers"]["attention"], pure["text"]["layers"]["moe"]):
-        block["vision_lora"] = lora(block["vision_lora"])     # B = 0 at init: make every adapter act
-    nnx.replace_by_pure_dict(state, pure)
-    nnx.update(model, state)
-    return model
-
-
 def _loss(graphdef, rest):
     def loss(params, ids, images):
         logits = nnx.merge(graphdef, params, rest)(ids, images)[:, :-1]
@@ -61,7 +38,7 @@ def _loss(graphdef, rest):
 
 
 def test_sharded_vl_model_equals_one_device():
-    model = _model()
+    model = random_vl_model()
     ids, images = _inputs()
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     step = jax.jit(jax.value_and_grad(_loss(graphdef, rest)))

@@ -6,6 +6,7 @@
   python -m zaya_jax.generate --hf DIR --prompt_ids 2,651,1234 --max_new_tokens 16   # prints ids
   python -m zaya_jax.generate --checkpoint runs/sft --chat "What is 2+3?"    # prints the assistant's reply
   python -m zaya_jax.generate --checkpoint runs/sft --messages chat.json [--chat_template FILE]
+  python -m zaya_jax.generate --hf VL_DIR --image cat.png --prompt "What is this?"   # a zaya1_vl model
 
 (Every flag may also be spelled with dashes: --max-new-tokens, --prompt-ids.)
 --checkpoint reads a training run (its WORKDIR or checkpoints/ directory, or a `convert to_orbax`
@@ -23,6 +24,11 @@ the chat template and its generation prompt (zaya_jax.infer.chat): --chat_templa
 run trained on chat or preference data recorded, else (--hf) DIR/tokenizer_config.json's; the
 reply stops at eos or at the template's end-of-turn token (ChatML's <|im_end|>:
 chat_template.end_of_turn_ids).
+--image PATH (repeatable) needs --hf DIR of a zaya1_vl checkpoint (zaya_jax.convert.hf_vl) and
+--prompt or --prompt_ids: with --prompt each image's span (vision_start, its placeholders,
+vision_end) goes after bos, before the text, in the order given; --prompt_ids holds one
+image_token_id where each image goes, expanded to its placeholders as transformers' processor
+does. The images are resized and cut by Qwen2-VL's processor (zaya_jax.vision.processor).
 
 `zaya_jax.generate` is also the generate function (zaya_jax/__init__.py); importing this module
 would shadow it with the module, so the module itself is made callable as that function.
@@ -42,9 +48,12 @@ from zaya_jax import cli
 from zaya_jax.convert.hf_load import read_hf_config
 from zaya_jax.errors import UserError
 from zaya_jax.infer.chat import chat_template_for, read_messages
-from zaya_jax.infer.generate import generate, stop_tokens
+from zaya_jax.infer.generate import generate, stop_tokens, text_model
 from zaya_jax.infer.loading import checkpoint_tokenizer_path, load_checkpoint, load_hf
 from zaya_jax.infer.quantize import MODES
+from zaya_jax.vision.model import ZayaVL
+from zaya_jax.vision.processor import ImageProcessor
+from zaya_jax.vision.prompts import expand_placeholders
 
 _HF = flags.DEFINE_string("hf", None, "HF ZAYA checkpoint directory (config.json + safetensors).")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training run WORKDIR, its checkpoints/ directory, or a "
@@ -72,6 +81,7 @@ _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
                            "Compute dtype (default: float32 for --hf, the saved config's for --checkpoint).")
 _QUANTIZE = flags.DEFINE_enum("quantize", None, sorted(MODES), "Weight-only quantization.")
 _GROUP_SIZE = flags.DEFINE_integer("group_size", 64, "Quantization group along the input axis.", lower_bound=1)
+_IMAGE = flags.DEFINE_multi_string("image", [], "An image file for a zaya1_vl model (--hf); repeat for several.")
 
 
 def check_flags() -> None:
@@ -81,6 +91,8 @@ def check_flags() -> None:
         raise app.UsageError("--step goes with --checkpoint (an HF directory holds one model)")
     if sum(f.value is not None for f in (_PROMPT, _PROMPT_IDS, _CHAT, _MESSAGES)) != 1:
         raise app.UsageError("give exactly one of --prompt, --prompt_ids, --chat and --messages")
+    if _IMAGE.value and (_HF.value is None or _CHAT.value is not None or _MESSAGES.value is not None):
+        raise app.UsageError("--image goes with --hf DIR (a zaya1_vl checkpoint) and --prompt or --prompt_ids")
 
 
 def load_model():
@@ -88,6 +100,14 @@ def load_model():
     if _DTYPE.value is not None:
         options["dtype"] = _DTYPE.value
     if _HF.value is not None:
+        if read_hf_config(_HF.value).get("model_type") == "zaya1_vl":
+            if _QUANTIZE.value is not None:
+                raise UserError(f"--quantize: {_HF.value} is a zaya1_vl checkpoint; quantization is for text models")
+            from zaya_jax.convert.hf_vl import load_vl_hf
+            return load_vl_hf(_HF.value, **{k: v for k, v in options.items() if k == "dtype"})
+        if _IMAGE.value:
+            raise UserError(f"--image: --hf {_HF.value} is a text model (model_type "
+                            f"{read_hf_config(_HF.value).get('model_type')!r}); images need a zaya1_vl checkpoint")
         return load_hf(_HF.value, **options)
     try:
         return load_checkpoint(_CHECKPOINT.value, step=_STEP.value, **options)
@@ -127,6 +147,30 @@ def prompt_ids() -> list[int]:
         return [int(x) for x in _PROMPT_IDS.value.split(",") if x.strip()]
     except ValueError as err:
         raise UserError(f"--prompt_ids {_PROMPT_IDS.value!r}: not comma-separated integers") from err
+
+
+def read_images() -> list:
+    """--image files as RGB Pillow images, each read whole here (an unreadable one is named)."""
+    from PIL import Image
+    images = []
+    for path in _IMAGE.value:
+        try:
+            with Image.open(path) as image:
+                images.append(image.convert("RGB"))
+        except (OSError, ValueError) as err:  # missing, unreadable, or not an image Pillow knows
+            raise UserError(f"--image {path}: cannot read it as an image ({err})") from err
+    return images
+
+
+def with_image_spans(ids: list[int], model: ZayaVL, images: list) -> list[int]:
+    """--prompt: each image's placeholder after bos; then every placeholder expanded to its image's span."""
+    token_ids = model.ids
+    if _PROMPT.value is not None:
+        head = 1 if ids[:1] == [model.text.config.bos_token_id] else 0
+        ids = ids[:head] + [token_ids.image] * len(images) + ids[head:]
+    processor = ImageProcessor.for_tower(model.vision.config)
+    return expand_placeholders(ids, [processor(image)[1] for image in images], token_ids,
+                               model.vision.config.spatial_merge_size)
 
 
 def check_lengths(ids: list[int], cfg) -> None:
@@ -180,9 +224,10 @@ def main(argv: list[str]) -> None:
     if chat:
         messages = read_messages(_CHAT.value, _MESSAGES.value)
         template = chat_template_for(checkpoint=_CHECKPOINT.value, hf=_HF.value, override=_CHAT_TEMPLATE.value)
+    images = read_images()
     start = time.perf_counter()
     model = load_model()
-    cfg = model.config
+    cfg = text_model(model).config
     end_of_turn = []
     if chat:
         from zaya_jax.data.chat_template import encode_prompt, end_of_turn_ids
@@ -195,11 +240,14 @@ def main(argv: list[str]) -> None:
                                                                                add_special_tokens=False).ids
     else:
         ids = prompt_ids()
+    if images:
+        ids = with_image_spans(ids, model, images)  # load_model refused a text model
     check_lengths(ids, cfg)
     loaded = time.perf_counter()
     stream = TextStream(tokenizer, stop_tokens(cfg.eos_token_id, end_of_turn, not _IGNORE_EOS.value))
     generate(model, [ids], _MAX_NEW.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
-             seed=_SEED.value, stop_at_eos=not _IGNORE_EOS.value, stop_ids=end_of_turn, on_token=stream)
+             seed=_SEED.value, stop_at_eos=not _IGNORE_EOS.value, stop_ids=end_of_turn, on_token=stream,
+             images=[images] if images else None)
     sys.stdout.write("\n")
     done = time.perf_counter()
     print(f"[loaded in {loaded - start:.1f}s; {len(stream.ids)} tokens in {done - loaded:.1f}s "

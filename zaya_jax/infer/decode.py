@@ -58,9 +58,11 @@ def _over_layers(body: Callable, carry, xs, num_layers: int, scan: bool):
     return carry, jax.tree.map(lambda *o: jnp.stack(o), *outs)
 
 
-def _embed(model: ZayaLM, ids: jax.Array) -> jax.Array:
-    """ids: [B,S] -> the residual stream entering layer 0, [B,S,D]."""
+def _embed(model: ZayaLM, ids: jax.Array, image_tokens: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+    """ids: [B,S] -> the residual stream entering layer 0, [B,S,D]; image_tokens as prefill's."""
     emb = jnp.take(model.embed[...], ids, axis=0)
+    if image_tokens is not None:
+        emb = jnp.where(image_tokens[0][..., None], image_tokens[1].astype(emb.dtype), emb)
     stream_dtype = jnp.float32 if model.config.residual_in_fp32 else jnp.dtype(model.config.dtype)
     return ((emb + model.input_bias[...]) * model.input_scale[...]).astype(stream_dtype)
 
@@ -104,19 +106,27 @@ def gathered_moe(moe: MoE, x: jax.Array, router_state: jax.Array) -> tuple[jax.A
     return out * routing.weight[..., None].astype(dt), routing.next_state
 
 
-def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int
-            ) -> tuple[jax.Array, DecodeState]:
+def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int,
+            image_tokens: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, DecodeState]:
     """ids: [B,S] right-padded prompts; lengths: [B] (1 <= lengths <= S) ->
-    logits at each sequence's last prompt token [B,V] float32 and the state of T = cache_size slots."""
+    logits at each sequence's last prompt token [B,V] float32 and the state of T = cache_size slots.
+
+    image_tokens: ZAYA1-VL's (image mask [B,S] bool, features [B,S,D]) as ZayaLM.hidden_states takes
+    them: the features replace those embeddings, the vision LoRA acts there and image positions see
+    each other both ways. Decoded tokens are text, so decode_step needs none of it: the image
+    positions' keys and values are in the cache."""
     cfg = model.config
     dtype = jnp.dtype(cfg.dtype)
     stream_dtype = jnp.float32 if cfg.residual_in_fp32 else dtype
     b, s = ids.shape
-    kinds = layer_kinds(cfg, jnp.broadcast_to(jnp.arange(s), (b, s)), attention_fn(cfg))
+    image_mask = None if image_tokens is None else image_tokens[0]
+    kinds = layer_kinds(cfg, jnp.broadcast_to(jnp.arange(s), (b, s)), attention_fn(cfg, bidirectional=image_mask))
     continues = jnp.broadcast_to(jnp.arange(s) > 0, (b, s))
     token_mask = jnp.arange(s)[None, :] < lengths[:, None]
     dispatch = moe_dispatch_fn(cfg)
-    in_place = stacked_experts_dispatch(model)
+    # image tokens may run the experts' vision LoRA (E more experts), which the stacked weights lack
+    in_place = None if image_mask is not None and model.layers.moe.vision_lora is not None else (
+        stacked_experts_dispatch(model))
     last = lengths - 1
     graphdef, layer_states = nnx.split(model.layers)
 
@@ -125,16 +135,17 @@ def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int
         layer_state, index, sliding = xs
         layer = nnx.merge(graphdef, layer_state)
         cos, sin, attention = kinds.for_layer(sliding)
-        q, k, v, cca_carry = layer.attention.qkv(layer.input_norm(stream, dtype), cos, sin, continues)
-        a = layer.attention.output(attention(q, k, v, None))
+        q, k, v, cca_carry = layer.attention.qkv(layer.input_norm(stream, dtype), cos, sin, continues,
+                                                 image_mask=image_mask)
+        a = layer.attention.output(attention(q, k, v, None), image_mask)
         stream = layer.attention_residual(a, stream, stream_dtype)
         m, router_state, _ = layer.moe(layer.post_attention_norm(stream, dtype), router_state, token_mask,
-                                       dispatch if in_place is None else in_place(index))
+                                       dispatch if in_place is None else in_place(index), image_mask)
         stream = layer.moe_residual(m, stream, stream_dtype)
         return (stream, router_state), (k, v, jax.tree.map(lambda x: x[jnp.arange(b), last], cca_carry))
 
     router_state = jnp.zeros((b, s, cfg.router_hidden_size), jnp.float32)  # fp32 router
-    (stream, _), (keys, values, carry) = _over_layers(body, (_embed(model, ids), router_state),
+    (stream, _), (keys, values, carry) = _over_layers(body, (_embed(model, ids, image_tokens), router_state),
                                                       (layer_states, jnp.arange(cfg.num_layers), layer_flags(cfg)),
                                                       cfg.num_layers, cfg.scan_layers)
     sliding, slots = np.asarray(cfg.sliding_layers), ring_slots(cfg, cache_size)

@@ -7,6 +7,10 @@ PROMPT_BUCKET so that similar prompts reuse the compiled programs.
 
     new = zaya_jax.generate(model, [[2, 17, 5], [2, 9]], max_new_tokens=32)   # [2, 32] int32
 
+A ZAYA1-VL model (zaya_jax.vision.model.ZayaVL) takes `images`, each prompt's images in the order
+of its placeholders: the prefill runs the vision tower and places its tokens (zaya_jax.vision.prompts
+builds the padded patch rows), then the text model decodes from the cache as without images.
+
 With `mesh` (a mesh with a `data` axis), the rows, their caches and their new tokens are split
 over `data` and the weights replicated: every row's tokens are those of one device (rows never
 mix, and jax's partitionable random bits do not depend on the sharding).
@@ -25,10 +29,14 @@ import numpy as np
 from flax import nnx
 from jax.experimental import io_callback
 
+from zaya_jax.errors import UserError
 from zaya_jax.infer.cache import DecodeState
 from zaya_jax.infer.decode import decode_step, prefill
 from zaya_jax.infer.sampling import Sampler, sample
 from zaya_jax.model.zaya import ZayaLM
+from zaya_jax.vision.model import ImageBatch, ZayaVL, check_placeholders, place_image_tokens
+from zaya_jax.vision.processor import ImageProcessor
+from zaya_jax.vision.prompts import image_rows
 
 PROMPT_BUCKET = 16
 _listeners: dict[int, Callable] = {}  # on_token hooks of running generate calls, by id
@@ -74,9 +82,19 @@ def pad_prompts(prompt_ids, lengths: Sequence[int] | None, pad_id: int, vocab_si
     return ids, np.asarray(lengths, np.int32)
 
 
+def text_model(model: ZayaLM | ZayaVL) -> ZayaLM:
+    return model.text if isinstance(model, ZayaVL) else model
+
+
 @functools.partial(jax.jit, static_argnums=(0, 4))
-def _prefill(graphdef, params, ids, lengths, cache_size: int) -> tuple[jax.Array, DecodeState]:
-    return prefill(nnx.merge(graphdef, params), ids, lengths, cache_size)
+def _prefill(graphdef, params, ids, lengths, cache_size: int, images: ImageBatch | None = None
+             ) -> tuple[jax.Array, DecodeState]:
+    model = nnx.merge(graphdef, params)
+    if images is None:
+        return prefill(text_model(model), ids, lengths, cache_size)
+    with jax.named_scope("vision_tower"):
+        tokens = model.vision(*images)
+    return prefill(model.text, ids, lengths, cache_size, place_image_tokens(ids, tokens, model.ids.image))
 
 
 @functools.partial(jax.jit, static_argnums=(0,),
@@ -87,7 +105,7 @@ def _decode(graphdef, params, state: DecodeState, logits: jax.Array, key: jax.Ar
 
     With `stream`, every new column goes to the host hook registered as `listener` (a traced id,
     so any hook reuses the compiled loop)."""
-    model = nnx.merge(graphdef, params)
+    model = text_model(nnx.merge(graphdef, params))
     b = logits.shape[0]
 
     def emit(step, tokens):
@@ -120,11 +138,12 @@ def stop_tokens(eos_id: int, stop_ids: Sequence[int] = (), stop_at_eos: bool = T
     return tuple(sorted({int(eos_id), *map(int, stop_ids)})) if stop_at_eos else ()
 
 
-def generate(model: ZayaLM, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
+def generate(model: ZayaLM | ZayaVL, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int = 0,
              lengths: Sequence[int] | None = None, stop_at_eos: bool = True, stop_ids: Sequence[int] = (),
              on_token: Callable[[np.ndarray, np.ndarray], None] | None = None,
-             mesh: jax.sharding.Mesh | None = None) -> np.ndarray:
+             mesh: jax.sharding.Mesh | None = None, images: Sequence[Sequence] | None = None,
+             image_processor: ImageProcessor | None = None) -> np.ndarray:
     """Generates up to `max_new_tokens` tokens after each prompt -> int32 [B, max_new_tokens].
 
     prompt_ids: a list of token-id lists (any lengths; a flat list is one prompt), or an int
@@ -138,12 +157,18 @@ def generate(model: ZayaLM, prompt_ids, max_new_tokens: int, *, temperature: flo
     on_token(step, tokens [B]): called from inside the compiled loop, in order, for each new
       column (a streaming hook); every generate call with a hook shares one compiled loop.
     mesh: split the B rows over its `data` axis (B must divide by its size), weights replicated.
+    images: for a ZayaVL, per prompt a list of its images (uint8 [H, W(, C)] arrays or Pillow
+      images; the list may be empty), in the order of its placeholders; the prompt holds each
+      image's expanded span (zaya_jax.vision.prompts.expand_placeholders). The images' patches are
+      padded to a multiple of zaya_jax.vision.prompts.PATCH_BUCKET. image_processor: how they are
+      resized and cut (default: ImageProcessor.for_tower(model.vision.config), Qwen2-VL's sizes).
     """
-    cfg = model.config
+    cfg = text_model(model).config
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     sampler = Sampler(float(temperature), top_k, top_p).validate(cfg.vocab_size)
     ids, lengths = pad_prompts(prompt_ids, lengths, cfg.pad_token_id, cfg.vocab_size)
+    image_batch = prompt_images(model, ids, images, image_processor)
     if int(lengths.max()) + max_new_tokens - 1 > cfg.max_position_embeddings:
         raise ValueError(f"prompt ({int(lengths.max())} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                          f"model.max_position_embeddings={cfg.max_position_embeddings}")
@@ -151,9 +176,9 @@ def generate(model: ZayaLM, prompt_ids, max_new_tokens: int, *, temperature: flo
     ids, lengths = jnp.asarray(ids), jnp.asarray(lengths)
     with contextlib.ExitStack() as placed:
         if mesh is not None:
-            ids, lengths, params = split_rows(mesh, ids, lengths, params)
+            ids, lengths, params, image_batch = split_rows(mesh, ids, lengths, params, image_batch)
             placed.enter_context(jax.set_mesh(mesh))
-        logits, state = _prefill(graphdef, params, ids, lengths, ids.shape[1] + max_new_tokens - 1)
+        logits, state = _prefill(graphdef, params, ids, lengths, ids.shape[1] + max_new_tokens - 1, image_batch)
         listener = next(_listener_ids)
         if on_token is not None:
             _listeners[listener] = on_token
@@ -170,12 +195,32 @@ def generate(model: ZayaLM, prompt_ids, max_new_tokens: int, *, temperature: flo
     return tokens
 
 
-def split_rows(mesh: jax.sharding.Mesh, ids: jax.Array, lengths: jax.Array, params):
-    """ids [B, S], lengths [B] split over the mesh's `data` axis, params replicated on it."""
+def prompt_images(model: ZayaLM | ZayaVL, ids: np.ndarray, images: Sequence[Sequence] | None,
+                  processor: ImageProcessor | None = None) -> ImageBatch | None:
+    """Each prompt's images as one padded ImageBatch row (None without images), after checking that
+    each prompt's placeholders number its images' tokens."""
+    image_id = model.ids.image if isinstance(model, ZayaVL) else None
+    if images is None:
+        if image_id is not None and (ids == image_id).any():
+            raise UserError(f"the prompts hold image placeholders (token {image_id}) but no images were given")
+        return None
+    if image_id is None:
+        raise UserError("images need a vision-language model (a ZayaVL: zaya_jax.convert.hf_vl.load_vl_hf); "
+                        "this one is text only")
+    if len(images) != ids.shape[0]:
+        raise UserError(f"images: {len(images)} lists for {ids.shape[0]} prompts; give one (maybe empty) per prompt")
+    batch, tokens, _ = image_rows(images, model, processor)
+    check_placeholders(ids, tokens, image_id)
+    return ImageBatch(*map(jnp.asarray, batch))
+
+
+def split_rows(mesh: jax.sharding.Mesh, ids: jax.Array, lengths: jax.Array, params, images: ImageBatch | None):
+    """ids [B, S], lengths [B] and images [B, P, ...] split over the mesh's `data` axis, params
+    replicated on it."""
     ranks = mesh.shape.get("data", 1)
     if ids.shape[0] % ranks:
         raise ValueError(f"{ids.shape[0]} prompts do not split over the mesh's data axis of {ranks}; pass a "
                          f"multiple of {ranks} prompts (repeat the last one)")
     rows = jax.sharding.NamedSharding(mesh, jax.P("data"))
     return (jax.device_put(ids, rows), jax.device_put(lengths, rows),
-            jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.P())))
+            jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.P())), jax.device_put(images, rows))

@@ -1,0 +1,145 @@
+"""Generation with images (zaya_jax.generate on a ZayaVL): the prefill with image tokens equals the
+whole model's forward, and greedy decoding from the compressed cache equals the argmax of the whole
+model's forward over the growing sequence (no cache), for two prompts with one and two images of
+different sizes, a sliding layer whose window cuts through an image, and every vision LoRA acting;
+on one device and split over a data mesh. The whole model is proven against transformers'
+reference in test_vision_model, the processor in test_vision_processor."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl import app
+from flax import nnx
+
+import zaya_jax
+from tests.vision_fixtures import IDS, TEXT, VISION, random_vl_model
+from zaya_jax.errors import UserError
+from zaya_jax.infer.decode import prefill
+from zaya_jax.parallel.mesh import make_mesh
+from zaya_jax.vision.layout import patch_layout
+from zaya_jax.vision.model import ImageBatch, place_image_tokens
+from zaya_jax.vision.processor import ImageProcessor
+from zaya_jax.vision.prompts import expand_placeholders, image_rows
+
+PROCESSOR = ImageProcessor.for_tower(VISION, min_pixels=64, max_pixels=16 * 32)
+NEW = 5
+
+
+@pytest.fixture(scope="module")
+def case():
+    text = dataclasses.replace(TEXT, layer_types=("hybrid_sliding", "hybrid"), sliding_window=4)
+    model = random_vl_model(text)
+    rng = np.random.default_rng(3)
+    pictures = [[rng.integers(0, 256, (16, 24, 3), np.uint8), rng.integers(0, 256, (8, 16, 3), np.uint8)],
+                [rng.integers(0, 256, (16, 16, 3), np.uint8)]]
+    short = [[2, 17, 5, IDS.image, 33, IDS.image, 40, 41], [2, 9, IDS.vision_start, IDS.image, IDS.vision_end, 7]]
+    grids = [[PROCESSOR(p)[1] for p in row] for row in pictures]
+    prompts = [expand_placeholders(ids, g, IDS) for ids, g in zip(short, grids)]
+    return model, pictures, prompts
+
+
+WIDTH = 32  # every reference forward pads its sequence to this (right padding: causal positions before it are unchanged)
+
+
+@nnx.jit
+def _forward(model, ids, images):
+    return model(ids, images)[0]
+
+
+def whole_model_logits(model, prompt: list[int], pictures: list) -> np.ndarray:
+    """The whole model's logits at the prompt's last token [V]: one prompt, its images cut by the
+    processor and laid out alone, right-padded to WIDTH."""
+    patches, grids = PROCESSOR.batch(pictures)
+    layout = patch_layout(grids, model.vision.config)
+    images = ImageBatch(*(jnp.asarray(a)[None] for a in (patches, *layout[:3])))
+    ids = np.zeros((1, WIDTH), np.int32)
+    ids[0, :len(prompt)] = prompt
+    return np.asarray(_forward(model, jnp.asarray(ids), images)[len(prompt) - 1])
+
+
+def test_placeholders_expand_to_each_images_span(case):
+    _, _, prompts = case
+    assert prompts[0][:4] == [2, 17, 5, IDS.vision_start]
+    assert prompts[0].count(IDS.image) == 6 + 2 and prompts[1].count(IDS.image) == 4   # 4x6 and 2x4 patches, /4
+    assert prompts[1][:3] == [2, 9, IDS.vision_start] and prompts[1].count(IDS.vision_start) == 1
+    assert prompts[0][-3:] == [IDS.vision_end, 40, 41]
+    with pytest.raises(UserError, match="2 image placeholders .* for 1 images"):
+        expand_placeholders([2, IDS.image, IDS.image], [(1, 4, 4)], IDS)
+
+
+def test_the_prefill_with_images_equals_the_whole_model(case):
+    model, pictures, prompts = case
+    ids = np.zeros((2, 32), np.int32)
+    for b, p in enumerate(prompts):
+        ids[b, :len(p)] = p
+    lengths = jnp.asarray([len(p) for p in prompts])
+    batch, tokens, _ = image_rows(pictures, model, PROCESSOR)
+    assert tokens == [8, 4]
+
+    @nnx.jit
+    def prefills(model, ids, lengths, images):
+        image_tokens = place_image_tokens(ids, model.vision(*images), IDS.image)
+        return prefill(model.text, ids, lengths, 40, image_tokens)[0], prefill(model.text, ids, lengths, 40)[0]
+    logits, text_only = prefills(model, jnp.asarray(ids), lengths, ImageBatch(*map(jnp.asarray, batch)))
+    for b, p in enumerate(prompts):
+        want = whole_model_logits(model, p, pictures[b])
+        np.testing.assert_allclose(np.asarray(logits[b]), want, rtol=1e-5, atol=1e-5)
+        assert np.abs(np.asarray(text_only[b]) - want).max() > 1e-2   # the images are what changed it
+
+
+def test_greedy_generation_with_images_equals_the_whole_models_argmax(case):
+    model, pictures, prompts = case
+    new = zaya_jax.generate(model, prompts, NEW, images=pictures, image_processor=PROCESSOR, stop_at_eos=False)
+    for b, p in enumerate(prompts):
+        sequence = list(p)
+        for _ in range(NEW):
+            sequence.append(int(whole_model_logits(model, sequence, pictures[b]).argmax()))
+        assert new[b].tolist() == sequence[len(p):], b
+    mesh = make_mesh({"data": 2}, jax.devices()[:2])
+    split = zaya_jax.generate(model, prompts, NEW, images=pictures, image_processor=PROCESSOR, stop_at_eos=False,
+                              mesh=mesh)
+    np.testing.assert_array_equal(split, new)
+
+
+def test_image_prompts_that_do_not_match_their_images_are_refused(case):
+    model, pictures, prompts = case
+    with pytest.raises(UserError, match="example 1: 4 image placeholders .* for 0 image tokens"):
+        zaya_jax.generate(model, prompts, 2, images=[pictures[0], []], image_processor=PROCESSOR)
+    with pytest.raises(UserError, match="hold image placeholders .* but no images"):
+        zaya_jax.generate(model, prompts, 2)
+    with pytest.raises(UserError, match="images: 1 lists for 2 prompts"):
+        zaya_jax.generate(model, prompts, 2, images=pictures[:1], image_processor=PROCESSOR)
+    with pytest.raises(UserError, match="need a vision-language model"):
+        zaya_jax.generate(model.text, [[2, 5]], 2, images=[[pictures[1][0]]])
+
+
+def test_the_cli_generates_from_an_image_file_and_names_a_bad_one(case, tmp_path, capsys):
+    from PIL import Image
+
+    from tests.test_infer_cli import run_main
+    from zaya_jax.convert.hf_vl import save_vl_hf
+
+    model, pictures, _ = case
+    directory = save_vl_hf(model, tmp_path / "vl")
+    Image.fromarray(pictures[0][0]).save(tmp_path / "a.png")
+    run_main(["--hf", str(directory), "--image", str(tmp_path / "a.png"), "--prompt_ids", f"2,9,{IDS.image},7",
+              "--max_new_tokens", "4", "--ignore_eos"])
+    printed = capsys.readouterr().out.split()
+    grid = ImageProcessor.for_tower(VISION)(pictures[0][0])[1]   # Qwen2-VL's default sizes: 48 x 72 pixels
+    assert grid == (1, 12, 18)
+    prompt = expand_placeholders([2, 9, IDS.image, 7], [grid], IDS)
+    assert printed == [str(t) for t in zaya_jax.generate(model, [prompt], 4, images=[pictures[0][:1]],
+                                                         stop_at_eos=False)[0]]
+    (tmp_path / "b.png").write_bytes(b"not a png")
+    with pytest.raises(UserError, match="--image .*b.png: cannot read it as an image"):
+        run_main(["--hf", str(directory), "--image", str(tmp_path / "b.png"), "--prompt_ids", "2,9"])
+    with pytest.raises(UserError, match="2 image placeholders .* for 1 images"):
+        run_main(["--hf", str(directory), "--image", str(tmp_path / "a.png"),
+                  "--prompt_ids", f"2,{IDS.image},{IDS.image}"])
+    with pytest.raises(UserError, match="--quantize: .* is a zaya1_vl checkpoint"):
+        run_main(["--hf", str(directory), "--prompt_ids", "2,9", "--quantize", "int8"])
+    with pytest.raises(app.UsageError, match="--image goes with --hf DIR .* and --prompt or --prompt_ids"):
+        run_main(["--hf", str(directory), "--image", str(tmp_path / "a.png"), "--chat", "hi"])
