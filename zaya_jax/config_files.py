@@ -8,6 +8,8 @@ A config file defines `get_config()` returning a ConfigDict with sections:
   train, optimizer, balancing, checkpoint, eval, mesh, monitor
            the trainer's (validated by zaya_jax.train.settings; docs/training.md)
   data     the data curriculum (zaya_jax.data.curriculum; docs/data.md)
+  vision   a ZAYA1-VL model's vision tower and image token ids (`vision_section(**values)`;
+           docs/vision.md); counted by the planner, not yet trained by zaya_jax.train
 """
 
 from __future__ import annotations
@@ -68,3 +70,37 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
                               "setting with different values; set one of them")
         values[field] = kernels[key]
     return ModelConfig.from_config(values)
+
+
+def vision_section(**values) -> ml_collections.ConfigDict:
+    """A config's `vision` section (a ZAYA1-VL model): every VisionConfig field and the image token
+    ids, their defaults (ZAYA1-VL-8B's) unless given in `values`."""
+    import dataclasses
+
+    from zaya_jax.vision.config import VisionConfig
+    from zaya_jax.vision.model import ImageTokenIds
+    defaults = {f.name: f.default for f in dataclasses.fields(VisionConfig) if f.name != "dtype"}
+    defaults["fullatt_block_indexes"] = list(defaults["fullatt_block_indexes"])
+    defaults |= dict(zip(VISION_ID_FIELDS, ImageTokenIds(262147, 255999, 256000)))
+    unknown = sorted(set(values) - set(defaults))
+    if unknown:
+        raise ConfigError(f"vision.{unknown[0]}: unknown field (known fields: {', '.join(sorted(defaults))})")
+    return ml_collections.ConfigDict({**defaults, **values})
+
+
+VISION_ID_FIELDS = ("image_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def vision_config(config: ml_collections.ConfigDict):
+    """-> (VisionConfig, ImageTokenIds) of a config's `vision` section, or None without one; the
+    tower computes in the model's dtype."""
+    if "vision" not in config:
+        return None
+    from zaya_jax.vision.config import VisionConfig
+    from zaya_jax.vision.model import ImageTokenIds
+    values = dict(config.vision.items())
+    ids = ImageTokenIds(*(int(values.pop(name)) for name in VISION_ID_FIELDS if name in values))
+    try:
+        return VisionConfig(**values, dtype=model_config(config).dtype), ids
+    except TypeError as err:
+        raise ConfigError(f"vision: {err} (build the section with config_files.vision_section)") from err

@@ -11,6 +11,8 @@ from zaya_jax.model.build import abstract_model
 # Module groups for the breakdown, by the first path components that identify them.
 _GROUPS = (
     ("embedding (tied)", ("embed",)),
+    ("vision LoRA (attention)", ("layers", "attention", "vision_lora")),   # ZAYA1-VL's adapters (ranks > 0)
+    ("vision LoRA (experts)", ("layers", "moe", "vision_lora")),
     ("attention (CCA)", ("layers", "attention")),
     ("router", ("layers", "moe", "router")),
     ("experts", ("layers", "moe")),
@@ -26,7 +28,8 @@ def _group(path: tuple[str, ...]) -> str:
 
 
 def parameter_breakdown(cfg: ModelConfig) -> dict[str, int]:
-    """Trainable parameters per module group (balancing biases are state, not parameters).
+    """Trainable parameters per module group (balancing biases are state, not parameters); the
+    vision LoRA groups only where the config has them.
 
     The first MoE block has no EDA scale in ZAYA1; our stacked layout stores one (never used,
     it multiplies a zero router state), so it is not counted.
@@ -36,7 +39,7 @@ def parameter_breakdown(cfg: ModelConfig) -> dict[str, int]:
     for path, leaf in nnx.to_flat_state(params):
         counts[_group(tuple(str(p) for p in path))] += int(np.prod(leaf.shape))
     counts["router"] -= cfg.router_hidden_size
-    return counts
+    return {name: n for name, n in counts.items() if n or not name.startswith("vision LoRA")}
 
 
 def kv_cache_numbers_per_token_per_layer(cfg: ModelConfig) -> int:
@@ -47,12 +50,13 @@ def kv_cache_numbers_per_token_per_layer(cfg: ModelConfig) -> int:
 def model_summary(cfg: ModelConfig, kv_bytes_per_number: int = 2) -> dict:
     """kv_cache_bytes_per_token: what each decoded token adds (the full layers' caches);
     kv_cache_window_bytes: what the sliding layers' ring buffers hold once full (per sequence,
-    whatever its length; zaya_jax.infer.cache)."""
+    whatever its length; zaya_jax.infer.cache). Active: top-1, one expert (and one expert's vision
+    LoRA, which image tokens run) per token per layer."""
     breakdown = parameter_breakdown(cfg)
     total = sum(breakdown.values())
     embedding = breakdown["embedding (tied)"]
-    experts = breakdown["experts"]
-    active_experts = experts // cfg.num_experts  # top-1: one expert per token per layer
+    experts = breakdown["experts"] + breakdown.get("vision LoRA (experts)", 0)
+    active_experts = experts // cfg.num_experts
     kv_numbers = kv_cache_numbers_per_token_per_layer(cfg)
     sliding = sum(cfg.sliding_layers)
     return {

@@ -5,9 +5,10 @@
   python -m zaya_jax.planner --config configs/zaya1_base.py --mesh data=1024 --hardware mi300x [--calibration rates.json]
   python -m zaya_jax.planner --config configs/zaya1_base.py --search --devices 1024 --hardware mi300x
 
-Always: parameter counts and the KV-cache size. With --mesh: per-device bytes of parameters,
-gradients, optimizer state and activations, collective bytes per step by kind, and whether it
-fits the device memory (default: the --hardware profile's, else 192 GB, an MI300X). With
+Always: parameter counts and the KV-cache size (with a `vision` section, ZAYA1-VL's: the tower's
+parameters and its forward FLOPs on one --image_size image, which --mesh and --hardware do not
+plan yet). With --mesh: per-device bytes of parameters, gradients, optimizer state and
+activations, collective bytes per step by kind, and whether it fits the device memory (default: the --hardware profile's, else 192 GB, an MI300X). With
 --hardware, per curriculum phase: FLOPs, HBM traffic and collectives per device and step, the
 predicted step time, tokens/s, MFU and what bounds it (docs/parallel.md, Planner). With
 --search: every feasible mesh of --devices ranked by predicted step time, per phase and for the
@@ -26,7 +27,7 @@ from ml_collections import config_flags
 from zaya_jax import cli
 
 from zaya_jax.config import ConfigError
-from zaya_jax.config_files import model_config
+from zaya_jax.config_files import model_config, vision_config
 from zaya_jax.hardware import PROFILES, calibrated
 from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES, check_mesh
@@ -35,6 +36,7 @@ from zaya_jax.planner.mesh_search import mesh_name, search
 from zaya_jax.planner.phase_plan import config_phases, phase_mesh, phase_shape, plan_phase, run_time
 from zaya_jax.planner.step_plan import GIB, StepShape, plan
 from zaya_jax.planner.step_time import OVERLAP_ASSUMPTIONS
+from zaya_jax.vision.accounting import vl_model_summary
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).")
 _JSON = flags.DEFINE_bool("json", False, "Print machine-readable JSON.")
@@ -58,6 +60,8 @@ _PLATFORM = flags.DEFINE_enum("platform", "gpu", ["gpu", "cpu"], "Target platfor
 _REDUCE_DTYPE = flags.DEFINE_enum("gradient_reduce_dtype", None, list(GRADIENT_REDUCE_DTYPES),
                                   "The data-axis gradient sum's wire dtype (default: config "
                                   "mesh.gradient_reduce_dtype or float32).")
+_IMAGE_SIZE = flags.DEFINE_string("image_size", "448x448", "A config with a vision section: the image (HEIGHTxWIDTH "
+                                  "pixels) whose tower FLOPs are counted.")
 _ZERO1 = flags.DEFINE_bool("shard_optimizer_over_data", None,
                            "Optimizer state also sharded over data x context (default: config mesh.shard_optimizer_over_data).")
 
@@ -80,6 +84,12 @@ def render(summary: dict) -> str:
     if summary["kv_cache_window_bytes"]:
         lines.append(f"{'kv_cache_window_bytes':<30}{summary['kv_cache_window_bytes'] / 2**20:>10.1f}MiB (bf16, "
                      "sliding layers' ring buffers, per sequence)")
+    if "vision" in summary:
+        image = summary["vision"]["image"]
+        lines.append(f"{'vision_param_bytes_fp32':<30}{summary['vision']['param_bytes_fp32'] / GIB:>10.2f}GiB")
+        lines.append(f"one {image['pixels'][0]}x{image['pixels'][1]} image (resized to {image['resized_to'][0]}x"
+                     f"{image['resized_to'][1]}): {image['patches']} patches, {image['tokens']} text tokens, "
+                     f"tower forward {image['forward_flops'] / 1e12:.2f} TFLOP")
     if "plan" in summary:
         p = summary["plan"]
         mesh = ",".join(f"{a}={n}" for a, n in p["mesh"].items() if n > 1) or "1 device"
@@ -272,13 +282,27 @@ def plan_phases(config, cfg, hw, cli_mesh, devices: int | None, memory_gb: float
             "run": run_time(*zip(*planned)) if len(planned) == len(plans) else None}
 
 
+def image_size() -> tuple[int, int]:
+    try:
+        height, width = (int(n) for n in _IMAGE_SIZE.value.lower().split("x"))
+    except ValueError:
+        height = width = 0
+    if min(height, width) < 1:
+        raise app.UsageError(f"--image_size {_IMAGE_SIZE.value!r}: give HEIGHTxWIDTH in pixels, e.g. 448x448")
+    return height, width
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _CONFIG.value is None:
         raise app.UsageError("--config is required, e.g. --config configs/zaya1_base.py")
     cfg = model_config(_CONFIG.value)
-    summary = model_summary(cfg)
+    vision = vision_config(_CONFIG.value)
+    if vision is not None and (_MESH.value or _HARDWARE.value or _SEARCH.value):
+        raise app.UsageError("--mesh, --hardware and --search plan the text model's train step; this config has a "
+                             "vision section, whose parameters and tower FLOPs are counted without them")
+    summary = model_summary(cfg) if vision is None else vl_model_summary(cfg, vision[0], image_size())
     hw = _hardware()
     memory_gb = _MEMORY.value or (hw.memory_gb if hw else 192.0)
     mesh, devices = _explicit_mesh(_DEVICES.value)

@@ -227,6 +227,10 @@ def eval_section(**values) -> ml_collections.ConfigDict:
 
 def settings_from_config(config) -> Settings:
     """Validates every training section of `config`; raises ConfigError (a ValueError) naming the field."""
+    if "vision" in config:
+        raise ConfigError("the config has a vision section (a ZAYA1-VL model): zaya_jax.train does not train "
+                          "vision-language models yet (docs/vision.md); the planner counts it, and "
+                          "zaya_jax.generate --image runs one")
     s = Settings(model=model_config(config), **{name: _section(config, name) for name in SECTIONS})
     if s.train.data == "synthetic":
         for field in ("seq_len", "global_batch_size"):
