@@ -299,14 +299,21 @@ def test_write_tokenized_every_kind(tmp_path):
     info = {"sha256": "x", "vocab_size": 70000}  # uint32 ids
     docs = {"text": [np.array([2, 5, 69999, 1])],
             "chat": [(np.array([2, 7, 8, 1]), np.array([0, 0, 1, 1]))],
-            "preference": [(np.array([2, 3]), np.array([4, 1]), np.array([5, 6, 1]))]}
+            "preference": [(np.array([2, 3]), np.array([4, 1]), np.array([5, 6, 1]))],
+            "image_chat": [(np.array([2, 9, 9, 7, 1]), np.array([0, 0, 0, 1, 1]), [np.arange(48, dtype=np.uint8
+                                                                                           ).reshape(4, 4, 3)])]}
     expected = {"text": np.array([2, 5, 69999, 1]), "chat": np.array([[2, 7, 8, 1], [0, 0, 1, 1]]),
-                "preference": np.array([[2, 3, 4, 1, 5, 6, 1], [0, 0, 1, 1, 2, 2, 2]])}
+                "preference": np.array([[2, 3, 4, 1, 5, 6, 1], [0, 0, 1, 1, 2, 2, 2]]),
+                "image_chat": np.array([[2, 9, 9, 7, 1], [0, 0, 0, 1, 1]])}
     for kind in records.KINDS:
         manifest = prepare.write_tokenized(str(tmp_path / kind), docs[kind], tokenizer_info=info, kind=kind)
         assert manifest["kind"] == kind and manifest["dtype"] == "uint32"
-        np.testing.assert_array_equal(sources.open_source(kind, str(tmp_path / kind), 0.0, kind).train[0],
-                                      expected[kind])
+        stored = sources.open_source(kind, str(tmp_path / kind), 0.0, kind).train[0]
+        if kind == "image_chat":
+            stored, (image,) = stored
+            np.testing.assert_array_equal(image, docs[kind][0][2][0])
+            assert manifest["num_images"] == 1 and manifest["num_supervised_tokens"] == 2
+        np.testing.assert_array_equal(stored, expected[kind])
 
 
 def test_bad_chat_records_are_named_by_file_and_line(tmp_path, tok_path):

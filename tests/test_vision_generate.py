@@ -22,7 +22,7 @@ from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.vision.layout import patch_layout
 from zaya_jax.vision.model import ImageBatch, place_image_tokens
 from zaya_jax.vision.processor import ImageProcessor
-from zaya_jax.vision.prompts import expand_placeholders, image_rows
+from zaya_jax.vision.prompts import expand_placeholders, prompt_image_batch
 
 PROCESSOR = ImageProcessor.for_tower(VISION, min_pixels=64, max_pixels=16 * 32)
 NEW = 5
@@ -76,7 +76,7 @@ def test_the_prefill_with_images_equals_the_whole_model(case):
     for b, p in enumerate(prompts):
         ids[b, :len(p)] = p
     lengths = jnp.asarray([len(p) for p in prompts])
-    batch, tokens, _ = image_rows(pictures, model, PROCESSOR)
+    batch, tokens = prompt_image_batch(pictures, model, PROCESSOR)
     assert tokens == [8, 4]
 
     @nnx.jit

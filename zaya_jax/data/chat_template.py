@@ -38,9 +38,10 @@ from zaya_jax.errors import UserError
 
 ROLES = ("system", "user", "assistant")
 # Unicode noncharacters, reserved for a program's internal use: never in real text.
-BOS, EOS, OPEN, CLOSE = "\ufdd0", "\ufdd1", "\ufdd2", "\ufdd3"
+# IMAGE stands for an image in a message's text (zaya_jax.vision.chat puts it there).
+BOS, EOS, OPEN, CLOSE, IMAGE = "\ufdd0", "\ufdd1", "\ufdd2", "\ufdd3", "\ufdd4"
 _SENTINELS = BOS + EOS + OPEN + CLOSE
-_SPECIAL_SPLIT = re.compile(f"([{BOS}{EOS}])")
+_SPECIAL_SPLIT = re.compile(f"([{BOS}{EOS}{IMAGE}])")
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 PLAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat_templates", "plain.jinja")
 
@@ -256,16 +257,20 @@ def end_of_turn_ids(template: ChatTemplate, tokenizer) -> list[int]:
     return ids[:1] if ids and tokenizer.is_special(ids[0]) and tokenizer.id_to_token(ids[0]).strip() else []
 
 
-def tokenize_spans(tokenizer, spans: Sequence[tuple[str, bool]]) -> tuple[np.ndarray, np.ndarray]:
-    """Spans (sentinels for bos/eos) -> (ids int32 [n], mask uint8 [n]), one bos first.
+def tokenize_spans(tokenizer, spans: Sequence[tuple[str, bool]], image_id: int | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Spans (sentinels for bos/eos, and IMAGE for an image) -> (ids int32 [n], mask uint8 [n]),
+    one bos first; each IMAGE becomes one `image_id`.
 
     Each span's text between sentinels is tokenized on its own (`Tokenizer.encode_pieces`)."""
     pieces = [(piece, supervised) for text, supervised in spans for piece in _SPECIAL_SPLIT.split(text) if piece]
-    texts = [piece for piece, _ in pieces if piece not in (BOS, EOS)]
+    if image_id is None and any(piece == IMAGE for piece, _ in pieces):
+        raise ConversationError("the conversation holds an image, which a text model's data cannot")
+    texts = [piece for piece, _ in pieces if piece not in (BOS, EOS, IMAGE)]
     encoded = iter(tokenizer.encode_pieces(texts))
     ids, mask = [], []
     for piece, supervised in pieces:
-        piece_ids = {BOS: [tokenizer.bos_id], EOS: [tokenizer.eos_id]}.get(piece) or next(encoded)
+        piece_ids = {BOS: [tokenizer.bos_id], EOS: [tokenizer.eos_id], IMAGE: [image_id]}.get(piece) or next(encoded)
         ids += piece_ids
         mask += [int(supervised)] * len(piece_ids)
     if not ids or ids[0] != tokenizer.bos_id:
@@ -291,10 +296,12 @@ def check_messages(messages, *, name: str = "messages", needs_assistant: bool = 
         raise ConversationError(f"{name} has no assistant turn (nothing to train on)")
 
 
-def encode_conversation(template: ChatTemplate, tokenizer, messages: Messages) -> tuple[np.ndarray, np.ndarray]:
-    """A training conversation: (ids int32 [n], mask uint8 [n]); mask 1 on assistant tokens."""
+def encode_conversation(template: ChatTemplate, tokenizer, messages: Messages, image_id: int | None = None
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """A training conversation: (ids int32 [n], mask uint8 [n]); mask 1 on assistant tokens; each
+    IMAGE in a message's text one `image_id` (zaya_jax.vision.chat)."""
     check_messages(messages)
-    ids, mask = tokenize_spans(tokenizer, template.spans(messages))
+    ids, mask = tokenize_spans(tokenizer, template.spans(messages), image_id)
     if not mask.any():
         raise ConversationError(f"chat template {os.path.basename(template.path)} marked no assistant text "
                                 "in this conversation")

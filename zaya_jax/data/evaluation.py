@@ -41,7 +41,7 @@ def build_eval_batches(data_config, *, seq_len: int | None = None, batch_size: i
     empty = packing.make_row([], seq_len, data_config.pad_id)
 
     opened = sources_lib.open_sources(data_config)
-    row_format = kinds.ROW_FORMATS[kinds.sources_kind(opened)]
+    row_format = kinds.row_format(kinds.sources_kind(opened))
     result = {}
     for name, source in opened.items():
         if row_format is preference_rows.PAIRS:

@@ -1,8 +1,11 @@
-"""The kind of a run's prepared sources (text, chat or preference) and the rows each kind makes.
+"""The kind of a run's prepared sources (text, chat, preference or image_chat) and the rows each
+kind makes.
 
 text -> pretraining rows, chat -> SFT rows (packing.CHUNKS for both), preference -> DPO rows
-(preference_rows.PAIRS). All sources a pipeline or the held-out evaluation opens must be of one
-kind, since one run trains one objective on them.
+(preference_rows.PAIRS); image_chat (conversations with images) makes rows only for a ZAYA1-VL
+model (vision.image_rows.ImageChatRows, built from its tower), which the trainer does not train
+yet: `row_format` refuses it. All sources a pipeline or the held-out evaluation opens must be of
+one kind, since one run trains one objective on them.
 """
 
 from __future__ import annotations
@@ -13,8 +16,16 @@ from zaya_jax.config import ConfigError
 from zaya_jax.data import packing, preference_rows
 from zaya_jax.data.sources import PreparedSource
 
-ROW_FORMATS: dict[str, packing.RowFormat] = {  # one per records.KINDS
+ROW_FORMATS: dict[str, packing.RowFormat] = {  # one per records.KINDS but image_chat
     "text": packing.CHUNKS, "chat": packing.CHUNKS, "preference": preference_rows.PAIRS}
+
+
+def row_format(kind: str) -> packing.RowFormat:
+    """The rows a text model's run makes of `kind`; ConfigError for image_chat data."""
+    if kind not in ROW_FORMATS:
+        raise ConfigError(f"data.sources hold {kind} data, which trains a vision-language model; zaya_jax.train "
+                          "does not train one yet (docs/vision.md)")
+    return ROW_FORMATS[kind]
 
 
 def sources_kind(sources: Mapping[str, PreparedSource]) -> str:

@@ -20,8 +20,11 @@ Row format (each [L]; batches stack them to [B, L]):
 Every non-padding position has a real target (the chunk's last token is only a target),
 so for text loss_mask == (segment_ids > 0).
 
-What is packed is fixed by a `RowFormat`: `CHUNKS` (text and chat documents, above) or
-preference_rows.PAIRS (whole preference pairs, DPO rows); the packing itself is the same.
+What is packed is fixed by a `RowFormat`: `CHUNKS` (text and chat documents, above),
+preference_rows.PAIRS (whole preference pairs, DPO rows) or vision.image_rows.ImageChatRows
+(whole conversations with images; its rows also hold the images' patches, at most
+`patch_capacity` per row); the packing itself is the same: a piece goes to the first row with
+room for its positions and its patches.
 """
 
 from __future__ import annotations
@@ -55,6 +58,11 @@ class RowFormat(Protocol):
     def piece_positions(self, piece: Any) -> int:
         """Row positions `piece` takes."""
 
+    patch_capacity: int  # image patches a row holds (0: a format without images)
+
+    def piece_patches(self, piece: Any) -> int:
+        """Image patches `piece` takes (0 without images)."""
+
     def make_row(self, pieces: Sequence[Any], seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
         """One row (each array [L]) from pieces whose positions sum to <= L."""
 
@@ -75,6 +83,13 @@ class ChunkRows:
     @staticmethod
     def piece_positions(piece: np.ndarray) -> int:
         return piece.shape[-1] - 1
+
+    patch_capacity = 0
+
+    @staticmethod
+    def piece_patches(piece: np.ndarray) -> int:
+        del piece
+        return 0
 
     @staticmethod
     def make_row(pieces: Sequence[np.ndarray], seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -100,23 +115,23 @@ def pack_window(stream: ChunkStream, seq_len: int, num_bins: int,
     Returns the rows' piece lists; fewer than num_bins rows only if the stream ran out.
     """
     rows: list[list[Any]] = []
-    free: list[int] = []
+    free: list[list[int]] = []  # per row: positions, patches
     while True:
         before = stream.get_state()
         chunk = stream.next_chunk()
         if chunk is None:
             return rows
-        need = row_format.piece_positions(chunk)
-        row = next((r for r in range(len(rows)) if free[r] >= need), None)
+        need = (row_format.piece_positions(chunk), row_format.piece_patches(chunk))
+        row = next((r for r in range(len(rows)) if free[r][0] >= need[0] and free[r][1] >= need[1]), None)
         if row is None:
             if len(rows) == num_bins:
                 stream.set_state(before)
                 return rows
             rows.append([])
-            free.append(seq_len)
+            free.append([seq_len, row_format.patch_capacity])
             row = len(rows) - 1
         rows[row].append(chunk)
-        free[row] -= need
+        free[row] = [free[row][0] - need[0], free[row][1] - need[1]]
 
 
 def make_row(chunks: Sequence[np.ndarray], seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -145,8 +160,8 @@ def make_row(chunks: Sequence[np.ndarray], seq_len: int, pad_id: int) -> dict[st
 
 
 def stack_rows(rows: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """B rows of [L] -> a batch of [B, L] arrays."""
-    return {k: np.stack([r[k] for r in rows]) for k in ROW_KEYS}
+    """B rows of [L] (and [P, ...] image patches) -> a batch of [B, L] (and [B, P, ...]) arrays."""
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
 
 class RowPacker:

@@ -126,7 +126,7 @@ def phase_dataset(phase: PhaseInfo, sources: Mapping[str, sources_lib.PreparedSo
         seeds=[lanes.mix_seed(seed, phase.index, zlib.crc32(n.encode())) for n in names],
         lane_ids=range(process_index * rows, (process_index + 1) * rows), num_lanes=phase.global_batch_size,
         seq_len=phase.seq_len, packing_bins=data_config.packing_bins, pad_id=data_config.pad_id,
-        row_format=kinds.ROW_FORMATS[kind])
+        row_format=kinds.row_format(kind))
     workers = data_config.worker_count
     if workers:
         buffer = max(1, data_config.worker_buffer_size)

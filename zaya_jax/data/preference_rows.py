@@ -91,6 +91,13 @@ class PairRows:
     def piece_positions(pair: tuple[np.ndarray, np.ndarray]) -> int:
         return sum(s.shape[-1] - 1 for s in pair)
 
+    patch_capacity = 0
+
+    @staticmethod
+    def piece_patches(pair: tuple[np.ndarray, np.ndarray]) -> int:
+        del pair
+        return 0
+
     @staticmethod
     def make_row(pairs: Sequence[tuple[np.ndarray, np.ndarray]], seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
         return packing.make_row([s for pair in pairs for s in pair], seq_len, pad_id)

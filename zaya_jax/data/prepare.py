@@ -116,7 +116,8 @@ def _load_template(path: str | None) -> templates.ChatTemplate | None:
 
 
 def _shard_stats(task_name: str, inputs: Sequence[str], kind: str) -> dict:
-    extra = {"chat": {"supervised_tokens": 0}, "preference": {"pairs": 0}}.get(kind, {})
+    extra = {"chat": {"supervised_tokens": 0}, "preference": {"pairs": 0},
+             "image_chat": {"supervised_tokens": 0, "images": 0}}.get(kind, {})
     return {"file": task_name + ".array_record", "inputs": list(inputs), "documents": 0, "tokens": 0, **extra,
             "empty_documents": 0, "skipped_files": [], "skipped_lines": 0, "errors": []}
 
@@ -279,6 +280,9 @@ def prepare_dataset(inputs: str | Sequence[str], fmt: str, tokenizer_path: str, 
         raise ValueError(f"--format must be one of {readers.FORMATS}, got {fmt!r}")
     if kind not in records.KINDS:
         raise ValueError(f"--kind must be one of {records.KINDS}, got {kind!r}")
+    if kind == "image_chat":
+        raise UserError("--kind image_chat: conversations with images are written from Python for now "
+                        "(zaya_jax.vision.chat.encode_image_chat, then prepare.write_tokenized; docs/vision.md)")
     if kind != "text" and fmt == "text":
         raise ValueError(f"--kind {kind} reads one record per line or row: use --format jsonl or parquet")
     files = readers.expand_inputs(inputs)
@@ -354,7 +358,8 @@ def _write_manifest(output_dir: str, shards: list[dict], *, tokenizer_info: dict
                 "num_documents": sum(s["documents"] for s in shards), "num_tokens": sum(s["tokens"] for s in shards),
                 "skipped_files": sum(len(s["skipped_files"]) for s in shards),
                 "skipped_lines": sum(s["skipped_lines"] for s in shards), "shards": shards}
-    for stat in {"chat": ("supervised_tokens",), "preference": ("pairs",)}.get(kind, ()):
+    for stat in {"chat": ("supervised_tokens",), "preference": ("pairs",),
+                 "image_chat": ("supervised_tokens", "images")}.get(kind, ()):
         manifest["num_" + stat] = sum(s[stat] for s in shards)
     if manifest["num_documents"] == 0:
         raise ValueError(f"no documents were written to {output_dir}: every input was empty or skipped")

@@ -36,7 +36,7 @@ from zaya_jax.infer.sampling import Sampler, sample
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.vision.model import ImageBatch, ZayaVL, check_placeholders, place_image_tokens
 from zaya_jax.vision.processor import ImageProcessor
-from zaya_jax.vision.prompts import image_rows
+from zaya_jax.vision.prompts import prompt_image_batch
 
 PROMPT_BUCKET = 16
 _listeners: dict[int, Callable] = {}  # on_token hooks of running generate calls, by id
@@ -209,7 +209,7 @@ def prompt_images(model: ZayaLM | ZayaVL, ids: np.ndarray, images: Sequence[Sequ
                         "this one is text only")
     if len(images) != ids.shape[0]:
         raise UserError(f"images: {len(images)} lists for {ids.shape[0]} prompts; give one (maybe empty) per prompt")
-    batch, tokens, _ = image_rows(images, model, processor)
+    batch, tokens = prompt_image_batch(images, model, processor)
     check_placeholders(ids, tokens, image_id)
     return ImageBatch(*map(jnp.asarray, batch))
 

@@ -75,3 +75,17 @@ def patch_layout(grid_thw: Sequence[Sequence[int]], cfg: VisionConfig, pad_to: i
     def as_int(parts: list[np.ndarray]) -> np.ndarray:
         return np.concatenate(parts + [np.zeros((pad,) + parts[0].shape[1:], parts[0].dtype)]).astype(np.int32)
     return PatchLayout(as_int(positions), as_int(images), as_int(windows), tuple(tokens))
+
+
+def patch_row(patches: Sequence[np.ndarray], grid_thw: Sequence[Sequence[int]], cfg: VisionConfig,
+              pad_to: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One example's images (patches [N_i, F] each, their grids; none is allowed) -> (patches
+    float32 [P, F], positions [P, 2], image_segments [P], window_segments [P]), P = pad_to: one row
+    of an ImageBatch."""
+    rows = np.zeros((pad_to, cfg.patch_dim), np.float32)
+    if not len(grid_thw):
+        return rows, np.zeros((pad_to, 2), np.int32), np.zeros(pad_to, np.int32), np.zeros(pad_to, np.int32)
+    layout = patch_layout(grid_thw, cfg, pad_to=pad_to)
+    joined = np.concatenate(list(patches))
+    rows[:len(joined)] = joined
+    return rows, layout.positions, layout.image_segments, layout.window_segments

@@ -57,11 +57,23 @@ class ImageProcessor:
     def __call__(self, image: np.ndarray | Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
         """An RGB (or grey, or RGBA) image, uint8 [H, W(, C)] or Pillow -> patches [N, F] float32 and
         its grid (1, h / patch, w / patch)."""
+        return self.patches(self.resize(image))
+
+    def resize(self, image: np.ndarray | Image.Image) -> np.ndarray:
+        """An image -> uint8 [h, w, 3] RGB at the processor's size (what a prepared record stores)."""
         pil = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
         pil = pil.convert("RGB")
+        factor = self.patch_size * self.merge_size
+        h, w = smart_resize(pil.height, pil.width, factor, self.min_pixels, self.max_pixels)
+        return np.asarray(pil.resize((w, h), resample=Image.Resampling.BICUBIC))
+
+    def patches(self, resized: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """uint8 [h, w, 3] at the processor's size (`resize`) -> patches [N, F] float32 and its grid."""
         p, m = self.patch_size, self.merge_size
-        h, w = smart_resize(pil.height, pil.width, p * m, self.min_pixels, self.max_pixels)
-        pixels = np.asarray(pil.resize((w, h), resample=Image.Resampling.BICUBIC), np.float32) / 255.0
+        h, w = resized.shape[:2]
+        if h % (p * m) or w % (p * m):
+            raise UserError(f"an image of {h}x{w} pixels: resize it first (sides multiples of {p * m})")
+        pixels = resized.astype(np.float32) / 255.0
         pixels = ((pixels - np.asarray(CLIP_MEAN, np.float32)) / np.asarray(CLIP_STD, np.float32)).transpose(2, 0, 1)
         gh, gw = h // p, w // p
         blocks = pixels.reshape(3, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)  # gh gw mh mw C ph pw

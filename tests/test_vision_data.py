@@ -1,0 +1,134 @@
+"""Image+text training data: conversations with images in TRL's format -> image_chat documents
+(records round trip) -> rows packed whole (zaya_jax.vision.image_rows.ImageChatRows): every
+conversation and its images in one row, within both the row's positions and its patches, and each
+row's patches the processor's cut of its images in the order of their placeholders. The rows are
+what ZayaVL takes: each packed conversation's logits equal its logits alone (placement order,
+document isolation and bidirectional image attention inside a packed row)."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tokenizers
+
+from tests.vision_fixtures import IDS, VISION, random_vl_model
+from zaya_jax.data import packing, records
+from zaya_jax.data.chat_template import PLAIN, ChatTemplate, ConversationError
+from zaya_jax.data.lanes import SequentialStream
+from zaya_jax.data.tokenizer import Tokenizer
+from zaya_jax.vision.chat import encode_image_chat
+from zaya_jax.vision.demo_images import QUESTION, digit_conversations
+from zaya_jax.vision.image_rows import IMAGE_KEYS, ImageChatRows
+from zaya_jax.vision.layout import patch_row
+from zaya_jax.vision.model import ImageBatch
+from zaya_jax.vision.processor import ImageProcessor
+
+WORDS = ["User:", "Which", "digit", "is", "this?", "Assistant:", *"0123456789", "and"]
+PROCESSOR = ImageProcessor.for_tower(VISION, min_pixels=256, max_pixels=1024)  # a digit: 16x16 pixels, 16 patches
+SEQ, CAPACITY = 48, 48
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{w: 3 + i for i, w in enumerate(WORDS)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return Tokenizer(path, bos_id=2, eos_id=1, pad_id=0)
+
+
+@pytest.fixture(scope="module")
+def documents(tokenizer):
+    """Ten held-out digits, each question ending in its index (so that each conversation's ids are its
+    own); the third with two images (a second, twice as wide), the fifth too long for a row, the
+    seventh with more patches than a row holds."""
+    template = ChatTemplate.load(PLAIN)
+    conversations = digit_conversations("heldout")[:10]
+    for i, c in enumerate(conversations):
+        c["messages"][0]["content"].append({"type": "text", "text": f" {i}"})
+    wide = np.concatenate([conversations[3]["images"][0]] * 2, axis=1)          # 8x16 -> 16x24: 24 patches
+    conversations[2] = {"images": [conversations[2]["images"][0], wide], "messages": [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": " and "}, {"type": "image"},
+                                     {"type": "text", "text": QUESTION}]}, conversations[2]["messages"][1]]}
+    conversations[4]["messages"][0]["content"].append({"type": "text", "text": " Which digit is this?" * 9})
+    conversations[6]["images"] = [np.zeros((40, 40, 3), np.uint8)]                 # 40x40 -> 32x32: 64 patches
+    return [encode_image_chat(template, tokenizer, c["messages"], c["images"], PROCESSOR, IDS) for c in conversations]
+
+
+def test_a_conversation_encodes_to_its_image_span_and_round_trips(tokenizer, documents):
+    ids, mask = documents[0].tokens
+    word = {w: 3 + i for i, w in enumerate(WORDS)}
+    digit = int(digit_conversations("heldout")[0]["messages"][1]["content"][0]["text"])
+    assert ids.tolist() == [2, word["User:"], IDS.vision_start, *[IDS.image] * 4, IDS.vision_end, word["Which"],
+                            word["digit"], word["is"], word["this?"], word["0"], word["Assistant:"], word[str(digit)], 1]
+    assert mask.tolist() == [0] * 14 + [1, 1]                                     # the answer and its eos
+    assert documents[0].images[0].shape == (16, 16, 3)
+    assert (documents[2].tokens[0] == IDS.image).sum() == 4 + 6
+    two = documents[2]
+    stored = records.decode("image_chat", records.encode("image_chat", (*two.tokens, two.images), np.uint16), np.uint16)
+    np.testing.assert_array_equal(stored.tokens, two.tokens)
+    assert all((a == b).all() for a, b in zip(stored.images, two.images)) and len(stored.images) == 2
+    with pytest.raises(ConversationError, match="1 image parts for 2 images"):
+        encode_image_chat(ChatTemplate.load(PLAIN), tokenizer, digit_conversations("heldout")[0]["messages"],
+                          [np.zeros((8, 8, 3), np.uint8)] * 2, PROCESSOR, IDS)
+
+
+def packed_rows(documents):
+    row_format = ImageChatRows(VISION, CAPACITY)
+    packer = packing.RowPacker(SequentialStream(documents, SEQ, row_format), SEQ, 3, 0, row_format)
+    rows = []
+    while (row := packer.next_row()) is not None:
+        rows.append(row)
+    return rows
+
+
+def test_packing_keeps_every_conversation_and_its_images_whole(documents):
+    rows = packed_rows(documents)
+    seen = []
+    for row in rows:
+        segments = [s for s in np.unique(row["segment_ids"]) if s]
+        patches_used = 0
+        images = []
+        for s in segments:
+            inputs = row["inputs"][row["segment_ids"] == s]
+            k = next(i for i, d in enumerate(documents) if np.array_equal(d.tokens[0, :-1], inputs))
+            np.testing.assert_array_equal(row["loss_mask"][row["segment_ids"] == s], documents[k].tokens[1, 1:])
+            seen.append(k)
+            images += documents[k].images
+        cut = [PROCESSOR.patches(image) for image in images]
+        want = patch_row([p for p, _ in cut], [g for _, g in cut], VISION, CAPACITY)
+        for key, array in zip(IMAGE_KEYS, want):
+            np.testing.assert_array_equal(row[key], array)
+        patches_used = sum(len(p) for p, _ in cut)
+        assert patches_used <= CAPACITY and (row["inputs"] == IDS.image).sum() == patches_used // 4
+    assert sorted(seen) == [0, 1, 2, 3, 5, 7, 8, 9]            # 4 (too long) and 6 (too many patches) left out
+    assert len(rows) == 4 and any(len(np.unique(r["segment_ids"])) - 1 == 3 for r in rows)
+    stacked = packing.stack_rows(rows)
+    assert stacked["patches"].shape == (4, CAPACITY, VISION.patch_dim) and stacked["inputs"].shape == (4, SEQ)
+
+
+def test_a_packed_row_gives_each_conversation_its_logits_alone(documents):
+    model = random_vl_model()
+    row = next(r for r in packed_rows(documents) if len(np.unique(r["segment_ids"])) - 1 >= 2)
+    images = ImageBatch(*(jnp.asarray(row[k])[None] for k in IMAGE_KEYS))
+    packed = np.asarray(model(jnp.asarray(row["inputs"])[None], images,
+                              segment_ids=jnp.asarray(row["segment_ids"])[None])[0])
+    for s in [s for s in np.unique(row["segment_ids"]) if s]:
+        inputs = row["inputs"][row["segment_ids"] == s]
+        doc = next(d for d in documents if np.array_equal(d.tokens[0, :-1], inputs))
+        cut = [PROCESSOR.patches(image) for image in doc.images]
+        alone_images = ImageBatch(*(jnp.asarray(a)[None] for a in patch_row([p for p, _ in cut], [g for _, g in cut],
+                                                                              VISION, CAPACITY)))
+        alone = np.asarray(model(jnp.asarray(inputs)[None], alone_images)[0])
+        np.testing.assert_allclose(packed[row["segment_ids"] == s], alone, rtol=2e-5, atol=2e-5)
+
+
+def test_image_chat_data_is_refused_where_it_cannot_go_yet(tmp_path):
+    from zaya_jax.config import ConfigError
+    from zaya_jax.data import kinds, prepare
+    from zaya_jax.errors import UserError
+    with pytest.raises(UserError, match="--kind image_chat: conversations with images are written from Python"):
+        prepare.prepare_dataset(str(tmp_path / "x.jsonl"), "jsonl", str(tmp_path / "tok.json"), str(tmp_path / "out"),
+                                kind="image_chat")
+    with pytest.raises(ConfigError, match="hold image_chat data, which trains a vision-language model"):
+        kinds.row_format("image_chat")

@@ -1,0 +1,63 @@
+"""Conversations with images, as TRL's vision-language SFT takes them, into training documents.
+
+  {"images": [img, ...],
+   "messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which digit?"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "7"}]}]}
+
+A message's content is a string or a list of parts ({"type": "text", "text": ...} or {"type":
+"image"}); the k-th image part is images[k]. The chat template renders the conversation with each
+image part as one placeholder, which becomes the image's span (vision_start, one image token per
+merged patch, vision_end; never supervised), and the images are resized by the tower's processor
+(stored as uint8 pixels: records.ImageChatDocument; patches are cut when rows are made,
+vision.image_rows).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from zaya_jax.data.chat_template import IMAGE, ChatTemplate, ConversationError, encode_conversation
+from zaya_jax.data.records import ImageChatDocument
+from zaya_jax.vision.model import ImageTokenIds
+from zaya_jax.vision.processor import ImageProcessor
+from zaya_jax.vision.prompts import expand_placeholders
+
+
+def flatten_content(messages: Sequence[dict]) -> tuple[list[dict], int]:
+    """Messages with list contents -> the same with string contents (IMAGE for each image part)
+    and the number of image parts."""
+    flat, images = [], 0
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "image":
+                    parts.append(IMAGE)
+                    images += 1
+                elif kind == "text" and isinstance(part.get("text"), str):
+                    parts.append(part["text"])
+                else:
+                    raise ConversationError(f"messages[{i}]: a content part must be {{'type': 'text', 'text': ...}} "
+                                            f"or {{'type': 'image'}}, got {part!r}")
+            message = {**message, "content": "".join(parts)}
+        flat.append(message)
+    return flat, images
+
+
+def encode_image_chat(template: ChatTemplate, tokenizer, messages: Sequence[dict], images: Sequence,
+                      processor: ImageProcessor, token_ids: ImageTokenIds) -> ImageChatDocument:
+    """One conversation and its images (uint8 arrays or Pillow images, in the order of their parts)
+    -> its document: ids with each image's span, mask 1 on assistant text, the resized images."""
+    flat, parts = flatten_content(messages)
+    if parts != len(images):
+        raise ConversationError(f"the conversation has {parts} image parts for {len(images)} images")
+    ids, mask = encode_conversation(template, tokenizer, flat, image_id=token_ids.image)
+    resized = [processor.resize(image) for image in images]
+    p = processor.patch_size
+    grids = [(1, r.shape[0] // p, r.shape[1] // p) for r in resized]
+    ids, mask = expand_placeholders(ids, grids, token_ids, processor.merge_size, mask=mask)
+    return ImageChatDocument(np.stack([np.asarray(ids, np.int32), np.asarray(mask, np.int32)]), tuple(resized))
