@@ -59,8 +59,9 @@ def test_a_conversation_encodes_to_its_image_span_and_round_trips(tokenizer, doc
     ids, mask = documents[0].tokens
     word = {w: 3 + i for i, w in enumerate(WORDS)}
     digit = int(digit_conversations("heldout")[0]["messages"][1]["content"][0]["text"])
-    assert ids.tolist() == [2, word["User:"], IDS.vision_start, *[IDS.image] * 4, IDS.vision_end, word["Which"],
-                            word["digit"], word["is"], word["this?"], word["0"], word["Assistant:"], word[str(digit)], 1]
+    question = [word[w] for w in ("Which", "digit", "is", "this?", "0")]
+    assert ids.tolist() == [2, word["User:"], IDS.vision_start, *[IDS.image] * 4, IDS.vision_end, *question,
+                            word["Assistant:"], word[str(digit)], 1]
     assert mask.tolist() == [0] * 14 + [1, 1]                                     # the answer and its eos
     assert documents[0].images[0].shape == (16, 16, 3)
     assert (documents[2].tokens[0] == IDS.image).sum() == 4 + 6

@@ -6,6 +6,8 @@ on one device and split over a data mesh. The whole model is proven against tran
 reference in test_vision_model, the processor in test_vision_processor."""
 
 import dataclasses
+import json
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +20,7 @@ import zaya_jax
 from tests.vision_fixtures import IDS, TEXT, VISION, random_vl_model
 from zaya_jax.errors import UserError
 from zaya_jax.infer.decode import prefill
+from zaya_jax.infer.generate import generate
 from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.vision.layout import patch_layout
 from zaya_jax.vision.model import ImageBatch, place_image_tokens
@@ -41,7 +44,7 @@ def case():
     return model, pictures, prompts
 
 
-WIDTH = 32  # every reference forward pads its sequence to this (right padding: causal positions before it are unchanged)
+WIDTH = 32  # every reference forward pads its sequence to this (right padding: the positions before it are unchanged)
 
 
 @nnx.jit
@@ -141,5 +144,41 @@ def test_the_cli_generates_from_an_image_file_and_names_a_bad_one(case, tmp_path
                   "--prompt_ids", f"2,{IDS.image},{IDS.image}"])
     with pytest.raises(UserError, match="--quantize: .* is a zaya1_vl checkpoint"):
         run_main(["--hf", str(directory), "--prompt_ids", "2,9", "--quantize", "int8"])
-    with pytest.raises(app.UsageError, match="--image goes with --hf DIR .* and --prompt or --prompt_ids"):
-        run_main(["--hf", str(directory), "--image", str(tmp_path / "a.png"), "--chat", "hi"])
+    with pytest.raises(app.UsageError, match=r"--image goes with --hf DIR \(a zaya1_vl checkpoint\)"):
+        run_main(["--checkpoint", str(tmp_path), "--image", str(tmp_path / "a.png"), "--prompt_ids", "2"])
+
+
+def test_the_cli_chats_about_an_image(case, tmp_path, capsys, monkeypatch):
+    """--chat with --image: the image's span opens the user's message (the chat template's text around it)."""
+    import tokenizers
+    from PIL import Image
+
+    from tests.test_infer_cli import run_main
+    from zaya_jax.convert.hf_vl import save_vl_hf
+    from zaya_jax.data.chat_template import PLAIN
+
+    model, pictures, _ = case
+    directory = save_vl_hf(model, tmp_path / "vl")
+    Image.fromarray(pictures[1][0]).save(tmp_path / "a.png")
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "User:": 3, "Assistant:": 4, **{f"w{i}": i for i in range(5, 90)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.decoder = tokenizers.decoders.WordPiece(prefix="##")
+    tok.save(str(tmp_path / "tokenizer.json"))
+    cli = sys.modules["zaya_jax.generate"]
+    prompts = []
+    monkeypatch.setattr(cli, "generate",
+                        lambda model, ids, *a, **k: prompts.append(ids) or generate(model, ids, *a, **k))
+    run_main(["--hf", str(directory), "--image", str(tmp_path / "a.png"), "--chat", "w7 w8", "--tokenizer",
+              str(tmp_path / "tokenizer.json"), "--chat_template", PLAIN, "--max_new_tokens", "4", "--ignore_eos"])
+    printed = capsys.readouterr().out.strip()
+    grid = ImageProcessor.for_tower(VISION)(pictures[1][0])[1]
+    prompt = [2, 3, IDS.vision_start, *[IDS.image] * (grid[1] * grid[2] // 4), IDS.vision_end, 7, 8, 4]
+    assert prompts == [[prompt]]
+    want = zaya_jax.generate(model, [prompt], 4, images=[pictures[1]], stop_at_eos=False)[0]
+    assert printed == tok.decode(want.tolist(), skip_special_tokens=True) and len(printed.split()) >= 2, printed
+    (tmp_path / "chat.json").write_text(json.dumps([{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "w7 w8"}]}]))                  # TRL's content parts
+    run_main(["--hf", str(directory), "--image", str(tmp_path / "a.png"), "--messages", str(tmp_path / "chat.json"),
+              "--tokenizer", str(tmp_path / "tokenizer.json"), "--chat_template", PLAIN, "--max_new_tokens", "4"])
+    assert prompts[-1] == [prompt]

@@ -24,11 +24,12 @@ the chat template and its generation prompt (zaya_jax.infer.chat): --chat_templa
 run trained on chat or preference data recorded, else (--hf) DIR/tokenizer_config.json's; the
 reply stops at eos or at the template's end-of-turn token (ChatML's <|im_end|>:
 chat_template.end_of_turn_ids).
---image PATH (repeatable) needs --hf DIR of a zaya1_vl checkpoint (zaya_jax.convert.hf_vl) and
---prompt or --prompt_ids: with --prompt each image's span (vision_start, its placeholders,
-vision_end) goes after bos, before the text, in the order given; --prompt_ids holds one
-image_token_id where each image goes, expanded to its placeholders as transformers' processor
-does. The images are resized and cut by Qwen2-VL's processor (zaya_jax.vision.processor).
+--image PATH (repeatable) needs --hf DIR of a zaya1_vl checkpoint (zaya_jax.convert.hf_vl): with
+--prompt each image's span (vision_start, its placeholders, vision_end) goes after bos, before the
+text, in the order given; with --chat, at the start of the user's message; --messages holds them
+as {"type": "image"} content parts (TRL's format) and --prompt_ids as one image_token_id each,
+expanded to its placeholders as transformers' processor does. The images are resized and cut by
+Qwen2-VL's processor (zaya_jax.vision.processor).
 
 `zaya_jax.generate` is also the generate function (zaya_jax/__init__.py); importing this module
 would shadow it with the module, so the module itself is made callable as that function.
@@ -47,6 +48,7 @@ from absl import app, flags
 from zaya_jax import cli
 from zaya_jax.convert.hf_load import read_hf_config
 from zaya_jax.errors import UserError
+from zaya_jax.data.chat_template import IMAGE
 from zaya_jax.infer.chat import chat_template_for, read_messages
 from zaya_jax.infer.generate import generate, stop_tokens, text_model
 from zaya_jax.infer.loading import checkpoint_tokenizer_path, load_checkpoint, load_hf
@@ -91,8 +93,8 @@ def check_flags() -> None:
         raise app.UsageError("--step goes with --checkpoint (an HF directory holds one model)")
     if sum(f.value is not None for f in (_PROMPT, _PROMPT_IDS, _CHAT, _MESSAGES)) != 1:
         raise app.UsageError("give exactly one of --prompt, --prompt_ids, --chat and --messages")
-    if _IMAGE.value and (_HF.value is None or _CHAT.value is not None or _MESSAGES.value is not None):
-        raise app.UsageError("--image goes with --hf DIR (a zaya1_vl checkpoint) and --prompt or --prompt_ids")
+    if _IMAGE.value and _HF.value is None:
+        raise app.UsageError("--image goes with --hf DIR (a zaya1_vl checkpoint)")
 
 
 def load_model():
@@ -165,7 +167,7 @@ def read_images() -> list:
 def with_image_spans(ids: list[int], model: ZayaVL, images: list) -> list[int]:
     """--prompt: each image's placeholder after bos; then every placeholder expanded to its image's span."""
     token_ids = model.ids
-    if _PROMPT.value is not None:
+    if _PROMPT.value is not None:  # --chat, --messages and --prompt_ids hold their placeholders
         head = 1 if ids[:1] == [model.text.config.bos_token_id] else 0
         ids = ids[:head] + [token_ids.image] * len(images) + ids[head:]
     processor = ImageProcessor.for_tower(model.vision.config)
@@ -223,6 +225,8 @@ def main(argv: list[str]) -> None:
     tokenizer = None if path is None else load_tokenizer(path)
     if chat:
         messages = read_messages(_CHAT.value, _MESSAGES.value)
+        if _CHAT.value is not None and _IMAGE.value:
+            messages[0]["content"] = IMAGE * len(_IMAGE.value) + messages[0]["content"]
         template = chat_template_for(checkpoint=_CHECKPOINT.value, hf=_HF.value, override=_CHAT_TEMPLATE.value)
     images = read_images()
     start = time.perf_counter()
@@ -233,7 +237,8 @@ def main(argv: list[str]) -> None:
         from zaya_jax.data.chat_template import encode_prompt, end_of_turn_ids
         from zaya_jax.data.tokenizer import Tokenizer
         chat_tokenizer = Tokenizer(path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
-        ids = encode_prompt(template, chat_tokenizer, messages).tolist()
+        ids = encode_prompt(template, chat_tokenizer, messages,
+                            model.ids.image if isinstance(model, ZayaVL) else None).tolist()
         end_of_turn = end_of_turn_ids(template, chat_tokenizer)
     elif _PROMPT.value is not None:
         ids = ([] if _NO_BOS.value else [cfg.bos_token_id]) + tokenizer.encode(_PROMPT.value,

@@ -308,10 +308,11 @@ def encode_conversation(template: ChatTemplate, tokenizer, messages: Messages, i
     return ids, mask
 
 
-def encode_prompt(template: ChatTemplate, tokenizer, messages: Messages) -> np.ndarray:
-    """What generation feeds the model: bos + the rendered messages + the generation prompt, int32 [n]."""
+def encode_prompt(template: ChatTemplate, tokenizer, messages: Messages, image_id: int | None = None) -> np.ndarray:
+    """What generation feeds the model: bos + the rendered messages + the generation prompt, int32 [n]
+    (each IMAGE in a message's text one `image_id`)."""
     check_messages(messages, needs_assistant=False)
-    return tokenize_spans(tokenizer, template.spans(messages, add_generation_prompt=True))[0]
+    return tokenize_spans(tokenizer, template.spans(messages, add_generation_prompt=True), image_id)[0]
 
 
 def encode_preference(template: ChatTemplate | None, tokenizer, prompt, chosen, rejected
