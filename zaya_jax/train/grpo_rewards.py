@@ -1,0 +1,71 @@
+"""Rewards for GRPO, as TRL's GRPOTrainer calls them: plain Python callables
+
+    reward(prompts: list, completions: list[str], **columns) -> list[float]   (one per completion)
+
+where `columns` are the dataset's other fields, one value per completion (e.g. `answer`). Several
+are combined with weights (`combine_rewards`); a reward that raises, returns the wrong number of
+values or a value that is not a finite number is named in one RewardError (a UserError) line.
+
+Built in, for the post-training demo's questions (zaya_jax.data.instruction_tasks):
+  exact_answer   1.0 when the completion's answer (its first line, instruction_tasks.extract_answer)
+                 is exactly the `answer` column, else 0.0
+  answer_format  1.0 when the completion is one integer and nothing else (around it only
+                 whitespace), the form the demo's answers take, else 0.0
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from zaya_jax.data.instruction_tasks import extract_answer
+from zaya_jax.errors import UserError
+
+Reward = Callable[..., Sequence[float]]
+_INTEGER = re.compile(r"-?\d+")
+
+
+class RewardError(UserError):
+    pass
+
+
+def exact_answer(prompts: Sequence, completions: Sequence[str], answer: Sequence[str], **columns) -> list[float]:
+    del prompts, columns
+    return [float(extract_answer(c) == str(a)) for c, a in zip(completions, answer, strict=True)]
+
+
+def answer_format(prompts: Sequence, completions: Sequence[str], **columns) -> list[float]:
+    del prompts, columns
+    return [float(bool(_INTEGER.fullmatch(c.strip()))) for c in completions]
+
+
+def reward_name(reward: Reward) -> str:
+    return getattr(reward, "__name__", type(reward).__name__)
+
+
+def combine_rewards(rewards: Sequence[Reward], weights: Sequence[float] | None, prompts: Sequence,
+                    completions: Sequence[str], columns: Mapping[str, Sequence]) -> tuple[np.ndarray, np.ndarray]:
+    """-> (the weighted sum [N] float32, each reward's values [R, N]); weights default to 1 each."""
+    weights = [1.0] * len(rewards) if weights is None else list(weights)
+    if len(weights) != len(rewards):
+        raise RewardError(f"{len(weights)} reward weights for {len(rewards)} reward functions")
+    values = []
+    for reward in rewards:
+        name = reward_name(reward)
+        try:
+            got = list(reward(list(prompts), list(completions), **columns))
+        except Exception as err:  # a user's function: any failure is reported by its name
+            raise RewardError(f"reward function {name} raised {type(err).__name__}: {err}") from err
+        if len(got) != len(completions):
+            raise RewardError(f"reward function {name} returned {len(got)} values for {len(completions)} "
+                              "completions (one float per completion)")
+        bad = next((v for v in got if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)),
+                   None)
+        if bad is not None:
+            raise RewardError(f"reward function {name} returned {bad!r}: each value must be a finite number")
+        values.append(got)
+    per_reward = np.asarray(values, np.float32).reshape(len(rewards), len(completions))
+    return (np.asarray(weights, np.float32)[:, None] * per_reward).sum(axis=0), per_reward
