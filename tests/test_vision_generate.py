@@ -142,6 +142,16 @@ def test_the_cli_generates_from_an_image_file_and_names_a_bad_one(case, tmp_path
     with pytest.raises(UserError, match="2 image placeholders .* for 1 images"):
         run_main(["--hf", str(directory), "--image", str(tmp_path / "a.png"),
                   "--prompt_ids", f"2,{IDS.image},{IDS.image}"])
+    config = json.loads((directory / "config.json").read_text())
+    config["text_config"]["max_position_embeddings"] = 50
+    (tmp_path / "short").mkdir()
+    for f in directory.iterdir():
+        (tmp_path / "short" / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "short" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="the prompt is 58 tokens, 9 too many.* 54 of them are the --image files' "
+                                        "placeholders: give smaller images"):
+        run_main(["--hf", str(tmp_path / "short"), "--image", str(tmp_path / "a.png"), "--prompt_ids",
+                  f"2,9,{IDS.image}"])
     with pytest.raises(UserError, match="--quantize: .* is a zaya1_vl checkpoint"):
         run_main(["--hf", str(directory), "--prompt_ids", "2,9", "--quantize", "int8"])
     with pytest.raises(app.UsageError, match=r"--image goes with --hf DIR \(a zaya1_vl checkpoint\)"):

@@ -175,16 +175,20 @@ def with_image_spans(ids: list[int], model: ZayaVL, images: list) -> list[int]:
                                model.vision.config.spatial_merge_size)
 
 
-def check_lengths(ids: list[int], cfg) -> None:
-    """The prompt's ids lie in the vocabulary, and it fits with --max_new_tokens in max_position_embeddings."""
+def check_lengths(ids: list[int], cfg, image_id: int | None = None) -> None:
+    """The prompt's ids lie in the vocabulary, and it fits with --max_new_tokens in max_position_embeddings
+    (a prompt too long for it names its images' share, when it has images: `image_id`'s)."""
     outside = [i for i in ids if not 0 <= i < cfg.vocab_size]
     if outside:
         raise UserError(f"--prompt_ids: {', '.join(map(str, outside[:5]))} outside the model's vocabulary "
                         f"(ids 0..{cfg.vocab_size - 1})")
     if len(ids) >= cfg.max_position_embeddings:
+        placeholders = ids.count(image_id) if image_id is not None else 0
+        fix = (f"{placeholders} of them are the --image files' placeholders: give smaller images (or fewer)"
+               if placeholders else "shorten it")
         raise UserError(f"the prompt is {len(ids)} tokens, {len(ids) - cfg.max_position_embeddings + 1} too many: the "
                         f"model's max_position_embeddings {cfg.max_position_embeddings} leaves room for a prompt of "
-                        f"at most {cfg.max_position_embeddings - 1} and one new token; shorten it")
+                        f"at most {cfg.max_position_embeddings - 1} and one new token; {fix}")
     if len(ids) + _MAX_NEW.value > cfg.max_position_embeddings:
         raise UserError(f"--max_new_tokens {_MAX_NEW.value}: with the {len(ids)}-token prompt that is "
                         f"{len(ids) + _MAX_NEW.value} positions, past the model's max_position_embeddings "
@@ -247,7 +251,7 @@ def main(argv: list[str]) -> None:
         ids = prompt_ids()
     if images:
         ids = with_image_spans(ids, model, images)  # load_model refused a text model
-    check_lengths(ids, cfg)
+    check_lengths(ids, cfg, model.ids.image if images else None)
     loaded = time.perf_counter()
     stream = TextStream(tokenizer, stop_tokens(cfg.eos_token_id, end_of_turn, not _IGNORE_EOS.value))
     generate(model, [ids], _MAX_NEW.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
