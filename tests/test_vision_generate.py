@@ -73,8 +73,11 @@ def test_placeholders_expand_to_each_images_span(case):
         expand_placeholders([2, IDS.image, IDS.image], [(1, 4, 4)], IDS)
 
 
-def test_the_prefill_with_images_equals_the_whole_model(case):
+@pytest.mark.parametrize("moe_backend", ["dense", "native"])  # native: text prefills read the stacked experts in place
+def test_the_prefill_with_images_equals_the_whole_model(case, moe_backend):
     model, pictures, prompts = case
+    if moe_backend != model.text.config.moe_backend:
+        model = random_vl_model(dataclasses.replace(model.text.config, moe_backend=moe_backend))
     ids = np.zeros((2, 32), np.int32)
     for b, p in enumerate(prompts):
         ids[b, :len(p)] = p

@@ -78,10 +78,10 @@ def vision_section(**values) -> ml_collections.ConfigDict:
     import dataclasses
 
     from zaya_jax.vision.config import VisionConfig
-    from zaya_jax.vision.model import ImageTokenIds
+    from zaya_jax.vision.model import ZAYA1_VL_IDS
     defaults = {f.name: f.default for f in dataclasses.fields(VisionConfig) if f.name != "dtype"}
     defaults["fullatt_block_indexes"] = list(defaults["fullatt_block_indexes"])
-    defaults |= dict(zip(VISION_ID_FIELDS, ImageTokenIds(262147, 255999, 256000)))
+    defaults |= dict(zip(VISION_ID_FIELDS, ZAYA1_VL_IDS))
     unknown = sorted(set(values) - set(defaults))
     if unknown:
         raise ConfigError(f"vision.{unknown[0]}: unknown field (known fields: {', '.join(sorted(defaults))})")

@@ -171,7 +171,7 @@ def with_image_spans(ids: list[int], model: ZayaVL, images: list) -> list[int]:
         head = 1 if ids[:1] == [model.text.config.bos_token_id] else 0
         ids = ids[:head] + [token_ids.image] * len(images) + ids[head:]
     processor = ImageProcessor.for_tower(model.vision.config)
-    return expand_placeholders(ids, [processor(image)[1] for image in images], token_ids,
+    return expand_placeholders(ids, [processor.grid(image) for image in images], token_ids,
                                model.vision.config.spatial_merge_size)
 
 

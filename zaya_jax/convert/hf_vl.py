@@ -30,7 +30,7 @@ from zaya_jax.convert.hf_vision_names import vision_entries
 from zaya_jax.convert.safetensors_io import TensorReader, write_sharded
 from zaya_jax.vision.config import VisionConfig
 from zaya_jax.vision.layout import patch_layout
-from zaya_jax.vision.model import ImageBatch, ImageTokenIds, ZayaVL
+from zaya_jax.vision.model import ZAYA1_VL_IDS, ImageBatch, ImageTokenIds, ZayaVL
 
 TEXT_PREFIX, VISION_PREFIX = "model.language_model.", "model.visual."
 
@@ -49,8 +49,9 @@ def vl_configs_from_hf(hf: dict[str, Any], **overrides) -> tuple[ModelConfig, Vi
                               "vision_lora_rank_mlp": text.get("vision_lora_rank_mlp", 32) if lora else 0,
                               **overrides})
     vision_cfg = VisionConfig.from_hf(vision, dtype=text_cfg.dtype)
-    ids = ImageTokenIds(hf.get("image_token_id", 262147), hf.get("vision_start_token_id", 255999),
-                        hf.get("vision_end_token_id", 256000))
+    ids = ImageTokenIds(hf.get("image_token_id", ZAYA1_VL_IDS.image),
+                        hf.get("vision_start_token_id", ZAYA1_VL_IDS.vision_start),
+                        hf.get("vision_end_token_id", ZAYA1_VL_IDS.vision_end))
     return text_cfg, vision_cfg, ids
 
 

@@ -67,15 +67,18 @@ def _embed(model: ZayaLM, ids: jax.Array, image_tokens: tuple[jax.Array, jax.Arr
     return ((emb + model.input_bias[...]) * model.input_scale[...]).astype(stream_dtype)
 
 
-def stacked_experts_dispatch(model: ZayaLM) -> Callable[[jax.Array], Callable] | None:
+def stacked_experts_dispatch(model: ZayaLM, with_images: bool = False) -> Callable[[jax.Array], Callable] | None:
     """-> layer index [] -> a MoE dispatch (moe_dispatch's signature) whose grouped matmuls read
     that layer's experts in place from the stacked weights, viewed as [L*E,K,N] (a free reshape);
     the layer's own sliced expert weights then go unused and XLA drops them. None unless the MoE
-    runs on the native CPU grouped matmul, on one device, with float (unquantized) weights."""
+    runs on the native CPU grouped matmul, on one device, with float (unquantized) weights, and
+    (`with_images`: image tokens in the batch) no image token runs the experts' vision LoRA, E more
+    experts the stacked weights lack."""
     cfg, moe = model.config, model.layers.moe
     stacked = (moe.gate, moe.up, moe.down)
     if (resolve_moe_backend(cfg.moe_backend) != "native" or any(n > 1 for n in current_mesh_shape().values())
-            or any(isinstance(p.get_value(), QuantizedArray) for p in stacked)):
+            or any(isinstance(p.get_value(), QuantizedArray) for p in stacked)
+            or (with_images and moe.vision_lora is not None)):
         return None
     dtype = jnp.dtype(cfg.dtype)
     flat = ExpertWeights(*(p[...].reshape(-1, *p.shape[2:]).astype(dtype) for p in stacked))
@@ -124,9 +127,7 @@ def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int,
     continues = jnp.broadcast_to(jnp.arange(s) > 0, (b, s))
     token_mask = jnp.arange(s)[None, :] < lengths[:, None]
     dispatch = moe_dispatch_fn(cfg)
-    # image tokens may run the experts' vision LoRA (E more experts), which the stacked weights lack
-    in_place = None if image_mask is not None and model.layers.moe.vision_lora is not None else (
-        stacked_experts_dispatch(model))
+    in_place = stacked_experts_dispatch(model, with_images=image_mask is not None)
     last = lengths - 1
     graphdef, layer_states = nnx.split(model.layers)
 

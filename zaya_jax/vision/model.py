@@ -28,10 +28,13 @@ from zaya_jax.vision.tower import VisionTower
 
 
 class ImageTokenIds(NamedTuple):
-    """transformers' Zaya1VLConfig ids (ZAYA1-VL-8B: 262147, 255999, 256000)."""
+    """transformers' Zaya1VLConfig ids (ZAYA1-VL-8B's: ZAYA1_VL_IDS)."""
     image: int
     vision_start: int
     vision_end: int
+
+
+ZAYA1_VL_IDS = ImageTokenIds(262147, 255999, 256000)
 
 
 class ImageBatch(NamedTuple):

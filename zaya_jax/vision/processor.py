@@ -59,12 +59,21 @@ class ImageProcessor:
         its grid (1, h / patch, w / patch)."""
         return self.patches(self.resize(image))
 
+    def size(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) an image of that size is resized to (`smart_resize` at this processor's factor)."""
+        return smart_resize(height, width, self.patch_size * self.merge_size, self.min_pixels, self.max_pixels)
+
+    def grid(self, image: np.ndarray | Image.Image) -> tuple[int, int, int]:
+        """An image's patch grid (1, h / patch, w / patch), without resizing or cutting it."""
+        height, width = (image.height, image.width) if isinstance(image, Image.Image) else np.shape(image)[:2]
+        h, w = self.size(height, width)
+        return 1, h // self.patch_size, w // self.patch_size
+
     def resize(self, image: np.ndarray | Image.Image) -> np.ndarray:
         """An image -> uint8 [h, w, 3] RGB at the processor's size (what a prepared record stores)."""
         pil = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
         pil = pil.convert("RGB")
-        factor = self.patch_size * self.merge_size
-        h, w = smart_resize(pil.height, pil.width, factor, self.min_pixels, self.max_pixels)
+        h, w = self.size(pil.height, pil.width)
         return np.asarray(pil.resize((w, h), resample=Image.Resampling.BICUBIC))
 
     def patches(self, resized: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int]]:

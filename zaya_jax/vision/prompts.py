@@ -17,7 +17,7 @@ import numpy as np
 from zaya_jax.errors import UserError
 from zaya_jax.vision.layout import patch_row
 from zaya_jax.vision.model import ImageBatch, ImageTokenIds, ZayaVL
-from zaya_jax.vision.processor import ImageProcessor
+from zaya_jax.vision.processor import ImageProcessor, image_span
 
 PATCH_BUCKET = 64
 
@@ -51,10 +51,11 @@ def expand_placeholders(ids: Sequence[int], grids: Sequence[Sequence[int]], toke
     out, out_mask, last = [], [], 0
     for k, (t, h, w) in zip(where, grids):
         out, out_mask = out + ids[last:k], out_mask + values[last:k]
-        span = [] if out and out[-1] == token_ids.vision_start else [token_ids.vision_start]
-        span += [token_ids.image] * (t * h * w // merge_size ** 2)
-        if k + 1 >= len(ids) or ids[k + 1] != token_ids.vision_end:
-            span.append(token_ids.vision_end)
+        span = image_span((t, h, w), *token_ids, merge_size)      # start, placeholders, end
+        if out and out[-1] == token_ids.vision_start:
+            span = span[1:]
+        if k + 1 < len(ids) and ids[k + 1] == token_ids.vision_end:
+            span = span[:-1]
         out, out_mask, last = out + span, out_mask + [0] * len(span), k + 1
     out, out_mask = out + ids[last:], out_mask + values[last:]
     return out if mask is None else (out, out_mask)
