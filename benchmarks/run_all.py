@@ -41,6 +41,7 @@ RUNS: dict[str, list[str]] = {
     "planner_flops_vs_xla_cpu": ["planner_flops_vs_xla.py"],
     "planner_predictions": ["planner_predictions.py"],
     "posttrain_demo_cpu": ["posttrain_demo.py"],
+    "vl_demo_cpu": ["vl_demo.py"],
     "xla_cpu_flags_cpu": ["xla_cpu_flags.py"],
     # model.moe_backend=auto picks the native CPU grouped matmul where the install built it
     # (zaya_jax.native); these files hold such runs and are only regenerated there

@@ -4,7 +4,8 @@ attention, 32 on the experts), as transformers' `Zaya1VLConfig` has it.
 
 For the planner and for reading the released weights' shapes:
   python -m zaya_jax.planner --config configs/zaya1_vl_8b.py
-zaya_jax.train does not train a vision-language model yet (docs/vision.md) and says so.
+To train it, add image_chat data (train.data='pipeline', train.objective='sft',
+train.patch_capacity, as configs/demo_vl.py does); the trainer names what is missing.
 """
 
 import os

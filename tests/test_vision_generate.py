@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from absl import app
 from flax import nnx
 
 import zaya_jax
@@ -157,8 +156,6 @@ def test_the_cli_generates_from_an_image_file_and_names_a_bad_one(case, tmp_path
                   f"2,9,{IDS.image}"])
     with pytest.raises(UserError, match="--quantize: .* is a zaya1_vl checkpoint"):
         run_main(["--hf", str(directory), "--prompt_ids", "2,9", "--quantize", "int8"])
-    with pytest.raises(app.UsageError, match=r"--image goes with --hf DIR \(a zaya1_vl checkpoint\)"):
-        run_main(["--checkpoint", str(tmp_path), "--image", str(tmp_path / "a.png"), "--prompt_ids", "2"])
 
 
 def test_the_cli_chats_about_an_image(case, tmp_path, capsys, monkeypatch):

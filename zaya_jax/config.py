@@ -30,6 +30,7 @@ LAYER_TYPES = ("hybrid", "hybrid_sliding")  # transformers' ZayaConfig.layer_typ
 RUNTIME_MODEL_FIELDS = ("dtype", "scan_layers", "remat", "moe_backend", "capacity_factor", "moe_tile_size",
                         "expert_parallel", "attention_kernel", "moe_matmul_kernel", "init_std",
                         "key_temperature_init", "isolate_documents")
+VISION_LORA_FIELDS = ("vision_lora_rank_attn", "vision_lora_rank_mlp")  # ZAYA1-VL's adapters (0: none)
 
 
 class ConfigError(UserError, ValueError):
@@ -165,7 +166,7 @@ def _validate(c: ModelConfig) -> None:
                           ("moe_matmul_kernel", KERNELS), ("expert_parallel", EXPERT_PARALLEL)):
         if getattr(c, name) not in allowed:
             raise ConfigError(f"model.{name}={getattr(c, name)!r} does not exist; choose one of {allowed}")
-    for name in ("vision_lora_rank_attn", "vision_lora_rank_mlp"):
+    for name in VISION_LORA_FIELDS:
         value = getattr(c, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ConfigError(f"model.{name} must be a non-negative integer (0: no vision LoRA), got {value!r}")

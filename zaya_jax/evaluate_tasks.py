@@ -26,6 +26,7 @@ from absl import app, flags
 
 from zaya_jax import cli
 from zaya_jax.data import chat_template, instruction_tasks
+from zaya_jax.errors import UserError
 
 EXAMPLES_PER_KIND = 2
 
@@ -51,18 +52,25 @@ def define_flags() -> None:
 
 
 def generate_completions(model, tokenizer, prompts: list[np.ndarray], max_new_tokens: int,
-                         batch_size: int, stop_ids: tuple[int, ...] = ()) -> list[str]:
-    """Greedy completions of `prompts` (int32 [n_i] each), decoded up to the first eos or stop id.
+                         batch_size: int, stop_ids: tuple[int, ...] = (), images: list | None = None,
+                         image_processor=None) -> list[str]:
+    """Greedy completions of `prompts` (int32 [n_i] each), decoded up to the first eos or stop id;
+    for a ZayaVL, `images` holds each prompt's images (zaya_jax.infer.generate's images, resized
+    and cut by `image_processor`).
 
     Batches are filled up to `batch_size` with the last prompt, so every batch of one prompt
     width reuses one compiled program."""
-    from zaya_jax.infer.generate import generate, stop_tokens
-    stops = stop_tokens(model.config.eos_token_id, stop_ids)
+    from zaya_jax.infer.generate import generate, stop_tokens, text_model
+    stops = stop_tokens(text_model(model).config.eos_token_id, stop_ids)
     texts = []
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
         padded = batch + [batch[-1]] * (batch_size - len(batch))
-        new = generate(model, [list(p) for p in padded], max_new_tokens, stop_ids=stop_ids)
+        extra = {}
+        if images is not None:
+            rows = images[start:start + batch_size]
+            extra = dict(images=rows + [rows[-1]] * (batch_size - len(rows)), image_processor=image_processor)
+        new = generate(model, [list(p) for p in padded], max_new_tokens, stop_ids=stop_ids, **extra)
         for row in new[:len(batch)]:
             ids = row.tolist()
             end = next((i for i, token in enumerate(ids) if token in stops), len(ids))
@@ -92,7 +100,11 @@ def load_checkpoint(checkpoint: str, step: int | None, tokenizer_path: str | Non
     from zaya_jax.infer.loading import checkpoint_tokenizer_path
     from zaya_jax.train.checkpoint import load_checkpoint_model
 
+    from zaya_jax.vision.model import ZayaVL
     model, step = load_checkpoint_model(checkpoint, step)
+    if isinstance(model, ZayaVL):
+        raise UserError(f"--checkpoint {checkpoint} holds a vision-language model: this command answers text "
+                        "questions with a text model (benchmarks/vl_demo.py scores the digits demo's)")
     cfg = model.config
     tokenizer = Tokenizer(tokenizer_path or checkpoint_tokenizer_path(checkpoint)[0],
                           bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)

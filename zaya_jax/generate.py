@@ -24,12 +24,14 @@ the chat template and its generation prompt (zaya_jax.infer.chat): --chat_templa
 run trained on chat or preference data recorded, else (--hf) DIR/tokenizer_config.json's; the
 reply stops at eos or at the template's end-of-turn token (ChatML's <|im_end|>:
 chat_template.end_of_turn_ids).
---image PATH (repeatable) needs --hf DIR of a zaya1_vl checkpoint (zaya_jax.convert.hf_vl): with
+--image PATH (repeatable) needs a vision-language model: --hf DIR of a zaya1_vl checkpoint
+(zaya_jax.convert.hf_vl), or --checkpoint of a vision-language run (configs/demo_vl.py): with
 --prompt each image's span (vision_start, its placeholders, vision_end) goes after bos, before the
 text, in the order given; with --chat, at the start of the user's message; --messages holds them
 as {"type": "image"} content parts (TRL's format) and --prompt_ids as one image_token_id each,
 expanded to its placeholders as transformers' processor does. The images are resized and cut by
-Qwen2-VL's processor (zaya_jax.vision.processor).
+Qwen2-VL's processor (zaya_jax.vision.processor): within the run's vision.min_pixels and
+max_pixels for a checkpoint (those its images were prepared with), Qwen2-VL's for --hf.
 
 `zaya_jax.generate` is also the generate function (zaya_jax/__init__.py); importing this module
 would shadow it with the module, so the module itself is made callable as that function.
@@ -93,8 +95,6 @@ def check_flags() -> None:
         raise app.UsageError("--step goes with --checkpoint (an HF directory holds one model)")
     if sum(f.value is not None for f in (_PROMPT, _PROMPT_IDS, _CHAT, _MESSAGES)) != 1:
         raise app.UsageError("give exactly one of --prompt, --prompt_ids, --chat and --messages")
-    if _IMAGE.value and _HF.value is None:
-        raise app.UsageError("--image goes with --hf DIR (a zaya1_vl checkpoint)")
 
 
 def load_model():
@@ -112,11 +112,24 @@ def load_model():
                             f"{read_hf_config(_HF.value).get('model_type')!r}); images need a zaya1_vl checkpoint")
         return load_hf(_HF.value, **options)
     try:
-        return load_checkpoint(_CHECKPOINT.value, step=_STEP.value, **options)
+        model = load_checkpoint(_CHECKPOINT.value, step=_STEP.value, **options)
     except ModuleNotFoundError as err:
         if "zaya_jax.train" not in str(err.name):
             raise
         raise UserError(f"--checkpoint: {err}") from err
+    if _IMAGE.value and not isinstance(model, ZayaVL):
+        raise UserError(f"--image: --checkpoint {_CHECKPOINT.value} holds a text model; images need a "
+                        "vision-language run's checkpoint (configs/demo_vl.py) or --hf DIR of a zaya1_vl model")
+    return model
+
+
+def image_processor_of(model: ZayaVL) -> ImageProcessor:
+    """How --image files are resized and cut: as the checkpoint's run prepared its images, or (--hf) Qwen2-VL's."""
+    if _CHECKPOINT.value is None:
+        return ImageProcessor.for_tower(model.vision.config)
+    from zaya_jax.config_files import image_processor
+    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
+    return image_processor(read_config(checkpoint_dir(_CHECKPOINT.value), _STEP.value))
 
 
 def tokenizer_file() -> str:
@@ -164,13 +177,12 @@ def read_images() -> list:
     return images
 
 
-def with_image_spans(ids: list[int], model: ZayaVL, images: list) -> list[int]:
+def with_image_spans(ids: list[int], model: ZayaVL, images: list, processor: ImageProcessor) -> list[int]:
     """--prompt: each image's placeholder after bos; then every placeholder expanded to its image's span."""
     token_ids = model.ids
     if _PROMPT.value is not None:  # --chat, --messages and --prompt_ids hold their placeholders
         head = 1 if ids[:1] == [model.text.config.bos_token_id] else 0
         ids = ids[:head] + [token_ids.image] * len(images) + ids[head:]
-    processor = ImageProcessor.for_tower(model.vision.config)
     return expand_placeholders(ids, [processor.grid(image) for image in images], token_ids,
                                model.vision.config.spatial_merge_size)
 
@@ -249,14 +261,15 @@ def main(argv: list[str]) -> None:
                                                                                add_special_tokens=False).ids
     else:
         ids = prompt_ids()
+    processor = image_processor_of(model) if images else None  # load_model refused a text model
     if images:
-        ids = with_image_spans(ids, model, images)  # load_model refused a text model
+        ids = with_image_spans(ids, model, images, processor)
     check_lengths(ids, cfg, model.ids.image if images else None)
     loaded = time.perf_counter()
     stream = TextStream(tokenizer, stop_tokens(cfg.eos_token_id, end_of_turn, not _IGNORE_EOS.value))
     generate(model, [ids], _MAX_NEW.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
              seed=_SEED.value, stop_at_eos=not _IGNORE_EOS.value, stop_ids=end_of_turn, on_token=stream,
-             images=[images] if images else None)
+             images=[images] if images else None, image_processor=processor)
     sys.stdout.write("\n")
     done = time.perf_counter()
     print(f"[loaded in {loaded - start:.1f}s; {len(stream.ids)} tokens in {done - loaded:.1f}s "

@@ -87,7 +87,10 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
     """Writes the checkpoint's model (fp32) and its tokenizer as an HF directory; `schema` None:
     native, which transformers loads, refused (UserError) when it would change what the model computes."""
     import zaya_jax
+    from zaya_jax.vision.model import ZayaVL
     model, _ = load_checkpoint_model(checkpoint, step, dtype="float32")
+    if isinstance(model, ZayaVL):
+        return vl_to_hf(checkpoint, model, out_dir, schema, tokenizer_path)
     if schema is None:
         problem = schema_problem(model, "native")
         if problem:
@@ -102,6 +105,18 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
     if schema == "original":
         print("note: the original schema holds Zyphra's ZAYA1-base names: zaya_jax.load_hf reads it, "
               "transformers' ZayaForCausalLM cannot", file=sys.stderr)
+    return out_dir
+
+
+def vl_to_hf(checkpoint: str, model, out_dir: str, schema: str | None, tokenizer_path: str | None) -> str:
+    """A vision-language run's checkpoint as a zaya1_vl HF directory (its native names only)."""
+    from zaya_jax.convert.hf_vl import save_vl_hf
+    if schema not in (None, "native"):
+        raise UserError(f"--schema {schema}: --checkpoint {checkpoint} holds a vision-language model, which exports "
+                        "as transformers' zaya1_vl (native names) only: drop --schema")
+    files, told = export_tokenizer(checkpoint, model.text.config, tokenizer_path)
+    save_vl_hf(model, out_dir, report=lambda line: print(line, file=sys.stderr), extra_files=files)
+    print(told, file=sys.stderr)
     return out_dir
 
 

@@ -181,14 +181,17 @@ def vl_tensors(model: ZayaVL):
 
 
 def save_vl_hf(model: ZayaVL, directory: str | os.PathLike, max_shard_bytes: int = 5 * 2**30,
-               report: Callable[[str], None] | None = None) -> Path:
+               report: Callable[[str], None] | None = None, extra_files: dict[str, str] | None = None) -> Path:
     """Writes a zaya1_vl checkpoint (transformers' `Zaya1VLForConditionalGeneration` layout),
-    checked on write and whole or absent, as save_hf does for the text model."""
+    checked on write and whole or absent, as save_hf does for the text model (extra_files: its
+    {file name: text} beside them, the tokenizer's)."""
     check_schema(model.text, "native")
 
     def fill(staging: Path) -> str:
         write_sharded(staging, vl_tensors(model), max_shard_bytes)
         (staging / "config.json").write_text(json.dumps(hf_vl_config(model), indent=2))
+        for name, text in (extra_files or {}).items():
+            (staging / name).write_text(text, encoding="utf-8")
         return verify_vl_export(model, staging)
 
     return write_whole_directory(directory, fill, report)

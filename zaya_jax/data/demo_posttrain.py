@@ -1,4 +1,5 @@
-"""The demo's post-training sources, `demo:chat` and `demo:preference`: built offline on first use.
+"""The demo's post-training sources, `demo:chat` and `demo:preference` (and the vision-language
+demo's `demo:digits`, zaya_jax.vision.demo_source): built offline on first use.
 
   chat        SFT conversations (a user question, the assistant's correct answer) of the
               generated instruction tasks (instruction_tasks.py), prepared with kind "chat"
@@ -29,7 +30,8 @@ from zaya_jax.data import chat_template, curriculum, demo_corpus, instruction_ta
 
 BUILD_VERSION = 2
 SOURCES = {"chat": "chat", "preference": "preference"}  # source name -> prepared dataset kind
-ALL_SOURCES = (*demo_corpus.SOURCES, *SOURCES)  # every name `demo:<name>` may take
+VISION_SOURCES = ("digits",)  # image_chat sources (zaya_jax.vision.demo_source)
+ALL_SOURCES = (*demo_corpus.SOURCES, *SOURCES, *VISION_SOURCES)  # every name `demo:<name>` may take
 HELDOUT_PER_KIND = 100
 TRAIN_PER_HELDOUT = 19  # training tasks per held-out one
 HELDOUT_FRACTION = 1 / (TRAIN_PER_HELDOUT + 1)  # 0.05: the trailing 500 of 10000 documents
@@ -84,6 +86,9 @@ def source_paths(names: set[str], demo_settings: dict) -> dict[str, pathlib.Path
         paths.update(demo_corpus.build_demo_corpus(**demo_settings).sources)
     if names & set(SOURCES):
         paths.update(build_posttrain_sources(**demo_settings))
+    if "digits" in names:
+        from zaya_jax.vision.demo_source import build_digit_source
+        paths["digits"] = build_digit_source(**demo_settings)
     return {name: paths[name] for name in names}
 
 

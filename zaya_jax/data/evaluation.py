@@ -18,7 +18,8 @@ from zaya_jax.data import curriculum, kinds, lanes, packing, preference_rows, so
 
 def build_eval_batches(data_config, *, seq_len: int | None = None, batch_size: int | None = None,
                        max_batches: int | None = None, process_index: int = 0,
-                       process_count: int = 1) -> dict[str, list[dict[str, np.ndarray]]]:
+                       process_count: int = 1, image_rows: packing.RowFormat | None = None
+                       ) -> dict[str, list[dict[str, np.ndarray]]]:
     """{source: [batch, ...]}; each batch a dict of [batch_size / process_count, L] numpy arrays.
 
     Defaults come from `data_config.eval` (seq_len, batch_size, max_batches; max_batches 0 or
@@ -38,10 +39,9 @@ def build_eval_batches(data_config, *, seq_len: int | None = None, batch_size: i
                          f"and process_index={process_index} must be below that")
     rows_per_process = batch_size // process_count
     mine = slice(process_index * rows_per_process, (process_index + 1) * rows_per_process)
-    empty = packing.make_row([], seq_len, data_config.pad_id)
-
     opened = sources_lib.open_sources(data_config)
-    row_format = kinds.row_format(kinds.sources_kind(opened))
+    row_format = kinds.row_format(kinds.sources_kind(opened), image_rows)
+    empty = row_format.make_row([], seq_len, data_config.pad_id)
     result = {}
     for name, source in opened.items():
         if row_format is preference_rows.PAIRS:

@@ -3,8 +3,8 @@ kind makes.
 
 text -> pretraining rows, chat -> SFT rows (packing.CHUNKS for both), preference -> DPO rows
 (preference_rows.PAIRS); image_chat (conversations with images) makes rows only for a ZAYA1-VL
-model (vision.image_rows.ImageChatRows, built from its tower), which the trainer does not train
-yet: `row_format` refuses it. All sources a pipeline or the held-out evaluation opens must be of
+model (vision.image_rows.ImageChatRows, built from its tower: the run's config has a vision
+section), so `row_format` takes them from the caller and refuses image_chat data without them. All sources a pipeline or the held-out evaluation opens must be of
 one kind, since one run trains one objective on them.
 """
 
@@ -20,11 +20,14 @@ ROW_FORMATS: dict[str, packing.RowFormat] = {  # one per records.KINDS but image
     "text": packing.CHUNKS, "chat": packing.CHUNKS, "preference": preference_rows.PAIRS}
 
 
-def row_format(kind: str) -> packing.RowFormat:
-    """The rows a text model's run makes of `kind`; ConfigError for image_chat data."""
-    if kind not in ROW_FORMATS:
-        raise ConfigError(f"data.sources hold {kind} data, which trains a vision-language model; zaya_jax.train "
-                          "does not train one yet (docs/vision.md)")
+def row_format(kind: str, image_rows: packing.RowFormat | None = None) -> packing.RowFormat:
+    """The rows a run makes of `kind`: image_chat data takes `image_rows` (a vision model's
+    ImageChatRows; ConfigError without them), every other kind its ROW_FORMATS entry."""
+    if kind == "image_chat":
+        if image_rows is None:
+            raise ConfigError("data.sources hold image_chat data (conversations with images), which trains a "
+                              "vision-language model: add a vision section to the config (configs/demo_vl.py)")
+        return image_rows
     return ROW_FORMATS[kind]
 
 

@@ -117,8 +117,10 @@ class _MergeWorkersIterator(grain.DatasetIterator):
 
 
 def phase_dataset(phase: PhaseInfo, sources: Mapping[str, sources_lib.PreparedSource], data_config, *,
-                  seed: int, process_index: int, process_count: int, kind: str = "text") -> grain.IterDataset:
-    """This process's batches of one phase (an endless Grain IterDataset) of `kind` rows."""
+                  seed: int, process_index: int, process_count: int, kind: str = "text",
+                  image_rows: packing.RowFormat | None = None) -> grain.IterDataset:
+    """This process's batches of one phase (an endless Grain IterDataset) of `kind` rows
+    (image_chat: `image_rows`, kinds.row_format)."""
     names = [name for name, _ in phase.weights]
     rows = phase.global_batch_size // process_count
     ds = PackedRowsDataset(
@@ -126,7 +128,7 @@ def phase_dataset(phase: PhaseInfo, sources: Mapping[str, sources_lib.PreparedSo
         seeds=[lanes.mix_seed(seed, phase.index, zlib.crc32(n.encode())) for n in names],
         lane_ids=range(process_index * rows, (process_index + 1) * rows), num_lanes=phase.global_batch_size,
         seq_len=phase.seq_len, packing_bins=data_config.packing_bins, pad_id=data_config.pad_id,
-        row_format=kinds.row_format(kind))
+        row_format=kinds.row_format(kind, image_rows))
     workers = data_config.worker_count
     if workers:
         buffer = max(1, data_config.worker_buffer_size)
@@ -241,14 +243,15 @@ def pair_statistics(phases: Sequence[PhaseInfo],
 
 
 def build_pipeline(data_config, *, global_batch_size: int | None = None, process_index: int = 0,
-                   process_count: int = 1, seed: int = 0) -> DataPipeline:
+                   process_count: int = 1, seed: int = 0, image_rows: packing.RowFormat | None = None
+                   ) -> DataPipeline:
     """The curriculum pipeline of `data_config` (see curriculum.py) for one process.
 
     Validates the config first (ValueError naming the field), then opens the sources the phases
     use (FileNotFoundError / ValueError naming the source and path; builds the demo corpus on
     first use) and checks they are of one kind (ConfigError naming two that differ); preference
     sources are read once for `DataPipeline.statistics`. `global_batch_size` replaces every
-    phase's B.
+    phase's B. `image_rows`: the rows of image_chat sources (a vision model's, kinds.row_format).
     """
     phases = curriculum.parse_phases(data_config, global_batch_size=global_batch_size, process_count=process_count)
     if not 0 <= process_index < process_count:
@@ -256,9 +259,11 @@ def build_pipeline(data_config, *, global_batch_size: int | None = None, process
     used = sorted({name for p in phases for name, _ in p.weights})
     opened = sources_lib.open_sources(data_config, used)
     kind = kinds.sources_kind(opened)
+    kinds.row_format(kind, image_rows)  # image_chat data without a vision model fails here, before any batch
     statistics = pair_statistics(phases, opened) if kind == "preference" else {}
     make_phase = functools.partial(phase_dataset, sources=opened, data_config=data_config, seed=seed,
-                                   process_index=process_index, process_count=process_count, kind=kind)
+                                   process_index=process_index, process_count=process_count, kind=kind,
+                                   image_rows=image_rows)
     # A state restores only into the same layout (grain's worker state has one entry per worker).
     layout = {"process_index": process_index, "process_count": process_count, "seed": seed,
               "worker_count": data_config.worker_count, "packing_bins": data_config.packing_bins,

@@ -368,12 +368,14 @@ def _write_manifest(output_dir: str, shards: list[dict], *, tokenizer_info: dict
 
 
 def write_tokenized(output_dir: str, documents: Sequence, *, tokenizer_info: dict, num_shards: int = 1,
-                    kind: str = "text") -> dict:
+                    kind: str = "text", chat_template: templates.ChatTemplate | None = None) -> dict:
     """Writes already tokenized documents (e.g. converted from another pipeline) as a prepared dir.
 
     `tokenizer_info` needs at least "sha256" and "vocab_size" (see Tokenizer.info()); documents
     are written as given (include bos/eos yourself): text `[ids]`, chat `[(ids, mask)]`,
-    preference `[(prompt_ids, chosen_ids, rejected_ids)]`. Returns the manifest.
+    preference `[(prompt_ids, chosen_ids, rejected_ids)]`, image_chat `[(ids, mask, images)]`.
+    `chat_template`: the template the conversations were rendered with (the manifest records it,
+    and a run trained on them its checkpoints: generation renders prompts with it). Returns the manifest.
     """
     if kind not in records.KINDS:
         raise ValueError(f"kind must be one of {records.KINDS}, got {kind!r}")
@@ -391,8 +393,9 @@ def write_tokenized(output_dir: str, documents: Sequence, *, tokenizer_info: dic
             _add_document(stats, kind, doc)
         writer.close()
         shards.append(stats)
+    template_info = chat_template and {"path": chat_template.path, "sha256": chat_template.sha256}
     return _write_manifest(output_dir, shards, tokenizer_info=tokenizer_info, fmt="tokenized", text_field="",
-                           inputs=[], kind=kind, template_info=None)
+                           inputs=[], kind=kind, template_info=template_info)
 
 
 def define_flags() -> None:

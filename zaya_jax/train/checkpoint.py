@@ -38,6 +38,7 @@ that may not exist here ("Topology mismatch").
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -51,8 +52,9 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
+from flax import nnx
 
-from zaya_jax.config_files import model_config
+from zaya_jax.config_files import model_config, vision_config
 from zaya_jax.errors import UserError
 from zaya_jax.model.build import abstract_model
 from zaya_jax.model.zaya import ZayaLM
@@ -61,6 +63,7 @@ from zaya_jax.train import integrity
 from zaya_jax.train.sealing import Sealer
 from zaya_jax.train.settings import CheckpointSettings
 from zaya_jax.train.state import ModelParts, TrainState, with_shardings
+from zaya_jax.vision.model import ZayaVL
 
 # Replicated arrays are written by one replica. Orbax's default (replica-parallel writes) compiles
 # a slicing program per device and array shape at the first save: about 0.5 s per parameter
@@ -432,14 +435,23 @@ def checkpoint_dir(path: str) -> str:
     return nested if os.path.isdir(nested) else path
 
 
-def load_checkpoint_model(path: str, step: int | None = None, **overrides) -> tuple[ZayaLM, int]:
-    """(ZayaLM, step) from the `model` item and saved config of a checkpoint, on this process's first device.
+def load_checkpoint_model(path: str, step: int | None = None, **overrides) -> tuple[ZayaLM | ZayaVL, int]:
+    """(model, step) from the `model` item and saved config of a checkpoint, on this process's first
+    device: a ZayaLM, or the ZayaVL of a vision-language run (its config has a vision section).
 
     `path`: a checkpoint directory or a run's WORKDIR; `overrides` set ModelConfig fields of the
     saved config (dtype, moe_backend, ...). Works whatever mesh and device count wrote the checkpoint.
     """
     directory = checkpoint_dir(path)
     step = whole_step(directory, ("model", "config"), step)
-    abstract = abstract_model(model_config(read_config(directory, step)).replace(**overrides))
+    config = read_config(directory, step)
+    text = model_config(config).replace(**overrides)
+    vision = vision_config(config)
+    if vision is None:
+        abstract = abstract_model(text)
+    else:
+        tower, ids = vision
+        tower = dataclasses.replace(tower, dtype=text.dtype)
+        abstract = nnx.eval_shape(lambda: ZayaVL(text, tower, ids, rngs=nnx.Rngs(0)))
     model, step = restore_model(directory, model_target(abstract), step)
     return ModelParts(abstract).merge(model["params"], model["biases"]), step

@@ -15,6 +15,9 @@ function of (seed, k) only; held-out batches use another seed. Rows follow train
   dpo   preference pairs packed as the pipeline packs them: segment 2j-1 = prompt ++ chosen,
         2j = prompt ++ rejected (positions restart in each; loss_mask 1 on completion targets),
         where the prompt is a random motif, chosen repeats it and rejected is random tokens
+
+A vision-language run (a vision section) reads image_chat sources: its rows (and batches) also
+hold the images' patches (vision.image_rows.ImageChatRows of the tower and train.patch_capacity).
 """
 
 from __future__ import annotations
@@ -154,6 +157,19 @@ def phases_of(config, settings: Settings) -> tuple[PhaseInfo, ...]:
     return parse_phases(training_data_config(config, settings), process_count=jax.process_count())
 
 
+def image_rows(settings: Settings):
+    """The RowFormat of a vision-language run's image_chat rows, or None for a text model."""
+    if settings.vision is None:
+        return None
+    from zaya_jax.vision.image_rows import ImageChatRows
+    return ImageChatRows(settings.vision[0], settings.train.patch_capacity)
+
+
+def wanted_kind(settings: Settings) -> str:
+    """The prepared-source kind a run reads: its objective's, or image_chat for a vision model."""
+    return "image_chat" if settings.vision is not None else DATA_KIND[settings.train.objective]
+
+
 def open_training_data(config, settings: Settings) -> grain.DatasetIterator:
     """The training iterator; opening a missing source fails naming the field and path."""
     if settings.train.data == "synthetic":
@@ -161,25 +177,30 @@ def open_training_data(config, settings: Settings) -> grain.DatasetIterator:
                                  settings.train.objective)
     from zaya_jax.data import build_pipeline
     pipeline = build_pipeline(training_data_config(config, settings), process_index=jax.process_index(),
-                              process_count=jax.process_count(), seed=settings.train.seed)
+                              process_count=jax.process_count(), seed=settings.train.seed,
+                              image_rows=image_rows(settings))
     if pipeline.vocab_size > settings.model.vocab_size:
         raise ConfigError(f"data.sources were tokenized with a vocabulary of {pipeline.vocab_size}, larger than "
                          f"model.vocab_size={settings.model.vocab_size}")
     check_data_kind(settings.train.objective, pipeline.kind, sorted(config.data.sources),
-                    pipeline.close)
+                    pipeline.close, wanted_kind(settings))
     return pipeline
 
 
-def check_data_kind(objective: str, kind: str, sources: list[str], close=lambda: None) -> None:
-    """The prepared sources' kind must be the one train.objective reads (ConfigError naming the fix)."""
-    wanted = DATA_KIND[objective]
+def check_data_kind(objective: str, kind: str, sources: list[str], close=lambda: None, wanted: str = "") -> None:
+    """The prepared sources' kind must be `wanted` (default: the one train.objective reads; ConfigError
+    naming the fix)."""
+    wanted = wanted or DATA_KIND[objective]
     if kind != wanted:
         close()
         fix = {"text": "python -m zaya_jax.data.prepare (plain text)",
                "chat": "python -m zaya_jax.data.prepare --kind chat",
-               "preference": "python -m zaya_jax.data.prepare --kind preference"}[wanted]
-        objective_for = {v: k for k, v in DATA_KIND.items()}.get(kind)
-        raise ConfigError(f"train.objective={objective!r} reads {wanted} data, but data.sources "
+               "preference": "python -m zaya_jax.data.prepare --kind preference",
+               "image_chat": "zaya_jax.data.prepare.write_tokenized(..., kind='image_chat') of "
+                             "zaya_jax.vision.chat.encode_image_chat's documents (docs/vision.md)"}[wanted]
+        objective_for = {v: k for k, v in DATA_KIND.items()}.get(kind) if wanted != "image_chat" else None
+        reader = "a vision-language run" if wanted == "image_chat" else f"train.objective={objective!r}"
+        raise ConfigError(f"{reader} reads {wanted} data, but data.sources "
                           f"({', '.join(sources)}) hold {kind} documents: prepare them with {fix}"
                           + (f", or set --config.train.objective={objective_for}" if objective_for else ""))
 
@@ -195,7 +216,7 @@ def eval_batches(config, settings: Settings) -> dict[str, list[dict[str, np.ndar
                               for i in range(max_batches or 4)]}
     from zaya_jax.data import build_eval_batches
     return build_eval_batches(config.data, max_batches=max_batches, process_index=jax.process_index(),
-                              process_count=jax.process_count())
+                              process_count=jax.process_count(), image_rows=image_rows(settings))
 
 
 def phase_at_step(phases: tuple[PhaseInfo, ...], step: int) -> PhaseInfo:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from zaya_jax.config import RUNTIME_MODEL_FIELDS, ConfigError
+from zaya_jax.config import RUNTIME_MODEL_FIELDS, VISION_LORA_FIELDS, ConfigError
 from zaya_jax.errors import UserError
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.parallel import distributed
@@ -39,8 +39,9 @@ from zaya_jax.train.metrics import expert_load, flops_per_token, peak_flops, rou
 from zaya_jax.train.monitor import HEATMAP_FILE, METRICS_FILE, Monitor
 from zaya_jax.train.profiling import StepProfiler
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
-from zaya_jax.train.program import abstract_batch, build_program
-from zaya_jax.train.state import ModelParts, TrainState, initial_state, with_shardings
+from zaya_jax.train.program import abstract_batch, build_program, image_shape, make_model
+from zaya_jax.train.state import (ModelParts, TrainState, initial_state, merged, with_shardings,
+                                  without_vision_lora)
 from zaya_jax.train.workdir_lock import WorkdirLock
 
 
@@ -71,7 +72,8 @@ def check_same_architecture(model: ZayaLM, cfg, field: str, ignore: tuple[str, .
                               f"but the config says {getattr(cfg, name)!r}")
 
 
-def checkpoint_to_start_from(path: str, cfg, rope_theta: float, made_by: str = "") -> tuple[str, int]:
+def checkpoint_to_start_from(path: str, cfg, rope_theta: float, made_by: str = "",
+                             ignore: tuple[str, ...] = ()) -> tuple[str, int]:
     """train.init_from_checkpoint -> (checkpoint directory, newest whole step), checked before any
     compilation: its architecture must equal `cfg`'s, and the RoPE base it was trained at (its
     saved model.rope_theta) the one this run starts with (errors name the field and the fix;
@@ -86,7 +88,7 @@ def checkpoint_to_start_from(path: str, cfg, rope_theta: float, made_by: str = "
             raise
         raise UserError(f"{field}: no checkpoint at {path}; train it first: {made_by.format(path)}") from err
     saved = model_config(read_config(directory, step))
-    check_same_architecture(saved, cfg, f"{field}: {directory} step {step}", ignore=("rope_theta",))
+    check_same_architecture(saved, cfg, f"{field}: {directory} step {step}", ignore=("rope_theta", *ignore))
     check_start_rope_theta(saved.rope_theta, rope_theta, f"{field}: {directory} step {step}")
     return directory, step
 
@@ -117,7 +119,8 @@ class Trainer:
         resuming = bool(integrity.steps_in(os.path.join(self.workdir, "checkpoints")))  # the source is not read
         self._init_checkpoint = (checkpoint_to_start_from(s.train.init_from_checkpoint, s.model,
                                                           self.phases[0].rope_theta,
-                                                          s.train.init_from_checkpoint_made_by)
+                                                          s.train.init_from_checkpoint_made_by,
+                                                          VISION_LORA_FIELDS if s.vision else ())
                                  if s.train.init_from_checkpoint and not resuming else None)
         try:
             os.makedirs(self.workdir, exist_ok=True)
@@ -169,7 +172,7 @@ class Trainer:
                                   with_reference=self.objective.needs_reference)
         if params is None:
             def init():
-                return start(*ModelParts.arrays(ZayaLM(s.model, rngs=nnx.Rngs(s.train.seed))))
+                return start(*ModelParts.arrays(make_model(s, nnx.Rngs(s.train.seed))))
             return jax.jit(init, out_shardings=self.shardings)()
         return jax.jit(start, in_shardings=(self.shardings.params, self.shardings.biases),
                        out_shardings=self.shardings)(params, biases)
@@ -186,6 +189,10 @@ class Trainer:
                 f"weights of model-only checkpoint {step}"
         if self._init_model is None and self._init_checkpoint is not None:
             directory, step = self._init_checkpoint
+            if self.settings.vision is not None and "vision" not in read_config(directory, step):
+                return self._fresh_around_text(directory, step), \
+                    (f"text weights of checkpoint {step} in {directory} (train.init_from_checkpoint), a fresh "
+                     "vision tower, merger and vision LoRA, a fresh optimizer")
             return self._fresh(*self._restored_model(directory, step)), \
                 f"weights of checkpoint {step} in {directory} (train.init_from_checkpoint), a fresh optimizer"
         if self._init_model is None:
@@ -195,11 +202,35 @@ class Trainer:
         return self._fresh(jax.device_put(params, self.shardings.params),
                            jax.device_put(biases, self.shardings.biases)), self._init_origin
 
+    def _fresh_around_text(self, directory: str, step: int) -> TrainState:
+        """A vision-language run's step 0 around a text run's checkpoint: its text weights and biases
+        (the vision LoRA, which the text run lacks, starts as initialised: B = 0, so the model computes
+        exactly the text model at first), a fresh tower and merger."""
+        s, params, shardings = self.settings, self.abstract_state.params, self.shardings.params
+        text, text_shardings = without_vision_lora(params["text"]), without_vision_lora(shardings["text"])
+        target = with_shardings({"params": text, "biases": self.abstract_state.biases},
+                                {"params": text_shardings, "biases": self.shardings.biases})
+        restored, _ = restore_model(directory, target, step)
+        start = functools.partial(initial_state, tx=self.tx, controller=self.controller, seed=s.train.seed)
+
+        def init(text_params, biases):
+            fresh, _ = ModelParts.arrays(make_model(s, nnx.Rngs(s.train.seed)))
+            return start({**fresh, "text": merged(fresh["text"], text_params)}, biases)
+        return jax.jit(init, in_shardings=(text_shardings, self.shardings.biases),
+                       out_shardings=self.shardings)(restored["params"], restored["biases"])
+
     def _check_resumable(self, step: int) -> None:
         """The workdir's checkpoint `step` must hold this config's architecture (its RoPE base is its
         curriculum phase's, not architecture): else a ConfigError naming the field, before any restore."""
         from zaya_jax.config_files import model_config
-        saved = model_config(read_config(self.checkpointer.directory, step))
+        saved_config = read_config(self.checkpointer.directory, step)
+        if ("vision" in saved_config) != (self.settings.vision is not None):
+            kinds = ("a vision-language run", "a text run")
+            saved_kind, this_kind = (kinds if "vision" in saved_config else kinds[::-1])
+            raise ConfigError(f"resuming {self.checkpointer.directory} step {step}: its checkpoints are "
+                              f"{saved_kind}'s but this config is {this_kind}'s (vision section); resume with the "
+                              "config that run was trained with, or train this config in a new --workdir")
+        saved = model_config(saved_config)
         try:
             check_same_architecture(saved, self.settings.model, f"resuming {self.checkpointer.directory} step {step}",
                                     ignore=("rope_theta",))
@@ -287,7 +318,7 @@ class Trainer:
         phase; its cost_analysis() is what tests/test_plan_flops.py checks the planner's FLOP count
         against). A later run of that phase reuses the compilation."""
         phase = phase or self.phases[0]
-        batch = abstract_batch(phase.global_batch_size, phase.seq_len)
+        batch = abstract_batch(phase.global_batch_size, phase.seq_len, image_shape(self.settings))
         return self._train_step.lower(self.state, batch, phase.rope_theta).compile()
 
     # -- messages -------------------------------------------------------------------------------
@@ -432,6 +463,7 @@ class Trainer:
                   "mfu": mfu, "lr": float(m["lr"]), "grad_norm": float(m["grad_norm"]),
                   "skipped_steps": int(m["skipped_steps"]), "phase": phase.name, "rope_theta": phase.rope_theta,
                   **{k: float(m[k]) for k in self.objective.metric_keys if k != "loss"},
+                  **({"image_token_share": float(m["image_token_share"])} if "image_token_share" in m else {}),
                   **router_metrics(m["expert_counts"], m["dropped"]),
                   "expert_load": np.round(expert_load(m["expert_counts"]), 5).tolist()}
         self._write(record)

@@ -29,6 +29,11 @@ resume test, 2 of 3 runs on 2 loaded cores; 0 of 1 without it).
 Weight decay: matrices, convolution kernels and (if optimizer.decay_embedding) the embedding;
 never norms, biases, scales or temperatures. Both groups share the schedule's shape; AdamW's
 peak is optimizer.adam_learning_rate (0: the same as Muon's).
+
+A vision-language run's parameters are {text: the text model's, vision: the tower's}: the text
+model's are grouped as above (their names without the `text/` prefix); the tower, its merger and
+the vision LoRA train with AdamW, their kernels decayed. With `frozen` (train.freeze_text) the
+frozen parameters get no update and keep no optimizer state (optax.set_to_zero).
 """
 
 from __future__ import annotations
@@ -65,9 +70,28 @@ CONV_KERNELS = ("layers/attention/conv_depthwise_weight", "layers/attention/conv
 EMBEDDING = "embed"
 
 
+TEXT_PREFIX = "text/"  # a vision-language run's text-model parameters
+
+
 def path_name(path) -> str:
     """A tree path of dict keys -> 'layers/moe/gate'."""
     return "/".join(str(getattr(k, "key", k)) for k in path)
+
+
+def text_name(name: str) -> str:
+    """A parameter's name in the text model ('text/layers/moe/gate' -> 'layers/moe/gate')."""
+    return name.removeprefix(TEXT_PREFIX)
+
+
+def text_weight(name: str) -> bool:
+    """A vision-language run's text-model parameters but the vision LoRA (what train.freeze_text freezes)."""
+    return name.startswith(TEXT_PREFIX) and "/vision_lora/" not in name
+
+
+def vision_kernel(name: str) -> bool:
+    """The tower's and the vision LoRA's matrices (decayed; the tower's biases and norms are not)."""
+    leaf = name.rsplit("/", 1)[-1]
+    return (name.startswith("vision/") and leaf.endswith("kernel")) or ("/vision_lora/" in name)
 
 
 def _map_params(fn: Callable[[str], object], tree):
@@ -75,17 +99,19 @@ def _map_params(fn: Callable[[str], object], tree):
     return jax.tree_util.tree_map_with_path(lambda path, _: fn(path_name(path)), tree)
 
 
-def param_labels(params, settings: OptimizerSettings):
-    """'muon' or 'adamw' per parameter."""
-    if settings.name == "adamw":
-        return _map_params(lambda _: "adamw", params)
-    return _map_params(lambda name: "muon" if name in MUON_MATRICES else "adamw", params)
+def param_labels(params, settings: OptimizerSettings, frozen: Callable[[str], bool] | None = None):
+    """'muon', 'adamw' or (where `frozen` holds) 'frozen' per parameter."""
+    def label(name: str) -> str:
+        if frozen is not None and frozen(name):
+            return "frozen"
+        return "muon" if settings.name == "muon" and text_name(name) in MUON_MATRICES else "adamw"
+    return _map_params(label, params)
 
 
 def decay_mask(params, settings: OptimizerSettings):
     """True where weight decay applies."""
     decayed = set(MUON_MATRICES) | set(CONV_KERNELS) | ({EMBEDDING} if settings.decay_embedding else set())
-    return _map_params(lambda name: name in decayed, params)
+    return _map_params(lambda name: text_name(name) in decayed or vision_kernel(name), params)
 
 
 def schedule(settings: OptimizerSettings, total_steps: int, peak: float) -> optax.Schedule:
@@ -114,7 +140,7 @@ MATRIX = MuonDimensionNumbers((-2,), (-1,))  # a [B, m, n] stack of m x n matric
 
 def _layout(name: str, ndim: int) -> tuple[tuple[int, ...], int, int]:
     """(axis order batch + reduction + output, #batch axes, #reduction axes) of parameter `name`."""
-    spec = MUON_MATRICES[name]
+    spec = MUON_MATRICES[text_name(name)]
     reduction = tuple(a % ndim for a in spec.reduction_axis)
     output = tuple(a % ndim for a in spec.output_axis)
     batch = tuple(a for a in range(ndim) if a not in reduction + output)
@@ -211,7 +237,7 @@ def _muon(settings: OptimizerSettings, lr: optax.Schedule) -> optax.GradientTran
         del params
 
         def scale(name, u):
-            spec = MUON_MATRICES[name]
+            spec = MUON_MATRICES[text_name(name)]
             fan_in = 1
             for ax in spec.reduction_axis:
                 fan_in *= u.shape[ax]
@@ -229,16 +255,18 @@ def _muon(settings: OptimizerSettings, lr: optax.Schedule) -> optax.GradientTran
     )
 
 
-def make_optimizer(settings: OptimizerSettings, total_steps: int) -> optax.GradientTransformation:
-    """Global-norm clipping, then Muon on MUON_MATRICES and AdamW on the rest (or AdamW on all)."""
+def make_optimizer(settings: OptimizerSettings, total_steps: int,
+                   frozen: Callable[[str], bool] | None = None) -> optax.GradientTransformation:
+    """Global-norm clipping, then Muon on MUON_MATRICES and AdamW on the rest (or AdamW on all);
+    no update where `frozen` (a parameter path name -> bool) holds."""
     s = settings
     adam_lr = schedule(s, total_steps, s.adam_learning_rate or s.learning_rate)
     adamw = optax.adamw(adam_lr, b1=s.b1, b2=s.b2, eps=s.eps, weight_decay=s.weight_decay,
                         mask=lambda p: decay_mask(p, s))
-    transforms = {"adamw": adamw}
+    transforms = {"adamw": adamw} | ({"frozen": optax.set_to_zero()} if frozen is not None else {})
     if s.name == "muon":
         transforms["muon"] = _muon(s, schedule(s, total_steps, s.learning_rate))
-    parts = optax.partition(transforms, lambda p: param_labels(p, s))
+    parts = optax.partition(transforms, lambda p: param_labels(p, s, frozen))
     return optax.chain(optax.clip_by_global_norm(s.grad_clip_norm), parts) if s.grad_clip_norm else parts
 
 

@@ -17,13 +17,14 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from zaya_jax.model.zaya import ZayaLM
+from zaya_jax.vision.model import ZayaVL
 from zaya_jax.parallel.gradient_reduce import GradientReduce, check_mesh, summed_by_hand
 from zaya_jax.train import balancing
 from zaya_jax.train.objectives import make_objective
-from zaya_jax.train.optimizer import make_optimizer, schedule
+from zaya_jax.train.optimizer import make_optimizer, schedule, text_weight
 from zaya_jax.train.settings import Settings
-from zaya_jax.train.state import ModelParts, TrainState, initial_state, state_specs, to_shardings
-from zaya_jax.train.step import BATCH_KEYS, jit_eval_step, jit_train_step
+from zaya_jax.train.state import BATCH_KEYS, ModelParts, TrainState, initial_state, state_specs, to_shardings
+from zaya_jax.train.step import jit_eval_step, jit_train_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,11 +40,20 @@ class TrainProgram:
     objective: object            # objectives.TokenObjective | DPOObjective
 
 
+def make_model(s: Settings, rngs: nnx.Rngs) -> ZayaLM | ZayaVL:
+    """The model a config trains: its text model, or with a vision section the ZayaVL around it."""
+    if s.vision is None:
+        return ZayaLM(s.model, rngs=rngs)
+    tower, ids = s.vision
+    return ZayaVL(s.model, tower, ids, rngs=rngs)
+
+
 def build_program(s: Settings, mesh: Mesh) -> TrainProgram:
-    tx = make_optimizer(s.optimizer, s.train.steps)
+    frozen = text_weight if s.train.freeze_text else None
+    tx = make_optimizer(s.optimizer, s.train.steps, frozen)
     controller = balancing.make_controller(s.balancing)
     lr_schedule = schedule(s.optimizer, s.train.steps, s.optimizer.learning_rate)
-    abstract_model = nnx.eval_shape(lambda: ZayaLM(s.model, rngs=nnx.Rngs(s.train.seed)))
+    abstract_model = nnx.eval_shape(lambda: make_model(s, nnx.Rngs(s.train.seed)))
     parts = ModelParts(abstract_model)
     params_abs, biases_abs = ModelParts.arrays(abstract_model)
     objective = make_objective(s)
@@ -59,13 +69,29 @@ def build_program(s: Settings, mesh: Mesh) -> TrainProgram:
               if summed_by_hand(dict(mesh.shape), s.mesh.gradient_reduce_dtype) else None)
     train_step = jit_train_step(
         shardings, mesh, tx=tx, controller=controller, lr_schedule=lr_schedule, microbatches=s.train.microbatches,
-        balance=s.balancing.enabled, include_skip=s.balancing.include_skip, gradient_reduce=reduce, **static)
+        balance=s.balancing.enabled and not s.train.freeze_text, include_skip=s.balancing.include_skip,
+        gradient_reduce=reduce, frozen=frozen, **static)
     eval_step = jit_eval_step(shardings.params, shardings.biases, mesh, shardings.reference, **static)
     return TrainProgram(parts, tx, controller, lr_schedule, abstract_state, shardings, train_step, eval_step,
                         objective)
 
 
-def abstract_batch(global_batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
-    """The shapes of one global batch {inputs, targets, segment_ids, positions, loss_mask: [B, S]}."""
-    return {k: jax.ShapeDtypeStruct((global_batch_size, seq_len), jnp.float32 if k == "loss_mask" else jnp.int32)
-            for k in BATCH_KEYS}
+def abstract_batch(global_batch_size: int, seq_len: int, images: tuple[int, int] | None = None
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
+    """The shapes of one global batch {inputs, targets, segment_ids, positions, loss_mask: [B, S]};
+    images (P, F): a vision-language run's too (patches [B, P, F], patch_positions [B, P, 2],
+    image_segments and window_segments [B, P])."""
+    batch = {k: jax.ShapeDtypeStruct((global_batch_size, seq_len), jnp.float32 if k == "loss_mask" else jnp.int32)
+             for k in BATCH_KEYS}
+    if images is not None:
+        p, f = images
+        batch |= {"patches": jax.ShapeDtypeStruct((global_batch_size, p, f), jnp.float32),
+                  "patch_positions": jax.ShapeDtypeStruct((global_batch_size, p, 2), jnp.int32),
+                  "image_segments": jax.ShapeDtypeStruct((global_batch_size, p), jnp.int32),
+                  "window_segments": jax.ShapeDtypeStruct((global_batch_size, p), jnp.int32)}
+    return batch
+
+
+def image_shape(s: Settings) -> tuple[int, int] | None:
+    """(patches per row, features per patch) of a vision-language run's batches, or None."""
+    return None if s.vision is None else (s.train.patch_capacity, s.vision[0].patch_dim)

@@ -13,7 +13,13 @@ below, and every error names the offending `section.field`):
               for its path: a missing one is reported with it),
               max_nonfinite_streak (roll back after that many non-finite steps in a row; 0:
               never), max_rollbacks (a run needing one rollback more than this stops with an
-              error, exit 1), objective ('lm' | 'sft' | 'dpo': zaya_jax.train.objectives)
+              error, exit 1), objective ('lm' | 'sft' | 'dpo': zaya_jax.train.objectives);
+              with a vision section: patch_capacity (image patches per packed row, a multiple of
+              the tower's merge unit) and freeze_text (train the tower, its merger and the vision
+              LoRA only: the text model's weights and balancing biases stay as they started)
+  vision      a ZAYA1-VL model's tower and image token ids (config_files.vision_section): the run
+              trains zaya_jax.vision.model.ZayaVL on image_chat data (train.objective='sft';
+              docs/vision.md)
   dpo         beta (the KL strength), label_smoothing (in [0, 0.5): the assumed fraction of flipped
               preference labels, TRL's robust/cDPO loss), rpo_alpha (>= 0: adds alpha times the chosen
               completion's token-mean nll to each pair's loss, TRL's rpo_alpha); read when
@@ -48,7 +54,7 @@ from typing import Any
 import ml_collections
 
 from zaya_jax.config import ConfigError, ModelConfig
-from zaya_jax.config_files import model_config
+from zaya_jax.config_files import model_config, vision_config
 from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES
 from zaya_jax.parallel.mesh import MESH_AXES, PLATFORMS
 from zaya_jax.train.objectives import OBJECTIVES
@@ -71,6 +77,8 @@ class TrainSettings:
     max_nonfinite_streak: int = 3
     max_rollbacks: int = 3
     objective: str = "lm"
+    patch_capacity: int = 0
+    freeze_text: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +173,7 @@ class Settings:
     mesh: MeshSettings
     monitor: MonitorSettings
     dpo: DPOSettings
+    vision: Any = None   # (VisionConfig, ImageTokenIds) of the vision section, or None: a text model
 
 
 SECTIONS = {"train": TrainSettings, "optimizer": OptimizerSettings, "balancing": BalancingSettings,
@@ -227,11 +236,9 @@ def eval_section(**values) -> ml_collections.ConfigDict:
 
 def settings_from_config(config) -> Settings:
     """Validates every training section of `config`; raises ConfigError (a ValueError) naming the field."""
-    if "vision" in config:
-        raise ConfigError("the config has a vision section (a ZAYA1-VL model): zaya_jax.train does not train "
-                          "vision-language models yet (docs/vision.md); the planner counts it, and "
-                          "zaya_jax.generate --image runs one")
-    s = Settings(model=model_config(config), **{name: _section(config, name) for name in SECTIONS})
+    s = Settings(model=model_config(config), **{name: _section(config, name) for name in SECTIONS},
+                 vision=vision_config(config))
+    check_vision_run(s)
     if s.train.data == "synthetic":
         for field in ("seq_len", "global_batch_size"):
             if getattr(s.train, field) <= 0:
@@ -250,6 +257,31 @@ def settings_from_config(config) -> Settings:
                           f"train.steps ({s.train.steps}): lower --config.optimizer.warmup_steps or raise "
                           "--config.train.steps")
     return s
+
+
+def check_vision_run(s: Settings) -> None:
+    """What a vision section needs of the other sections, and the train fields only it reads."""
+    t = s.train
+    if s.vision is None:
+        for name, value in (("patch_capacity", t.patch_capacity), ("freeze_text", t.freeze_text)):
+            if value:
+                raise ConfigError(f"train.{name} is set but the config has no vision section: it applies to a "
+                                  "vision-language run only (configs/demo_vl.py)")
+        return
+    tower, _ = s.vision
+    wrong = [(t.data != "pipeline", "train.data must be 'pipeline' (image_chat sources)"),
+             (t.objective != "sft", f"train.objective must be 'sft', got {t.objective!r}"),
+             (t.patch_capacity <= 0 or t.patch_capacity % tower.merge_unit,
+              f"train.patch_capacity must be a positive multiple of {tower.merge_unit} (patches merged into one "
+              f"image token), got {t.patch_capacity}"),
+             (bool(t.init_from_hf), "train.init_from_hf is not read (start from a text run's checkpoint: "
+                                    "train.init_from_checkpoint)"),
+             (bool(s.eval.harness_tasks), "eval.harness_tasks scores a text model: leave it empty"),
+             (s.mesh.context != 1, f"mesh.context must be 1 (image tokens attend across the sequence), "
+                                   f"got {s.mesh.context}")]
+    for bad, message in wrong:
+        if bad:
+            raise ConfigError(f"a vision-language run (the config has a vision section): {message}")
 
 
 def check_batch_layout(batch: int, seq_len: int, microbatches: int, mesh_shape: dict[str, int], where: str) -> None:

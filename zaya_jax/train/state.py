@@ -1,4 +1,5 @@
-"""The train state: a pytree of arrays, its shardings and how it turns back into a ZayaLM.
+"""The train state: a pytree of arrays, its shardings and how it turns back into a ZayaLM (or a
+ZayaVL: a vision-language run's params are {text: ZayaLM's, vision: the tower's}).
 
 L layers, E experts (+1 skip slot). `params` is the model's nnx.Param state as a nested dict
 (nnx.to_pure_dict); the balancing biases are not parameters (no gradient) and live apart. A DPO
@@ -20,6 +21,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from zaya_jax.model.params import BalancingBias
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.parallel.rules import state_shardings, with_zero1_axes
+from zaya_jax.vision.image_rows import IMAGE_KEYS
+from zaya_jax.vision.model import ZayaVL
 
 BIASES_PATH = ("layers", "moe", "router", "balancing_biases")
 
@@ -39,32 +42,46 @@ class TrainState:
     #                               (sharded like params and biases; checkpointed as the `reference` item)
 
 
-class ModelParts:
-    """A ZayaLM split into its graph, parameter and balancing-bias states (abstract templates)."""
+BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")  # each [B, S]
 
-    def __init__(self, model: ZayaLM):
+
+def _biases_path(model: ZayaLM | ZayaVL) -> tuple[str, ...]:
+    return ("text", *BIASES_PATH) if isinstance(model, ZayaVL) else BIASES_PATH
+
+
+class ModelParts:
+    """A ZayaLM (or ZayaVL) split into its graph, parameter and balancing-bias states (abstract templates).
+
+    config: the text model's; image_id: the image placeholder id of a ZayaVL, else None;
+    batch_keys: the batch a step takes (BATCH_KEYS, and a ZayaVL's IMAGE_KEYS [B, P, ...])."""
+
+    def __init__(self, model: ZayaLM | ZayaVL):
         self.graphdef, self.params_state, self.biases_state = nnx.split(model, nnx.Param, BalancingBias)
-        self.config = model.config
+        self.biases_path = _biases_path(model)
+        vision = isinstance(model, ZayaVL)
+        self.config = model.text.config if vision else model.config
+        self.image_id = model.ids.image if vision else None
+        self.batch_keys = BATCH_KEYS + IMAGE_KEYS if vision else BATCH_KEYS
 
     @staticmethod
-    def arrays(model: ZayaLM) -> tuple[dict, jax.Array]:
+    def arrays(model: ZayaLM | ZayaVL) -> tuple[dict, jax.Array]:
         """A concrete model -> (params dict, biases [L, E+1])."""
         _, params, biases = nnx.split(model, nnx.Param, BalancingBias)
-        return nnx.to_pure_dict(params), _get(nnx.to_pure_dict(biases), BIASES_PATH)
+        return nnx.to_pure_dict(params), _get(nnx.to_pure_dict(biases), _biases_path(model))
 
-    def merge(self, params: dict, biases: jax.Array) -> ZayaLM:
-        """Arrays (possibly tracers) -> a ZayaLM using them."""
+    def merge(self, params: dict, biases: jax.Array) -> ZayaLM | ZayaVL:
+        """Arrays (possibly tracers) -> the model using them."""
         p = jax.tree.map(lambda x: x, self.params_state)
         nnx.replace_by_pure_dict(p, params)
         b = jax.tree.map(lambda x: x, self.biases_state)
-        nnx.replace_by_pure_dict(b, _nest(BIASES_PATH, biases))
+        nnx.replace_by_pure_dict(b, _nest(self.biases_path, biases))
         return nnx.merge(self.graphdef, p, b)
 
     def param_specs(self, mesh: Mesh) -> dict:
         return jax.tree.map(lambda s: s.spec, nnx.to_pure_dict(state_shardings(self.params_state, mesh)))
 
     def biases_spec(self, mesh: Mesh) -> P:
-        return _get(nnx.to_pure_dict(state_shardings(self.biases_state, mesh)), BIASES_PATH).spec
+        return _get(nnx.to_pure_dict(state_shardings(self.biases_state, mesh)), self.biases_path).spec
 
 
 def _get(tree: dict, path: tuple[str, ...]):
@@ -77,6 +94,17 @@ def _nest(path: tuple[str, ...], leaf) -> dict:
     for key in reversed(path):
         leaf = {key: leaf}
     return leaf
+
+
+def without_vision_lora(tree: dict) -> dict:
+    """A text model's params tree (of any leaves) without its vision_lora subtrees: what a text run saves."""
+    return {k: without_vision_lora(v) if isinstance(v, dict) else v for k, v in tree.items() if k != "vision_lora"}
+
+
+def merged(base: dict, update: dict) -> dict:
+    """`base` with each leaf `update` holds (at the same path) replaced by update's."""
+    return {k: (merged(v, update[k]) if isinstance(v, dict) else update[k]) if k in update else v
+            for k, v in base.items()}
 
 
 def initial_state(params: dict, biases: jax.Array, tx: optax.GradientTransformation,

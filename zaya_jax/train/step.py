@@ -21,6 +21,12 @@ B global batch, M micro-batches, S seq, L layers, E experts (+1 skip).
   else:      nothing changes but the counters (skipped_steps, nonfinite_streak)
 
 The rope_theta of the current curriculum phase is a static argument: each phase compiles once.
+
+A vision-language run (parts of a ZayaVL) takes the image keys too (patches [B, P, F], ...: the
+tower runs on each micro-batch's patches and its tokens replace the placeholders), logs
+image_token_share (image placeholders / non-padding positions of the batch), and with `frozen`
+(train.freeze_text) stops the gradient at those parameters: their weight gradients are not
+computed, and they are exactly zero.
 """
 
 from __future__ import annotations
@@ -40,18 +46,35 @@ from zaya_jax.parallel.rules import batch_spec
 from zaya_jax.train import balancing
 from zaya_jax.train.loss import chunked_token_nll, weighted_nll_sum
 from zaya_jax.train.objectives import TokenObjective, zero_sums
-from zaya_jax.train.optimizer import applied_updates
+from zaya_jax.train.optimizer import applied_updates, path_name
 from zaya_jax.train.state import ModelParts, TrainState
-
-BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
+from zaya_jax.vision.image_rows import IMAGE_KEYS
+from zaya_jax.vision.model import ImageBatch
 
 
 def batch_hidden(parts: ModelParts, params: dict, biases: jax.Array, batch: dict, rope_theta: float):
-    """-> (model, final-normed hidden [b, S, D], MoEStats with [L] leading axes) for one batch of [b, S] arrays."""
+    """-> (text model, final-normed hidden [b, S, D], MoEStats with [L] leading axes) for one batch
+    of [b, S] arrays (and a vision model's [b, P, ...] image arrays)."""
     model = parts.merge(params, biases)
-    hidden, stats = model.hidden_states(batch["inputs"], segment_ids=batch["segment_ids"],
-                                        positions=batch["positions"], rope_theta=rope_theta)
-    return model, hidden, stats
+    text = dict(segment_ids=batch["segment_ids"], positions=batch["positions"], rope_theta=rope_theta)
+    if parts.image_id is None:
+        return (model, *model.hidden_states(batch["inputs"], **text))
+    images = ImageBatch(*(batch[k] for k in IMAGE_KEYS))
+    return (model.text, *model.hidden_states(batch["inputs"], images, **text))
+
+
+def image_token_share(batch: dict, image_id: int) -> jax.Array:
+    """[] the share of a batch's non-padding positions that are image placeholders."""
+    real = batch["segment_ids"] > 0
+    return jnp.sum((batch["inputs"] == image_id) & real) / jnp.maximum(jnp.sum(real), 1)
+
+
+def stop_frozen(params: dict, frozen: Callable[[str], bool] | None) -> dict:
+    """params with the gradient stopped at every parameter whose path name `frozen` holds."""
+    if frozen is None:
+        return params
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.lax.stop_gradient(x) if frozen(path_name(path)) else x, params)
 
 
 def batch_nll(parts: ModelParts, params: dict, biases: jax.Array, batch: dict, rope_theta: float,
@@ -88,7 +111,7 @@ def objective_value(parts: ModelParts, objective, params: dict, biases: jax.Arra
 
 
 def split_microbatches(batch: dict, m: int) -> dict:
-    """{k: [B, S]} -> {k: [M, B/M, S]}, row r in micro-batch r mod M, each micro-batch sharded
+    """{k: [B, ...]} -> {k: [M, B/M, ...]}, row r in micro-batch r mod M, each micro-batch sharded
     as the batch over the active mesh (its axes that are not manual)."""
     shape = current_mesh_shape()
 
@@ -97,28 +120,39 @@ def split_microbatches(batch: dict, m: int) -> dict:
         if not shape:
             return x
         return jax.lax.with_sharding_constraint(x, P(None, *batch_spec(shape, x.ndim - 1)))
-    return {k: one(batch[k]) for k in BATCH_KEYS}
+    return {k: one(x) for k, x in batch.items()}
+
+
+def batch_shardings(mesh: Mesh, parts: ModelParts) -> dict[str, NamedSharding]:
+    """{batch key: its NamedSharding} of the batch a step of `parts` takes (distributed.global_batch's:
+    a vision-language run has mesh.context = 1, so its patches are not split)."""
+    ndim = {"patches": 3, "patch_positions": 3}
+    return {k: NamedSharding(mesh, batch_spec(mesh, ndim.get(k, 2))) for k in parts.batch_keys}
 
 
 def train_step(state: TrainState, batch: dict, *, parts: ModelParts, tx: optax.GradientTransformation,
                controller: optax.GradientTransformation, lr_schedule: Callable, rope_theta: float,
                microbatches: int, loss_chunk: int, balance: bool, include_skip: bool,
                mesh: Mesh | None, objective=TokenObjective(),
-               gradient_reduce: GradientReduce | None = None) -> tuple[TrainState, dict]:
+               gradient_reduce: GradientReduce | None = None,
+               frozen: Callable[[str], bool] | None = None) -> tuple[TrainState, dict]:
     """One optimizer step on a global batch {inputs, targets, segment_ids, positions, loss_mask: [B, S]}.
 
     gradient_reduce: sum the gradients over mesh `data` (of size > 1) by hand in its dtype (None: the
     partitioner reduces them; program.build_program passes one where gradient_reduce.summed_by_hand).
+    frozen: parameter path name -> True where the gradient stops (None: every parameter trains).
 
     metrics: objective.metric_keys (loss; for dpo also reward_margin, reward_accuracy,
              chosen_reward, rejected_reward, pairs), grad_norm, lr, tokens, skipped (0/1),
-             skipped_steps, nonfinite_streak []; expert_counts [L, E+1], dropped [L] (summed over the batch).
+             skipped_steps, nonfinite_streak [] (and image_token_share [] for a vision model);
+             expert_counts [L, E+1], dropped [L] (summed over the batch).
     """
     def accumulated(params, fixed, batch):
         """-> (grads summed over the micro-batches of `batch`, (sums, expert counts, dropped))."""
         biases, reference = fixed
         grad_fn = jax.value_and_grad(
-            lambda p, mb: objective_value(parts, objective, p, biases, reference, mb, rope_theta, loss_chunk),
+            lambda p, mb: objective_value(parts, objective, stop_frozen(p, frozen), biases, reference, mb,
+                                          rope_theta, loss_chunk),
             has_aux=True)
 
         def micro(carry, mb):
@@ -169,6 +203,8 @@ def train_step(state: TrainState, batch: dict, *, parts: ModelParts, tx: optax.G
                "tokens": jnp.sum(batch["loss_mask"]),
                "skipped": (~finite).astype(jnp.int32), "skipped_steps": new.skipped_steps,
                "nonfinite_streak": new.nonfinite_streak, "expert_counts": counts, "dropped": dropped}
+    if parts.image_id is not None:
+        metrics["image_token_share"] = image_token_share(batch, parts.image_id)
     return new, metrics
 
 
@@ -182,7 +218,7 @@ def eval_step(params: dict, biases: jax.Array, reference: dict | None, batch: di
 
 def jit_train_step(state_shardings: TrainState, mesh: Mesh, **static) -> Callable:
     """(state, batch, rope_theta) -> (state, metrics), compiled once per rope_theta; the state is donated."""
-    batch_sharding = {k: NamedSharding(mesh, batch_spec(mesh)) for k in BATCH_KEYS}
+    batch_sharding = batch_shardings(mesh, static["parts"])
     replicated = NamedSharding(mesh, P())
     fn = functools.partial(train_step, mesh=mesh, **static)
 
@@ -196,7 +232,7 @@ def jit_eval_step(params_shardings: dict, biases_sharding: NamedSharding, mesh: 
                   reference_shardings: dict | None = None, **static) -> Callable:
     """(params, biases, reference, batch, rope_theta) -> the objective's sums; reference: the
     frozen {params, biases} of a DPO run, else None."""
-    batch_sharding = {k: NamedSharding(mesh, batch_spec(mesh)) for k in BATCH_KEYS}
+    batch_sharding = batch_shardings(mesh, static["parts"])
     fn = functools.partial(eval_step, **static)
 
     def run_eval_step(params, biases, reference, batch, rope_theta):

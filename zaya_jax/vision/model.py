@@ -77,11 +77,13 @@ class ZayaVL(nnx.Module):
         """input_ids [B,S] -> logits [B,S,V] float32; images None: the text model alone."""
         return self.text.logits(self.hidden_states(input_ids, images, segment_ids=segment_ids)[0])
 
-    def hidden_states(self, input_ids, images: ImageBatch | None = None, *, segment_ids=None
-                      ) -> tuple[jax.Array, MoEStats]:
-        """-> final-normed hidden [B,S,D] and router stats (ZayaLM.hidden_states')."""
+    def hidden_states(self, input_ids, images: ImageBatch | None = None, *, segment_ids=None, positions=None,
+                      rope_theta=None) -> tuple[jax.Array, MoEStats]:
+        """-> final-normed hidden [B,S,D] and router stats (ZayaLM.hidden_states', which reads
+        segment_ids, positions and rope_theta)."""
         image_tokens = None
         if images is not None:
             tokens = self.vision(*images)
             image_tokens = place_image_tokens(input_ids, tokens, self.ids.image)
-        return self.text.hidden_states(input_ids, segment_ids=segment_ids, image_tokens=image_tokens)
+        return self.text.hidden_states(input_ids, segment_ids=segment_ids, positions=positions,
+                                       rope_theta=rope_theta, image_tokens=image_tokens)

@@ -1,0 +1,238 @@
+"""Training a ZAYA1-VL with zaya_jax.train: a text run's checkpoint gets the tower, merger and vision
+LoRA, trained on image_chat rows with the text weights frozen.
+
+One small run is shared (3 steps on a data x fsdp x expert mesh, from a text checkpoint of the fixtures'
+text model): its start must be the text checkpoint plus a fresh tower (built here by hand), its
+state after training must equal pure one-device train steps from that start, its first loss must
+equal the loss computed from ZayaVL's logits in numpy (and change with the images: the tower is
+on), the frozen text weights and biases must be bit-identical at the end while the tower and LoRA
+moved, and the logged image-token share must be the first batch's.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from tests.test_proof_sharded_training import assert_states_close
+from tests.vision_fixtures import IDS, TEXT, VISION
+from zaya_jax.config import ConfigError
+from zaya_jax.config_files import load_config_file, vision_section
+from zaya_jax.data import prepare
+from zaya_jax.model.zaya import ZayaLM
+from zaya_jax.train import balancing
+from zaya_jax.train.checkpoint import config_json, save_model
+from zaya_jax.train.data import open_training_data
+from zaya_jax.train.loop import Trainer
+from zaya_jax.train.objectives import make_objective
+from zaya_jax.train.optimizer import make_optimizer, param_labels, schedule, text_weight
+from zaya_jax.train.settings import settings_from_config
+from zaya_jax.train.state import ModelParts, initial_state
+from zaya_jax.train.step import train_step
+from zaya_jax.vision.model import ZayaVL
+
+STEPS, SEQ, BATCH, CAPACITY = 3, 64, 8, 48  # a row: 3 conversations (their 48 patches), 36 of 64 positions
+TEXT_ONLY = dataclasses.replace(TEXT, vision_lora_rank_attn=0, vision_lora_rank_mlp=0)
+TOKENIZER = {"sha256": "synthetic", "vocab_size": 96, "bos_id": 2, "eos_id": 1, "pad_id": 0}
+
+
+def _digit_documents(n: int = 48):
+    """n conversations (ids, mask, images): 'question' tokens, the image span, the digit's token, eos;
+    each image a 16x16 digit (16 patches of 4x4, 4 image tokens)."""
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    docs = []
+    for i in range(n):
+        image = np.kron(np.round(digits.images[i] * 255 / 16), np.ones((2, 2))).astype(np.uint8)
+        ids = [2, 5, 6, 7, IDS.vision_start, *[IDS.image] * 4, IDS.vision_end, 8, 10 + int(digits.target[i]), 1]
+        mask = [0] * (len(ids) - 2) + [1, 1]
+        docs.append((np.asarray(ids, np.int32), np.asarray(mask, np.int32), [np.repeat(image[..., None], 3, 2)]))
+    return docs
+
+
+def _text_config():
+    config = load_config_file("configs/tiny.py")
+    config.model.update({k: v for k, v in dataclasses.asdict(TEXT_ONLY).items() if k in config.model})
+    return config
+
+
+def _vl_config(tmp_path, source: str):
+    prepare.write_tokenized(str(tmp_path / "digits"), _digit_documents(), tokenizer_info=TOKENIZER, kind="image_chat")
+    config = _text_config()
+    config.model.update(vision_lora_rank_attn=TEXT.vision_lora_rank_attn, vision_lora_rank_mlp=TEXT.vision_lora_rank_mlp)
+    config.vision = vision_section(**{f.name: getattr(VISION, f.name) for f in dataclasses.fields(VISION)
+                                      if f.name != "dtype"},
+                                   image_token_id=IDS.image, vision_start_token_id=IDS.vision_start,
+                                   vision_end_token_id=IDS.vision_end)
+    config.vision.fullatt_block_indexes = list(VISION.fullatt_block_indexes)
+    config.train.update(steps=STEPS, data="pipeline", objective="sft", init_from_checkpoint=source,
+                        patch_capacity=CAPACITY, freeze_text=True, log_every_steps=1)
+    config.optimizer.update(warmup_steps=0, schedule="constant", learning_rate=1e-2)
+    config.checkpoint.update(every_steps=0, async_save=False)
+    config.eval.update(every_steps=STEPS, max_batches=1)
+    config.mesh.update(data=2, fsdp=2, expert=2)
+    config.monitor.update(progress_bar=False, tensorboard=False)
+    config.data = ml_collections.ConfigDict(dict(
+        sources={"digits": str(tmp_path / "digits")}, tokenizer="unused", pad_id=0, heldout_fraction=0.25,
+        packing_bins=4, worker_count=0, worker_buffer_size=1, prefetch_buffer_size=2,
+        phases=(dict(name="one", token_budget=BATCH * SEQ * STEPS, seq_len=SEQ, rope_theta=TEXT.rope_theta,
+                     global_batch_size=BATCH, weights={"digits": 1.0}),),
+        eval=dict(seq_len=SEQ, batch_size=BATCH, max_batches=1)))
+    return config
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(config, the text model, the run's state at its start and after training, its log records)."""
+    tmp = tmp_path_factory.mktemp("vl")
+    text = ZayaLM(TEXT_ONLY, rngs=nnx.Rngs(7))
+    save_model(str(tmp / "text"), *ModelParts.arrays(text), config_json(_text_config()))
+    config = _vl_config(tmp, str(tmp / "text"))
+    records = []
+    trainer = Trainer(config, str(tmp / "run"), on_log=records.append)
+    try:
+        start = jax.device_get(trainer.state)
+        trainer.run()
+        end = jax.device_get(trainer.state)
+    finally:
+        trainer.close()
+    return config, text, start, end, records
+
+
+def _hand_made_start(config, text: ZayaLM):
+    """A fresh ZayaVL (the run's seed) whose text weights are the text model's but its vision LoRA."""
+    s = settings_from_config(config)
+    params, biases = ModelParts.arrays(ZayaVL(s.model, VISION, IDS, rngs=nnx.Rngs(s.train.seed)))
+    text_params, text_biases = ModelParts.arrays(text)
+
+    def fill(vl, saved):
+        return {k: (fill(v, saved[k]) if isinstance(v, dict) else saved[k]) if k in saved else v
+                for k, v in vl.items()}
+    return {**params, "text": fill(params["text"], text_params)}, text_biases
+
+
+def _one_device(config, params, biases, steps):
+    """(state after `steps` pure train steps on one device, the first step's metrics, the first batch)."""
+    s = settings_from_config(config)
+    tx = make_optimizer(s.optimizer, s.train.steps, text_weight)
+    controller = balancing.make_controller(s.balancing)
+    abstract = nnx.eval_shape(lambda: ZayaVL(s.model, VISION, IDS, rngs=nnx.Rngs(0)))
+    step = jax.jit(functools.partial(
+        train_step, parts=ModelParts(abstract), tx=tx, controller=controller,
+        lr_schedule=schedule(s.optimizer, s.train.steps, s.optimizer.learning_rate), microbatches=1,
+        loss_chunk=s.train.loss_chunk_size, balance=False, include_skip=False, mesh=None,
+        objective=make_objective(s), frozen=text_weight), static_argnames="rope_theta")
+    device = jax.devices()[0]
+    state = jax.device_put(initial_state(params, biases, tx, controller, s.train.seed), device)
+    data = open_training_data(config, s)
+    batches = [next(data) for _ in range(steps)]
+    data.close()
+    first = None
+    for batch in batches:
+        state, metrics = step(state, jax.device_put(batch, device), rope_theta=TEXT.rope_theta)
+        first = first or jax.device_get(metrics)
+    return jax.device_get(state), first, batches[0]
+
+
+def _numpy_loss(model: ZayaVL, batch, patches=None) -> float:
+    """The masked mean nll of `batch` from ZayaVL's logits (the tower on the batch's patches)."""
+    from zaya_jax.vision.model import ImageBatch
+    images = ImageBatch(jnp.asarray(batch["patches"] if patches is None else patches),
+                        jnp.asarray(batch["patch_positions"]), jnp.asarray(batch["image_segments"]),
+                        jnp.asarray(batch["window_segments"]))
+    hidden, _ = model.hidden_states(jnp.asarray(batch["inputs"]), images, segment_ids=jnp.asarray(batch["segment_ids"]),
+                                    positions=jnp.asarray(batch["positions"]), rope_theta=TEXT.rope_theta)
+    logits = np.asarray(model.text.logits(hidden), np.float64)
+    logp = logits - logits.max(-1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
+    return float((nll * batch["loss_mask"]).sum() / batch["loss_mask"].sum())
+
+
+def _leaves(tree, keep):
+    return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
+            if keep(jax.tree_util.keystr(p))}
+
+
+def test_a_vision_run_starts_from_the_text_checkpoint_and_equals_one_device(run):
+    config, text, start, end, records = run
+    params, biases = _hand_made_start(config, text)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(start.params), jax.tree.leaves(params)):
+        name = jax.tree_util.keystr(path)
+        if "'text'" in name and "vision_lora" not in name:   # the checkpoint's, exactly
+            np.testing.assert_array_equal(a, b, err_msg=name)
+        else:                                                 # initialised under jit in the trainer
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8, err_msg=name)
+    np.testing.assert_array_equal(start.biases, biases)
+    params = start.params
+    reference, first, batch = _one_device(config, params, biases, STEPS)
+    assert_states_close(end, reference)
+
+    model = ModelParts(nnx.eval_shape(lambda: ZayaVL(TEXT, VISION, IDS, rngs=nnx.Rngs(0)))).merge(params, biases)
+    want = _numpy_loss(model, batch)
+    np.testing.assert_allclose(first["loss"], want, rtol=1e-5)
+    assert abs(_numpy_loss(model, batch, np.zeros_like(batch["patches"])) - want) > 1e-4  # the images count (20x the tolerance above)
+    train = [r for r in records if r.get("kind") == "train"]
+    share = np.sum((batch["inputs"] == IDS.image) & (batch["segment_ids"] > 0)) / np.sum(batch["segment_ids"] > 0)
+    assert train[0]["step"] == 1 and train[0]["image_token_share"] == pytest.approx(share, rel=1e-6) and share > 0.2
+    assert any("eval/digits/loss" in r for r in records)
+
+
+def test_freezing_keeps_the_text_model_and_trains_the_tower_and_lora(run):
+    _, _, start, end, _ = run
+    frozen = lambda name: "'text'" in name and "vision_lora" not in name  # noqa: E731
+    before, after = _leaves(start.params, frozen), _leaves(end.params, frozen)
+    assert before and before.keys() == after.keys()
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+    np.testing.assert_array_equal(end.biases, start.biases)
+    trained = lambda name: "'vision'" in name or "'o_b'" in name  # noqa: E731
+    moved = {n for n, a in _leaves(end.params, trained).items()
+             if not np.array_equal(a, _leaves(start.params, trained)[n])}
+    assert len(moved) == len(_leaves(start.params, trained)), sorted(set(_leaves(start.params, trained)) - moved)
+    moments = sum(np.size(x) for p, x in jax.tree_util.tree_leaves_with_path(end.opt_state)
+                  if np.ndim(x) and "ns_coeffs" not in jax.tree_util.keystr(p))  # Muon's 3 constants
+    trainable = sum(np.size(x) for x in _leaves(end.params, lambda n: not frozen(n)).values())
+    assert moments == 2 * trainable  # AdamW's two moments of the trained parameters: no state for frozen ones
+
+
+def test_the_text_model_is_grouped_as_in_a_text_run():
+    abstract = nnx.eval_shape(lambda: ZayaVL(TEXT, VISION, IDS, rngs=nnx.Rngs(0)))
+    params, _ = ModelParts.arrays(abstract)
+    s = settings_from_config(load_config_file("configs/tiny.py"))
+    labels = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(param_labels(params, s.optimizer))}
+    assert labels["['text']['layers']['attention']['q_proj']"] == "muon"
+    assert labels["['vision']['merger']['fc1_kernel']"] == "adamw"
+    frozen = {jax.tree_util.keystr(p): v for p, v in
+              jax.tree_util.tree_leaves_with_path(param_labels(params, s.optimizer, text_weight))}
+    assert frozen["['text']['layers']['attention']['q_proj']"] == "frozen"
+    assert frozen["['text']['layers']['attention']['vision_lora']['q_a']"] == "adamw"
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(train=dict(objective="lm")), "train.objective must be 'sft'"),
+    (dict(train=dict(patch_capacity=6)), "train.patch_capacity must be a positive multiple of 4"),
+    (dict(mesh=dict(context=2)), "mesh.context must be 1"),
+    (dict(vision=None, train=dict(patch_capacity=0)), "train.freeze_text is set but the config has no vision"),
+])
+def test_a_vision_run_names_what_it_cannot_do(tmp_path, change, message):
+    config = _vl_config(tmp_path, "unused")
+    if "vision" in change:
+        del config["vision"]
+    for section in ("train", "mesh"):
+        config[section].update(change.get(section, {}))
+    with pytest.raises(ConfigError, match=message):
+        settings_from_config(config)
+
+
+def test_a_text_run_refuses_image_chat_data(tmp_path):
+    config = _vl_config(tmp_path, "unused")
+    del config["vision"]
+    config.train.update(patch_capacity=0, freeze_text=False)
+    with pytest.raises(ConfigError, match="hold image_chat data .* add a vision section"):
+        open_training_data(config, settings_from_config(config))
