@@ -260,3 +260,18 @@ def test_ci_suite_reads_what_ci_run_prints():
     assert second["slowest"] == [{"seconds": 12.5, "phase": "call", "test": "tests/test_c.py::test_z"}]
     with pytest.raises(ValueError, match="not a finished .ci/run log"):
         parse(log.split("Python 3.12 stack")[0])
+
+
+def test_vl_demo_figures_are_the_results_file():
+    run = _load("vl_demo_cpu")
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    row = (f"| `runs/demo_vl` (text model frozen) | {run['steps']} | {run['wall_s_including_compile']['vl']:.0f} s | "
+           f"{100 * run['heldout_digit_accuracy']:.1f}% | {100 * run['accuracy_with_black_images']:.1f}% |")
+    assert row in readme
+    before, after = run["text_model"]["heldout_loss_before"], run["text_model"]["heldout_loss_after"]
+    assert before == after and run["text_model"]["max_abs_weight_change"] == 0
+    assert (f"on the {run['heldout_digits']} held-out digits" in readme
+            and f"(prose {after['prose']:.4f}, code {after['code']:.4f}, math {after['math']:.4f})" in readme
+            and f"`image_token_share`: {100 * run['vl_final']['train']['image_token_share']:.1f}% of the positions"
+            in readme)

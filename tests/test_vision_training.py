@@ -11,11 +11,15 @@ moved, and the logged image-token share must be the first batch's.
 
 import dataclasses
 import functools
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -68,7 +72,7 @@ def _vl_config(tmp_path, source: str):
     config.vision = vision_section(**{f.name: getattr(VISION, f.name) for f in dataclasses.fields(VISION)
                                       if f.name != "dtype"},
                                    image_token_id=IDS.image, vision_start_token_id=IDS.vision_start,
-                                   vision_end_token_id=IDS.vision_end)
+                                   vision_end_token_id=IDS.vision_end, min_pixels=256, max_pixels=256)
     config.vision.fullatt_block_indexes = list(VISION.fullatt_block_indexes)
     config.train.update(steps=STEPS, data="pipeline", objective="sft", init_from_checkpoint=source,
                         patch_capacity=CAPACITY, freeze_text=True, log_every_steps=1)
@@ -88,7 +92,8 @@ def _vl_config(tmp_path, source: str):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """(config, the text model, the run's state at its start and after training, its log records)."""
+    """(config, the text model, the run's state at its start and after training, its log records, the
+    text checkpoint's and the run's directories)."""
     tmp = tmp_path_factory.mktemp("vl")
     text = ZayaLM(TEXT_ONLY, rngs=nnx.Rngs(7))
     save_model(str(tmp / "text"), *ModelParts.arrays(text), config_json(_text_config()))
@@ -101,7 +106,7 @@ def run(tmp_path_factory):
         end = jax.device_get(trainer.state)
     finally:
         trainer.close()
-    return config, text, start, end, records
+    return config, text, start, end, records, str(tmp / "text"), str(tmp / "run")
 
 
 def _hand_made_start(config, text: ZayaLM):
@@ -139,6 +144,24 @@ def _one_device(config, params, biases, steps):
     return jax.device_get(state), first, batches[0]
 
 
+def _grad_norms(parts: ModelParts, params, biases, batch) -> tuple[float, float]:
+    """(the global norm of the mean loss's gradient over the trained parameters, over all of them)."""
+    from zaya_jax.train.optimizer import path_name
+    from zaya_jax.vision.model import ImageBatch
+    images = ImageBatch(*(jnp.asarray(batch[k]) for k in ("patches", "patch_positions", "image_segments",
+                                                          "window_segments")))
+
+    def loss(p):
+        model = parts.merge(p, biases)
+        logits = model(jnp.asarray(batch["inputs"]), images, segment_ids=jnp.asarray(batch["segment_ids"]))
+        logp = jax.nn.log_softmax(logits, -1)
+        nll = -jnp.take_along_axis(logp, jnp.asarray(batch["targets"])[..., None], -1)[..., 0]
+        return jnp.sum(nll * batch["loss_mask"]) / jnp.sum(batch["loss_mask"])
+    grads = jax.grad(loss)(params)
+    trained = jax.tree_util.tree_map_with_path(lambda path, g: 0 * g if text_weight(path_name(path)) else g, grads)
+    return float(optax.tree.norm(trained)), float(optax.tree.norm(grads))
+
+
 def _numpy_loss(model: ZayaVL, batch, patches=None) -> float:
     """The masked mean nll of `batch` from ZayaVL's logits (the tower on the batch's patches)."""
     from zaya_jax.vision.model import ImageBatch
@@ -160,7 +183,7 @@ def _leaves(tree, keep):
 
 
 def test_a_vision_run_starts_from_the_text_checkpoint_and_equals_one_device(run):
-    config, text, start, end, records = run
+    config, text, start, end, records, _, _ = run
     params, biases = _hand_made_start(config, text)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(start.params), jax.tree.leaves(params)):
         name = jax.tree_util.keystr(path)
@@ -177,6 +200,9 @@ def test_a_vision_run_starts_from_the_text_checkpoint_and_equals_one_device(run)
     want = _numpy_loss(model, batch)
     np.testing.assert_allclose(first["loss"], want, rtol=1e-5)
     assert abs(_numpy_loss(model, batch, np.zeros_like(batch["patches"])) - want) > 1e-4  # the images count (20x the tolerance above)
+    trained_norm, all_norm = _grad_norms(ModelParts(model), params, biases, batch)
+    np.testing.assert_allclose(first["grad_norm"], trained_norm, rtol=1e-4)  # the frozen weights' gradient is not in it
+    assert all_norm > 1.5 * trained_norm
     train = [r for r in records if r.get("kind") == "train"]
     share = np.sum((batch["inputs"] == IDS.image) & (batch["segment_ids"] > 0)) / np.sum(batch["segment_ids"] > 0)
     assert train[0]["step"] == 1 and train[0]["image_token_share"] == pytest.approx(share, rel=1e-6) and share > 0.2
@@ -184,7 +210,7 @@ def test_a_vision_run_starts_from_the_text_checkpoint_and_equals_one_device(run)
 
 
 def test_freezing_keeps_the_text_model_and_trains_the_tower_and_lora(run):
-    _, _, start, end, _ = run
+    _, _, start, end, _, _, _ = run
     frozen = lambda name: "'text'" in name and "vision_lora" not in name  # noqa: E731
     before, after = _leaves(start.params, frozen), _leaves(end.params, frozen)
     assert before and before.keys() == after.keys()
@@ -236,3 +262,55 @@ def test_a_text_run_refuses_image_chat_data(tmp_path):
     config.train.update(patch_capacity=0, freeze_text=False)
     with pytest.raises(ConfigError, match="hold image_chat data .* add a vision section"):
         open_training_data(config, settings_from_config(config))
+
+
+def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go(run, tmp_path, capsys):
+    """generate --checkpoint --image resizes as the run's data (min/max pixels 256: 16x16, 4 image tokens)
+    and prints what the Python API generates; convert to_hf writes a zaya1_vl directory that loads back to
+    the same model; a text checkpoint with --image, the digits run given to evaluate_tasks, and resuming
+    the run with a text config each end in one error naming the input."""
+    from PIL import Image
+
+    import zaya_jax
+    from tests.test_infer_cli import run_main
+    from tests.train_helpers import REPO
+    from zaya_jax.convert.hf_vl import load_vl_hf
+    from zaya_jax.errors import UserError
+    from zaya_jax.evaluate_tasks import load_checkpoint as load_for_tasks
+    from zaya_jax.train.checkpoint import load_checkpoint_model
+    from zaya_jax.vision.processor import ImageProcessor
+    from zaya_jax.vision.prompts import expand_placeholders
+
+    config, _, _, _, _, text_dir, run_dir = run
+    image = _digit_documents(1)[0][2][0][:8:, :8]                       # an 8x8 image, resized to 16x16
+    Image.fromarray(image).save(tmp_path / "d.png")
+    run_main(["--checkpoint", run_dir, "--image", str(tmp_path / "d.png"), "--prompt_ids", f"2,5,{IDS.image},8",
+              "--max_new_tokens", "3", "--ignore_eos"])
+    printed = capsys.readouterr().out.split()
+    model, _ = load_checkpoint_model(run_dir)
+    prompt = expand_placeholders([2, 5, IDS.image, 8], [(1, 4, 4)], IDS)
+    assert prompt.count(IDS.image) == 4
+    processor = ImageProcessor(4, 2, 1, min_pixels=256, max_pixels=256)
+    assert printed == [str(t) for t in zaya_jax.generate(model, [prompt], 3, images=[[image]], stop_at_eos=False,
+                                                         image_processor=processor)[0]]
+
+    import tokenizers
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"w{i}": i for i in range(3, 96)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    subprocess.run([sys.executable, "-m", "zaya_jax.convert", "to_hf", "--checkpoint", run_dir, "--out",
+                    str(tmp_path / "hf"), "--tokenizer", str(tmp_path / "tokenizer.json")], cwd=REPO, check=True,
+                   capture_output=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})  # its flags, its process
+    exported = load_vl_hf(tmp_path / "hf")
+    for a, b in zip(jax.tree.leaves(nnx.state(exported, nnx.Param)), jax.tree.leaves(nnx.state(model, nnx.Param))):
+        np.testing.assert_array_equal(a, b)
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+
+    with pytest.raises(UserError, match=f"--image: --checkpoint {text_dir} holds a text model"):
+        run_main(["--checkpoint", text_dir, "--image", str(tmp_path / "d.png"), "--prompt_ids", "2"])
+    with pytest.raises(UserError, match="holds a vision-language model: this command answers text questions"):
+        load_for_tasks(run_dir, None, str(tmp_path / "tokenizer.json"))
+    text_config = _text_config()
+    with pytest.raises(ConfigError, match="its checkpoints are a vision-language run's but this config is a text "
+                                          "run's"):
+        Trainer(text_config, run_dir)
