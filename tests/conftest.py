@@ -70,7 +70,7 @@ ONE_STACK = {
     "test_chat_data.py": "chat templates and masks",
     "test_instruction_tasks.py": "the generated tasks",
     "test_proof_benchmark_results.py": "the committed results files against the docs",
-    "test_gradient_reduce.py::test_bfloat16_on_the_wire": "60 demo steps' losses with bf16 reduction (its "
+    "test_gradient_reduce.py::test_bfloat16_on_the_wire": "30 demo steps' losses with bf16 reduction (its "
                                                           "lowered collectives and float32-by-hand proofs run on both)",
     "test_train_cli.py::test_a_restart_names": "a restart's refusal messages",
 }

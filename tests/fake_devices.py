@@ -9,7 +9,7 @@ The suite's programs are tiny, so compiling them costs more than running them: L
 its time at the default level (benchmarks/results/suite_compile_level_cpu.json). XLA's own HLO
 passes (fusion, layout, sharding) are the same at every level, so what the tests prove about the
 compiled program does not change; the benchmarks, which time code, never use these flags. The
-code is slower at -O0, so the runs of RUNTIME_BOUND configs (the demo: 60 steps of a wider model)
+code is slower at -O0, so the runs of RUNTIME_BOUND configs (the demo: its 30- to 260-step runs of a wider model)
 compile at the default level (the bf16 reduction test's 60 demo steps took 360 s at -O0).
 """
 

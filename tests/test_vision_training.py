@@ -314,3 +314,34 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
     with pytest.raises(ConfigError, match="its checkpoints are a vision-language run's but this config is a text "
                                           "run's"):
         Trainer(text_config, run_dir)
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_the_vision_step_lowers_for_gpus(tmp_path, platform):
+    """The VL train step, lowered for CUDA and ROCm from abstract shapes (data x fsdp; the Pallas
+    grouped matmul, forward and both gradients, inside the shard_map; attention XLA's, the only
+    one that attends image tokens both ways), takes the image arrays and runs the tower on them."""
+    from jax._src.interpreters import mlir as jax_mlir
+    from jaxlib.mlir import ir
+
+    from pallas_kernels import lower_for_gpu
+    from tests.test_gpu_lowering import ATTENTION_KERNELS, GMM_KERNELS, triton_calls
+    from zaya_jax.parallel.mesh import make_mesh
+    from zaya_jax.train.program import abstract_batch, build_program, image_shape
+    from zaya_jax.train.state import with_shardings
+
+    config = _vl_config(tmp_path, "unused")
+    config.model.update(moe_backend="auto")
+    config.mesh.update(data=4, fsdp=2, expert=1)
+    s = settings_from_config(config)
+    mesh = make_mesh(s.mesh.sizes)
+    program = build_program(s, mesh)
+    state = with_shardings(program.abstract_state, program.shardings)
+    batch = abstract_batch(BATCH, SEQ, image_shape(s))
+    text = lower_for_gpu(platform, program.train_step, state, batch, s.model.rope_theta, mesh=mesh).as_text()
+    calls = triton_calls(ir.Module.parse(text, context=jax_mlir.make_ir_context()))
+    kernels = {kernel for kernel, _ in calls}
+    assert GMM_KERNELS <= kernels and not kernels & ATTENTION_KERNELS and all(m for _, m in calls), calls
+    patches = f"tensor<{BATCH}x{CAPACITY}x{VISION.patch_dim}xf32>"
+    embed = f"tensor<{VISION.patch_dim}x{VISION.hidden_size}xf32>"    # the tower's patch embedding
+    assert [line for line in text.splitlines() if "dot_general" in line and patches in line and embed in line]
