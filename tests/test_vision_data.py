@@ -124,12 +124,66 @@ def test_a_packed_row_gives_each_conversation_its_logits_alone(documents):
         np.testing.assert_allclose(packed[row["segment_ids"] == s], alone, rtol=2e-5, atol=2e-5)
 
 
-def test_image_chat_data_is_refused_where_it_cannot_go(tmp_path):
-    from zaya_jax.config import ConfigError
-    from zaya_jax.data import kinds, prepare
+VISION_CONFIG = """
+import dataclasses
+from zaya_jax.config_files import load_config_file, vision_section
+from tests.vision_fixtures import IDS, VISION
+
+def get_config():
+    config = load_config_file("configs/tiny.py")
+    fields = {f.name: getattr(VISION, f.name) for f in dataclasses.fields(VISION) if f.name != "dtype"}
+    fields["fullatt_block_indexes"] = list(VISION.fullatt_block_indexes)
+    config.vision = vision_section(**fields, image_token_id=IDS.image, vision_start_token_id=IDS.vision_start,
+                                   vision_end_token_id=IDS.vision_end, min_pixels=256, max_pixels=1024)
+    return config
+"""
+
+
+def test_the_prepare_cli_reads_conversations_with_image_files(tokenizer, tmp_path):
+    """--kind image_chat: TRL-format records whose images are files beside the JSONL become the documents
+    encode_image_chat makes of the same images (sized by --vision_config's processor); an unreadable image is
+    named by file and line, and a missing --vision_config or a config without a vision section is named."""
+    import json
+
+    from PIL import Image
+
+    from zaya_jax.data import prepare, sources
     from zaya_jax.errors import UserError
-    with pytest.raises(UserError, match="--kind image_chat: conversations with images are written from Python"):
-        prepare.prepare_dataset(str(tmp_path / "x.jsonl"), "jsonl", str(tmp_path / "tok.json"), str(tmp_path / "out"),
-                                kind="image_chat")
+    conversations = digit_conversations("heldout")[:3]
+    (tmp_path / "imgs").mkdir()
+    with open(tmp_path / "vl.jsonl", "w") as f:
+        for i, c in enumerate(conversations):
+            Image.fromarray(c["images"][0]).save(tmp_path / "imgs" / f"{i}.png")
+            f.write(json.dumps({"messages": c["messages"], "images": [f"imgs/{i}.png"]}) + "\n")
+    (tmp_path / "vl_config.py").write_text(VISION_CONFIG)
+    manifest = prepare.prepare_dataset(str(tmp_path / "vl.jsonl"), "jsonl", tokenizer.path, str(tmp_path / "out"),
+                                       kind="image_chat", chat_template=PLAIN,
+                                       vision_config=str(tmp_path / "vl_config.py"), progress=False)
+    assert manifest["kind"] == "image_chat" and manifest["num_documents"] == 3 and manifest["num_images"] == 3
+    prepared = sources.open_source("vl", str(tmp_path / "out"), 0.0, "data.sources.vl").train
+    template = ChatTemplate.load(PLAIN)
+    for i, c in enumerate(conversations):
+        want = encode_image_chat(template, tokenizer, c["messages"], c["images"], PROCESSOR, IDS)
+        got = prepared[i]
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        assert len(got.images) == 1 and got.images[0].shape == (16, 16, 3)
+        np.testing.assert_array_equal(got.images[0], want.images[0])
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"messages": conversations[0]["messages"],
+                                                    "images": ["imgs/missing.png"]}) + "\n")
+    with pytest.raises(UserError, match=r"bad.jsonl:1: images\[0\] 'imgs/missing.png': cannot read it as an image"):
+        prepare.prepare_dataset(str(tmp_path / "bad.jsonl"), "jsonl", tokenizer.path, str(tmp_path / "out2"),
+                                kind="image_chat", chat_template=PLAIN, vision_config=str(tmp_path / "vl_config.py"),
+                                progress=False)
+    with pytest.raises(UserError, match="--kind image_chat needs --vision_config FILE"):
+        prepare.prepare_dataset(str(tmp_path / "vl.jsonl"), "jsonl", tokenizer.path, str(tmp_path / "out3"),
+                                kind="image_chat", chat_template=PLAIN)
+    with pytest.raises(UserError, match="configs/tiny.py: the config has no vision section"):
+        prepare.prepare_dataset(str(tmp_path / "vl.jsonl"), "jsonl", tokenizer.path, str(tmp_path / "out3"),
+                                kind="image_chat", chat_template=PLAIN, vision_config="configs/tiny.py")
+
+
+def test_image_chat_data_is_refused_where_it_cannot_go():
+    from zaya_jax.config import ConfigError
+    from zaya_jax.data import kinds
     with pytest.raises(ConfigError, match="hold image_chat data .*: add a vision section to the config"):
         kinds.row_format("image_chat")

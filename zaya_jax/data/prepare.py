@@ -4,17 +4,24 @@ r"""CLI: tokenize raw text into ArrayRecord shards of token sequences, one docum
         --tokenizer /models/gemma3/tokenizer.json --output /data/zaya1/web --workers 8
     python -m zaya_jax.data.prepare --kind chat --input 'sft/*.jsonl' --format jsonl \
         --tokenizer tok.json --chat_template zaya_jax/data/chat_templates/plain.jinja --output /data/sft
+    python -m zaya_jax.data.prepare --kind image_chat --input 'vl/*.jsonl' --format jsonl \
+        --tokenizer tok.json --chat_template plain.jinja --vision_config configs/demo_vl.py --output /data/vl
 
-Flags: --input (repeatable), --format text|jsonl|parquet, --kind text|chat|preference,
---tokenizer, --chat_template, --output, --workers, --num_shards, --text_field, --messages_field,
+Flags: --input (repeatable), --format text|jsonl|parquet, --kind text|chat|preference|image_chat,
+--tokenizer, --chat_template, --vision_config, --output, --workers, --num_shards, --text_field, --messages_field,
 --bos_id/--eos_id/--pad_id, --skip_bad, --quiet (dashes work too: --num-shards). A bad input
 ends in one `error:` line naming the file and line, exit code 2.
 
 Kinds (records: zaya_jax/data/records.py): text documents [bos, ids..., eos]; chat conversations
 (a `messages` list of {role, content}) as ids and a mask of the assistant tokens; preference
 pairs (`prompt`, `chosen`, `rejected`: strings, or lists of messages rendered with the chat
-template) as prompt, chosen and rejected ids. The chat template (zaya_jax/data/chat_template.py)
-is --chat_template, else the `chat_template` of the tokenizer_config.json beside --tokenizer.
+template) as prompt, chosen and rejected ids; image_chat conversations with images, TRL's
+vision-language format (`messages` whose contents may hold {"type": "image"} parts, and `images`:
+the image files, relative to the input file's directory, in the order of those parts) as ids
+with each image's span, the mask, and the images resized by the processor of --vision_config (a
+config file with a vision section: the tower's patches, image token ids and min/max pixels;
+zaya_jax.vision.chat). The chat template (zaya_jax/data/chat_template.py) is --chat_template,
+else the `chat_template` of the tokenizer_config.json beside --tokenizer.
 
 Output directory:
   shard-00000-of-00016.array_record   one record per document, ids as uint16 (vocab <= 65536)
@@ -70,6 +77,7 @@ class ShardTask:
     output_dir: str
     kind: str = "text"
     template_path: str | None = None
+    vision_config_path: str | None = None  # image_chat: the config file whose vision section sizes the images
 
     @property
     def name(self) -> str:
@@ -128,9 +136,14 @@ def _add_document(stats: dict, kind: str, document) -> None:
         stats[key] += value
 
 
-def _record_encoder(task: ShardTask, tok: Tokenizer) -> tuple[readers.Fields, Callable[[dict], object]]:
-    """The fields a chat / preference record needs and how its values become a document."""
+def _record_encoder(task: ShardTask, tok: Tokenizer, path: str) -> tuple[readers.Fields, Callable[[dict], object]]:
+    """The fields a chat / preference / image_chat record of input file `path` needs and how its
+    values become a document."""
     template = _load_template(task.template_path)
+    if task.kind == "image_chat":
+        from zaya_jax.vision.chat import image_chat_encoder
+        return ({task.text_field: (list,), "images": (list,)},
+                image_chat_encoder(template, tok, task.vision_config_path, os.path.dirname(path), task.text_field))
     if task.kind == "chat":
         return ({task.text_field: (list,)},
                 lambda values: templates.encode_conversation(template, tok, values[task.text_field]))
@@ -203,7 +216,7 @@ def _write_records(task: ShardTask, tok: Tokenizer, path: str, write: Callable[[
                    on_error: readers.ErrorHandler) -> None:
     """The chat / preference records of one input file; a record the template cannot encode is a
     bad line (templates.ConversationError), named by file and line."""
-    fields, encode = _record_encoder(task, tok)
+    fields, encode = _record_encoder(task, tok, path)
     for record in readers.read_records(path, task.fmt, fields, on_error):
         try:
             document = encode(record.values)
@@ -256,33 +269,38 @@ def resolve_chat_template(kind: str, chat_template_path: str | None, tokenizer_p
     if chat_template_path is not None:
         return chat_template_path
     found = default_chat_template(tokenizer_path)
-    if found is None and kind == "chat":
+    if found is None and kind in ("chat", "image_chat"):
         beside = os.path.join(os.path.dirname(os.path.abspath(tokenizer_path)), "tokenizer_config.json")
         state = "has no \"chat_template\"" if os.path.isfile(beside) else "does not exist"
-        raise UserError(f"--kind chat needs a chat template and {beside} {state}: pass --chat_template FILE "
+        raise UserError(f"--kind {kind} needs a chat template and {beside} {state}: pass --chat_template FILE "
                         f"(a .jinja file, e.g. {templates.PLAIN}, or a tokenizer_config.json), or put a "
                         "tokenizer_config.json with a \"chat_template\" beside --tokenizer")
     return found
 
 
 def prepare_dataset(inputs: str | Sequence[str], fmt: str, tokenizer_path: str, output_dir: str, *,
-                    kind: str = "text", chat_template: str | None = None,
+                    kind: str = "text", chat_template: str | None = None, vision_config: str | None = None,
                     bos_id: int = 2, eos_id: int = 1, pad_id: int = 0, text_field: str = "text",
                     messages_field: str = "messages", num_shards: int | None = None, workers: int = 1,
                     skip_bad: bool = False, progress: bool = True) -> dict:
     """Tokenizes the files matching `inputs` into `output_dir`; returns the manifest (also written).
 
     kind: "text" (documents), "chat" (conversations in `messages_field`, masked by the template)
-    or "preference" (prompt/chosen/rejected); `chat_template`: a .jinja or tokenizer_config.json
-    path (default: the tokenizer_config.json beside the tokenizer, if it has a chat_template).
+    "preference" (prompt/chosen/rejected) or "image_chat" (conversations in `messages_field` with
+    their `images`, sized by the vision section of the config file `vision_config`);
+    `chat_template`: a .jinja or tokenizer_config.json path (default: the tokenizer_config.json
+    beside the tokenizer, if it has a chat_template).
     """
     if fmt not in readers.FORMATS:
         raise ValueError(f"--format must be one of {readers.FORMATS}, got {fmt!r}")
     if kind not in records.KINDS:
         raise ValueError(f"--kind must be one of {records.KINDS}, got {kind!r}")
+    vision = None
     if kind == "image_chat":
-        raise UserError("--kind image_chat: conversations with images are written from Python for now "
-                        "(zaya_jax.vision.chat.encode_image_chat, then prepare.write_tokenized; docs/vision.md)")
+        from zaya_jax.vision.chat import vision_section_of
+        vision = vision_section_of(vision_config)
+    elif vision_config is not None:
+        raise UserError(f"--vision_config sizes the images of --kind image_chat; --kind {kind} has none")
     if kind != "text" and fmt == "text":
         raise ValueError(f"--kind {kind} reads one record per line or row: use --format jsonl or parquet")
     files = readers.expand_inputs(inputs)
@@ -291,7 +309,7 @@ def prepare_dataset(inputs: str | Sequence[str], fmt: str, tokenizer_path: str, 
     tok = _load_tokenizer(os.path.abspath(tokenizer_path), (bos_id, eos_id, pad_id))
     template_path = resolve_chat_template(kind, chat_template, tokenizer_path)
     template = None if template_path is None else _load_template(os.path.abspath(template_path))
-    field = messages_field if kind == "chat" else text_field
+    field = messages_field if kind in ("chat", "image_chat") else text_field
     num_shards = min(len(files), 64 if num_shards is None else num_shards)
     if num_shards < 1:
         raise ValueError(f"--num-shards must be positive, got {num_shards}")
@@ -301,7 +319,7 @@ def prepare_dataset(inputs: str | Sequence[str], fmt: str, tokenizer_path: str, 
     plan = {"format_version": FORMAT_VERSION, "format": fmt, "kind": kind, "text_field": field,
             "tokenizer_sha256": tok.sha256, "special_ids": [bos_id, eos_id, pad_id], "num_shards": num_shards,
             "chat_template_sha256": template and template.sha256,
-            "inputs": [[f, os.path.getsize(f)] for f in files]}
+            "inputs": [[f, os.path.getsize(f)] for f in files]} | ({"vision": vision} if vision else {})
     if os.path.exists(plan_path):
         with open(plan_path) as f:
             old = {"kind": "text", "chat_template_sha256": None, **json.load(f)}  # older plans: text
@@ -313,7 +331,7 @@ def prepare_dataset(inputs: str | Sequence[str], fmt: str, tokenizer_path: str, 
 
     tasks = [ShardTask(i, num_shards, tuple(files[i * len(files) // num_shards:(i + 1) * len(files) // num_shards]),
                        fmt, field, tok.path, (bos_id, eos_id, pad_id), skip_bad, os.path.abspath(output_dir), kind,
-                       template and template.path)
+                       template and template.path, vision_config and os.path.abspath(vision_config))
              for i in range(num_shards)]
     pending = [t for t in tasks if not os.path.exists(t.path(".json"))]
     total = sum(os.path.getsize(f) for t in pending for f in t.files)
@@ -403,7 +421,10 @@ def define_flags() -> None:
     imported by others whose processes define their own flags)."""
     flags.DEFINE_multi_string("input", None, "Glob pattern (** recurses); repeatable.", required=True)
     flags.DEFINE_enum("format", None, list(readers.FORMATS), "Input format.", required=True)
-    flags.DEFINE_enum("kind", "text", list(records.KINDS), "text documents, chat conversations or preference pairs.")
+    flags.DEFINE_enum("kind", "text", list(records.KINDS),
+                      "text documents, chat conversations, preference pairs or image_chat conversations with images.")
+    flags.DEFINE_string("vision_config", None, "--kind image_chat: a config file with a vision section (the run's, "
+                                               "e.g. configs/demo_vl.py), which sizes the images.")
     flags.DEFINE_string("chat_template", None, "Chat template: a .jinja file or a tokenizer_config.json (default: "
                                                "the tokenizer_config.json beside --tokenizer).")
     flags.DEFINE_string("messages_field", "messages", "jsonl key / parquet column of a chat's messages.")
@@ -425,6 +446,7 @@ def main(argv: list[str]) -> None:
     f = flags.FLAGS
     try:
         manifest = prepare_dataset(f.input, f.format, f.tokenizer, f.output, kind=f.kind, chat_template=f.chat_template,
+                                   vision_config=f.vision_config,
                                    bos_id=f.bos_id, eos_id=f.eos_id, pad_id=f.pad_id, text_field=f.text_field,
                                    messages_field=f.messages_field, num_shards=f.num_shards, workers=f.workers,
                                    skip_bad=f.skip_bad, progress=not f.quiet)
@@ -433,7 +455,7 @@ def main(argv: list[str]) -> None:
     except (FileNotFoundError, ValueError) as err:
         raise UserError(str(err)) from err
     summary = {k: manifest[k] for k in ("kind", "num_documents", "num_tokens", "num_supervised_tokens", "num_pairs",
-                                        "skipped_files", "skipped_lines", "dtype") if k in manifest}
+                                        "num_images", "skipped_files", "skipped_lines", "dtype") if k in manifest}
     print(json.dumps({"output": f.output, "shards": len(manifest["shards"]), **summary}))
 
 

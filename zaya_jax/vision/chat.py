@@ -9,12 +9,14 @@ A message's content is a string or a list of parts ({"type": "text", "text": ...
 image part as one placeholder, which becomes the image's span (vision_start, one image token per
 merged patch, vision_end; never supervised), and the images are resized by the tower's processor
 (stored as uint8 pixels: records.ImageChatDocument; patches are cut when rows are made,
-vision.image_rows).
+vision.image_rows). `image_chat_encoder` is the prepare CLI's (--kind image_chat): records whose
+`images` are file paths, sized by a config file's vision section (--vision_config).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import os
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -61,3 +63,46 @@ def encode_image_chat(template: ChatTemplate, tokenizer, messages: Sequence[dict
     grids = [(1, r.shape[0] // p, r.shape[1] // p) for r in resized]
     ids, mask = expand_placeholders(ids, grids, token_ids, processor.merge_size, mask=mask)
     return ImageChatDocument(np.stack([np.asarray(ids, np.int32), np.asarray(mask, np.int32)]), tuple(resized))
+
+
+def vision_section_of(config_path: str | None) -> dict:
+    """The vision section of the config file `config_path` as plain values (what a prepared image_chat
+    source is sized by); UserError naming the flag when there is no file or no section."""
+    from zaya_jax.config_files import load_config_file
+    from zaya_jax.errors import UserError
+    if config_path is None:
+        raise UserError("--kind image_chat needs --vision_config FILE: a config file with a vision section (the run's, "
+                        "e.g. configs/demo_vl.py), whose tower, image token ids and min/max pixels size the images")
+    try:
+        config = load_config_file(config_path)
+    except FileNotFoundError as err:
+        raise UserError(f"--vision_config: {err}") from err
+    if "vision" not in config:
+        raise UserError(f"--vision_config {config_path}: the config has no vision section (a ZAYA1-VL model's; "
+                        "config_files.vision_section)")
+    return config.vision.to_dict()
+
+
+def image_chat_encoder(template: ChatTemplate, tokenizer, config_path: str, base_dir: str,
+                       messages_field: str) -> Callable[[dict], tuple]:
+    """A record {messages_field: messages, "images": [file paths relative to base_dir]} -> the
+    image_chat record (ids, mask, resized images); an image file it cannot read is a ConversationError
+    naming it."""
+    from PIL import Image
+
+    from zaya_jax.config_files import image_processor, load_config_file, vision_config
+    config = load_config_file(config_path)
+    processor, (_, token_ids) = image_processor(config), vision_config(config)
+
+    def encode(values: dict) -> tuple:
+        images = []
+        for k, name in enumerate(values["images"]):
+            path = os.path.join(base_dir, name) if isinstance(name, str) else None
+            try:
+                with Image.open(path) as image:
+                    images.append(image.convert("RGB"))
+            except (OSError, ValueError, TypeError, AttributeError) as err:
+                raise ConversationError(f"images[{k}] {name!r}: cannot read it as an image ({err})") from err
+        doc = encode_image_chat(template, tokenizer, values[messages_field], images, processor, token_ids)
+        return (*doc.tokens, doc.images)
+    return encode
