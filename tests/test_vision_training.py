@@ -267,7 +267,7 @@ def test_a_text_run_refuses_image_chat_data(tmp_path):
 def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go(run, tmp_path, capsys):
     """generate --checkpoint --image resizes as the run's data (min/max pixels 256: 16x16, 4 image tokens)
     and prints what the Python API generates; convert to_hf writes a zaya1_vl directory that loads back to
-    the same model; a text checkpoint with --image, the digits run given to evaluate_tasks, and resuming
+    the same model, and to_orbax turns it back into the same checkpoint model; a text checkpoint with --image, the digits run given to evaluate_tasks, and resuming
     the run with a text config each end in one error naming the input."""
     from PIL import Image
 
@@ -305,6 +305,13 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
     for a, b in zip(jax.tree.leaves(nnx.state(exported, nnx.Param)), jax.tree.leaves(nnx.state(model, nnx.Param))):
         np.testing.assert_array_equal(a, b)
     assert (tmp_path / "hf" / "tokenizer.json").is_file()
+    subprocess.run([sys.executable, "-m", "zaya_jax.convert", "to_orbax", "--hf", str(tmp_path / "hf"), "--out",
+                    str(tmp_path / "orbax")], cwd=REPO, check=True, capture_output=True,
+                   env={**os.environ, "JAX_PLATFORMS": "cpu"})                            # and back
+    back, _ = load_checkpoint_model(str(tmp_path / "orbax"))
+    assert isinstance(back, ZayaVL) and back.ids == IDS and back.vision.config == model.vision.config
+    for a, b in zip(jax.tree.leaves(nnx.state(back, nnx.Param)), jax.tree.leaves(nnx.state(model, nnx.Param))):
+        np.testing.assert_array_equal(a, b)
 
     with pytest.raises(UserError, match=f"--image: --checkpoint {text_dir} holds a text model"):
         run_main(["--checkpoint", text_dir, "--image", str(tmp_path / "d.png"), "--prompt_ids", "2"])

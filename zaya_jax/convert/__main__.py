@@ -55,10 +55,25 @@ def to_orbax(hf_dir: str, out_dir: str, dtype: str = "float32") -> str:
     import zaya_jax
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         raise OutputExistsError(f"--out {out_dir}: exists and is not empty; choose a new directory")
-    model = zaya_jax.load_hf(hf_dir, dtype=dtype)
+    from zaya_jax.convert.hf_load import read_hf_config
+    if read_hf_config(hf_dir).get("model_type") == "zaya1_vl":
+        from zaya_jax.convert.hf_vl import load_vl_hf
+        model = load_vl_hf(hf_dir, dtype=dtype)
+        config = {"model": dataclasses.asdict(model.text.config), "vision": vision_values(model)}
+    else:
+        model = zaya_jax.load_hf(hf_dir, dtype=dtype)
+        config = {"model": dataclasses.asdict(model.config)}
     params, biases = ModelParts.arrays(model)
-    save_model(out_dir, params, biases, {"model": dataclasses.asdict(model.config)})
+    save_model(out_dir, params, biases, config)
     return out_dir
+
+
+def vision_values(model) -> dict:
+    """A ZayaVL's `vision` config section (config_files.vision_section's fields) as JSON values."""
+    from zaya_jax.config_files import VISION_ID_FIELDS, vision_section
+    tower = {k: v for k, v in dataclasses.asdict(model.vision.config).items() if k != "dtype"}
+    tower["fullatt_block_indexes"] = list(tower["fullatt_block_indexes"])
+    return vision_section(**tower, **dict(zip(VISION_ID_FIELDS, model.ids))).to_dict()
 
 
 def export_tokenizer(checkpoint: str, cfg, tokenizer_path: str | None) -> tuple[dict[str, str], str]:
