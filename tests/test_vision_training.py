@@ -11,6 +11,7 @@ moved, and the logged image-token share must be the first batch's.
 
 import dataclasses
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -267,8 +268,9 @@ def test_a_text_run_refuses_image_chat_data(tmp_path):
 def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go(run, tmp_path, capsys):
     """generate --checkpoint --image resizes as the run's data (min/max pixels 256: 16x16, 4 image tokens)
     and prints what the Python API generates; convert to_hf writes a zaya1_vl directory that loads back to
-    the same model, and to_orbax turns it back into the same checkpoint model; a text checkpoint with --image, the digits run given to evaluate_tasks, and resuming
-    the run with a text config each end in one error naming the input."""
+    the same model, and to_orbax turns it back into the same checkpoint model; evaluate scores its held-out
+    rows as the trainer did; a text checkpoint with --image, the run given to evaluate_tasks, the harness or
+    --quantize, and resuming it with a text config each end in one error naming the input."""
     from PIL import Image
 
     import zaya_jax
@@ -313,10 +315,21 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
     for a, b in zip(jax.tree.leaves(nnx.state(back, nnx.Param)), jax.tree.leaves(nnx.state(model, nnx.Param))):
         np.testing.assert_array_equal(a, b)
 
+    done = subprocess.run([sys.executable, "-m", "zaya_jax.evaluate", "--checkpoint", run_dir], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    (logged,) = [r for r in run[4] if "eval/digits/loss" in r]                 # the trainer's evaluation at step 3
+    assert json.loads(done.stdout)["results"]["digits"]["loss"] == pytest.approx(logged["eval/digits/loss"], rel=1e-5)
     with pytest.raises(UserError, match=f"--image: --checkpoint {text_dir} holds a text model"):
         run_main(["--checkpoint", text_dir, "--image", str(tmp_path / "d.png"), "--prompt_ids", "2"])
     with pytest.raises(UserError, match="holds a vision-language model: this command answers text questions"):
         load_for_tasks(run_dir, None, str(tmp_path / "tokenizer.json"))
+    from zaya_jax.harness.loading import load_model as load_for_harness
+    from zaya_jax.infer.loading import load_checkpoint
+    with pytest.raises(UserError, match="holds a vision-language model; the harness scores text models"):
+        load_for_harness(run_dir, None, None)
+    with pytest.raises(UserError, match="--quantize: .* holds a vision-language model"):
+        load_checkpoint(run_dir, quantize="int8")
     text_config = _text_config()
     with pytest.raises(ConfigError, match="its checkpoints are a vision-language run's but this config is a text "
                                           "run's"):

@@ -9,7 +9,8 @@ reference model saved in the DPO run's checkpoint).
 without --config it uses the config saved with the checkpoint. The held-out batches are those of
 the training run (zaya_jax.train.data.eval_batches: each source's held-out split, or synthetic
 held-out batches), scored with the RoPE base of the curriculum phase the checkpoint's step was in
-(--rope_theta overrides; for --hf the model config's). Prints one JSON object.
+(--rope_theta overrides; for --hf the model config's). A vision-language run's checkpoint is
+scored on its held-out image_chat rows (the tower on their images). Prints one JSON object.
 
 The weights are restored onto this process's mesh whatever mesh wrote them. Without --config,
 when the saved config's mesh does not fit this process's device count (a checkpoint trained on
@@ -56,12 +57,14 @@ def main(argv):
         raise app.UsageError("give exactly one of --checkpoint and --hf")
     from zaya_jax.parallel import distributed
     distributed.initialize()
-    from zaya_jax.model.build import abstract_model
+    from flax import nnx
+
     from zaya_jax.parallel.mesh import make_mesh
     from zaya_jax.train.checkpoint import checkpoint_dir, model_target, read_config, restore_model
     from zaya_jax.train.data import eval_batches, phase_at_step, phases_of
     from zaya_jax.train.loop import evaluate_params, load_hf_matching
     from zaya_jax.train.objectives import make_objective
+    from zaya_jax.train.program import make_model
     from zaya_jax.train.settings import settings_from_config
     from zaya_jax.train.state import ModelParts, to_shardings
     from zaya_jax.train.step import jit_eval_step
@@ -77,8 +80,11 @@ def main(argv):
     if objective.needs_reference and _HF.value:
         raise UserError("--hf with train.objective=dpo: HF weights hold no reference model; evaluate the DPO "
                         "run's --checkpoint, or pass --config.train.objective=lm for the held-out nll")
+    if settings.vision is not None and _HF.value:
+        raise UserError("--hf with a config that has a vision section: evaluate a vision-language run's "
+                        "--checkpoint (HF zaya1_vl weights: convert to_orbax them first)")
     mesh = make_mesh(evaluation_mesh_sizes(settings.mesh.sizes, from_checkpoint=_CONFIG.value is None))
-    abstract = abstract_model(settings.model)
+    abstract = nnx.eval_shape(lambda: make_model(settings, nnx.Rngs(0)))  # a ZayaLM, or a vision run's ZayaVL
     parts = ModelParts(abstract)
     shardings = {"params": to_shardings(parts.param_specs(mesh), mesh),
                  "biases": jax.sharding.NamedSharding(mesh, parts.biases_spec(mesh))}

@@ -35,7 +35,11 @@ def load_model(checkpoint: str | None, hf: str | None, step: int | None, dtype: 
     if hf is not None:
         return load_hf(hf, **options)
     from zaya_jax.train.checkpoint import checkpoint_dir, read_config
-    if read_config(checkpoint_dir(checkpoint), step).model.get("moe_backend") == "capacity":
+    config = read_config(checkpoint_dir(checkpoint), step)
+    if "vision" in config:
+        raise UserError(f"--checkpoint {checkpoint} holds a vision-language model; the harness scores text models "
+                        "(benchmarks/vl_demo.py scores the digits demo's)")
+    if config.model.get("moe_backend") == "capacity":
         options["moe_backend"] = "auto"
     return load_checkpoint(checkpoint, step=step, **options)
 

@@ -34,7 +34,8 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", quantize: str | 
 def load_checkpoint(directory: str | os.PathLike, *, step: int | None = None, quantize: str | None = None,
                     group_size: int = 64, **overrides) -> ZayaLM:
     """A training checkpoint (a run's WORKDIR or its checkpoint directory; default: the latest step) ->
-    ZayaLM on this process's first device, whatever mesh and device count wrote it.
+    ZayaLM (a vision-language run's: ZayaVL) on this process's first device, whatever mesh and device
+    count wrote it.
 
     overrides set ModelConfig fields of the saved config (dtype, moe_backend, ...).
     Needs zaya_jax.train.checkpoint; without it, raises ModuleNotFoundError saying so.
@@ -49,6 +50,9 @@ def load_checkpoint(directory: str | os.PathLike, *, step: int | None = None, qu
             f"reader), which this installation does not have ({err}); load HF weights with load_hf / --hf",
             name=err.name) from err
     model, _ = train_checkpoint.load_checkpoint_model(os.fspath(directory), step, **overrides)
+    if quantize is not None and not isinstance(model, ZayaLM):
+        raise UserError(f"--quantize: {os.fspath(directory)} holds a vision-language model; quantization is for "
+                        "text models")
     return _maybe_quantize(model, quantize, group_size)
 
 
