@@ -70,7 +70,10 @@ def test_causality():
     changed = IDS.copy()
     changed[:, t] = (changed[:, t] + 7) % 61 + 3
     out = _logits(model, changed)
-    np.testing.assert_array_equal(out[:, :t], base[:, :t])
+    # within 1e-6, not bit-equal: the native grouped matmul's OpenBLAS sgemm (on an AMD EPYC's Zen
+    # kernels) rounds a row by its expert group's row count, which the changed token moves (3e-8 seen);
+    # a causality leak moves the earlier logits by ~1e-2
+    np.testing.assert_allclose(out[:, :t], base[:, :t], rtol=0, atol=1e-6)
     assert not np.allclose(out[:, t:], base[:, t:])
 
 
