@@ -64,9 +64,9 @@ def main(argv):
     from zaya_jax.train.data import eval_batches, phase_at_step, phases_of
     from zaya_jax.train.loop import evaluate_params, load_hf_matching
     from zaya_jax.train.objectives import make_objective
-    from zaya_jax.train.program import make_model
     from zaya_jax.train.settings import settings_from_config
     from zaya_jax.train.state import ModelParts, to_shardings
+    from zaya_jax.vision.model import build_model
     from zaya_jax.train.step import jit_eval_step
 
     if _CONFIG.value is None and _HF.value:
@@ -84,7 +84,7 @@ def main(argv):
         raise UserError("--hf with a config that has a vision section: evaluate a vision-language run's "
                         "--checkpoint (HF zaya1_vl weights: convert to_orbax them first)")
     mesh = make_mesh(evaluation_mesh_sizes(settings.mesh.sizes, from_checkpoint=_CONFIG.value is None))
-    abstract = nnx.eval_shape(lambda: make_model(settings, nnx.Rngs(0)))  # a ZayaLM, or a vision run's ZayaVL
+    abstract = nnx.eval_shape(lambda: build_model(settings.model, settings.vision, rngs=nnx.Rngs(0)))  # or a ZayaVL
     parts = ModelParts(abstract)
     shardings = {"params": to_shardings(parts.param_specs(mesh), mesh),
                  "biases": jax.sharding.NamedSharding(mesh, parts.biases_spec(mesh))}

@@ -63,14 +63,14 @@ def generate_completions(model, tokenizer, prompts: list[np.ndarray], max_new_to
     from zaya_jax.infer.generate import generate, stop_tokens, text_model
     stops = stop_tokens(text_model(model).config.eos_token_id, stop_ids)
     texts = []
+    def filled(rows: list) -> list:  # a short last batch repeats its last row
+        return rows + [rows[-1]] * (batch_size - len(rows))
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
-        padded = batch + [batch[-1]] * (batch_size - len(batch))
         extra = {}
         if images is not None:
-            rows = images[start:start + batch_size]
-            extra = dict(images=rows + [rows[-1]] * (batch_size - len(rows)), image_processor=image_processor)
-        new = generate(model, [list(p) for p in padded], max_new_tokens, stop_ids=stop_ids, **extra)
+            extra = dict(images=filled(images[start:start + batch_size]), image_processor=image_processor)
+        new = generate(model, [list(p) for p in filled(batch)], max_new_tokens, stop_ids=stop_ids, **extra)
         for row in new[:len(batch)]:
             ids = row.tolist()
             end = next((i for i, token in enumerate(ids) if token in stops), len(ids))

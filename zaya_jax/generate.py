@@ -56,7 +56,7 @@ from zaya_jax.infer.generate import generate, stop_tokens, text_model
 from zaya_jax.infer.loading import checkpoint_tokenizer_path, load_checkpoint, load_hf
 from zaya_jax.infer.quantize import MODES
 from zaya_jax.vision.model import ZayaVL
-from zaya_jax.vision.processor import ImageProcessor
+from zaya_jax.vision.processor import ImageProcessor, read_image
 from zaya_jax.vision.prompts import expand_placeholders
 
 _HF = flags.DEFINE_string("hf", None, "HF ZAYA checkpoint directory (config.json + safetensors).")
@@ -166,14 +166,12 @@ def prompt_ids() -> list[int]:
 
 def read_images() -> list:
     """--image files as RGB Pillow images, each read whole here (an unreadable one is named)."""
-    from PIL import Image
     images = []
     for path in _IMAGE.value:
         try:
-            with Image.open(path) as image:
-                images.append(image.convert("RGB"))
-        except (OSError, ValueError) as err:  # missing, unreadable, or not an image Pillow knows
-            raise UserError(f"--image {path}: cannot read it as an image ({err})") from err
+            images.append(read_image(path))
+        except ValueError as err:
+            raise UserError(f"--image {path}: {err}") from err
     return images
 
 

@@ -56,14 +56,13 @@ from flax import nnx
 
 from zaya_jax.config_files import model_config, vision_config
 from zaya_jax.errors import UserError
-from zaya_jax.model.build import abstract_model
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.parallel import distributed
 from zaya_jax.train import integrity
 from zaya_jax.train.sealing import Sealer
 from zaya_jax.train.settings import CheckpointSettings
 from zaya_jax.train.state import ModelParts, TrainState, with_shardings
-from zaya_jax.vision.model import ZayaVL
+from zaya_jax.vision.model import ZayaVL, build_model
 
 # Replicated arrays are written by one replica. Orbax's default (replica-parallel writes) compiles
 # a slicing program per device and array shape at the first save: about 0.5 s per parameter
@@ -447,11 +446,9 @@ def load_checkpoint_model(path: str, step: int | None = None, **overrides) -> tu
     config = read_config(directory, step)
     text = model_config(config).replace(**overrides)
     vision = vision_config(config)
-    if vision is None:
-        abstract = abstract_model(text)
-    else:
+    if vision is not None:
         tower, ids = vision
-        tower = dataclasses.replace(tower, dtype=text.dtype)
-        abstract = nnx.eval_shape(lambda: ZayaVL(text, tower, ids, rngs=nnx.Rngs(0)))
+        vision = dataclasses.replace(tower, dtype=text.dtype), ids    # the tower computes in the text model's dtype
+    abstract = nnx.eval_shape(lambda: build_model(text, vision, rngs=nnx.Rngs(0)))
     model, step = restore_model(directory, model_target(abstract), step)
     return ModelParts(abstract).merge(model["params"], model["biases"]), step

@@ -39,10 +39,11 @@ from zaya_jax.train.metrics import expert_load, flops_per_token, peak_flops, rou
 from zaya_jax.train.monitor import HEATMAP_FILE, METRICS_FILE, Monitor
 from zaya_jax.train.profiling import StepProfiler
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
-from zaya_jax.train.program import abstract_batch, build_program, image_shape, make_model
+from zaya_jax.train.program import abstract_batch, build_program, image_shape
 from zaya_jax.train.state import (ModelParts, TrainState, initial_state, merged, with_shardings,
                                   without_vision_lora)
 from zaya_jax.train.workdir_lock import WorkdirLock
+from zaya_jax.vision.model import build_model
 
 
 def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
@@ -172,7 +173,7 @@ class Trainer:
                                   with_reference=self.objective.needs_reference)
         if params is None:
             def init():
-                return start(*ModelParts.arrays(make_model(s, nnx.Rngs(s.train.seed))))
+                return start(*ModelParts.arrays(build_model(s.model, s.vision, rngs=nnx.Rngs(s.train.seed))))
             return jax.jit(init, out_shardings=self.shardings)()
         return jax.jit(start, in_shardings=(self.shardings.params, self.shardings.biases),
                        out_shardings=self.shardings)(params, biases)
@@ -214,7 +215,7 @@ class Trainer:
         start = functools.partial(initial_state, tx=self.tx, controller=self.controller, seed=s.train.seed)
 
         def init(text_params, biases):
-            fresh, _ = ModelParts.arrays(make_model(s, nnx.Rngs(s.train.seed)))
+            fresh, _ = ModelParts.arrays(build_model(s.model, s.vision, rngs=nnx.Rngs(s.train.seed)))
             return start({**fresh, "text": merged(fresh["text"], text_params)}, biases)
         return jax.jit(init, in_shardings=(text_shardings, self.shardings.biases),
                        out_shardings=self.shardings)(restored["params"], restored["biases"])

@@ -16,8 +16,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from zaya_jax.model.zaya import ZayaLM
-from zaya_jax.vision.model import ZayaVL
+from zaya_jax.vision.model import build_model
 from zaya_jax.parallel.gradient_reduce import GradientReduce, check_mesh, summed_by_hand
 from zaya_jax.train import balancing
 from zaya_jax.train.objectives import make_objective
@@ -40,20 +39,12 @@ class TrainProgram:
     objective: object            # objectives.TokenObjective | DPOObjective
 
 
-def make_model(s: Settings, rngs: nnx.Rngs) -> ZayaLM | ZayaVL:
-    """The model a config trains: its text model, or with a vision section the ZayaVL around it."""
-    if s.vision is None:
-        return ZayaLM(s.model, rngs=rngs)
-    tower, ids = s.vision
-    return ZayaVL(s.model, tower, ids, rngs=rngs)
-
-
 def build_program(s: Settings, mesh: Mesh) -> TrainProgram:
     frozen = text_weight if s.train.freeze_text else None
     tx = make_optimizer(s.optimizer, s.train.steps, frozen)
     controller = balancing.make_controller(s.balancing)
     lr_schedule = schedule(s.optimizer, s.train.steps, s.optimizer.learning_rate)
-    abstract_model = nnx.eval_shape(lambda: make_model(s, nnx.Rngs(s.train.seed)))
+    abstract_model = nnx.eval_shape(lambda: build_model(s.model, s.vision, rngs=nnx.Rngs(s.train.seed)))
     parts = ModelParts(abstract_model)
     params_abs, biases_abs = ModelParts.arrays(abstract_model)
     objective = make_objective(s)

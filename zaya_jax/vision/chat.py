@@ -23,7 +23,7 @@ import numpy as np
 from zaya_jax.data.chat_template import IMAGE, ChatTemplate, ConversationError, encode_conversation
 from zaya_jax.data.records import ImageChatDocument
 from zaya_jax.vision.model import ImageTokenIds
-from zaya_jax.vision.processor import ImageProcessor
+from zaya_jax.vision.processor import ImageProcessor, read_image
 from zaya_jax.vision.prompts import expand_placeholders
 
 
@@ -88,8 +88,6 @@ def image_chat_encoder(template: ChatTemplate, tokenizer, config_path: str, base
     """A record {messages_field: messages, "images": [file paths relative to base_dir]} -> the
     image_chat record (ids, mask, resized images); an image file it cannot read is a ConversationError
     naming it."""
-    from PIL import Image
-
     from zaya_jax.config_files import image_processor, load_config_file, vision_config
     config = load_config_file(config_path)
     processor, (_, token_ids) = image_processor(config), vision_config(config)
@@ -97,12 +95,10 @@ def image_chat_encoder(template: ChatTemplate, tokenizer, config_path: str, base
     def encode(values: dict) -> tuple:
         images = []
         for k, name in enumerate(values["images"]):
-            path = os.path.join(base_dir, name) if isinstance(name, str) else None
             try:
-                with Image.open(path) as image:
-                    images.append(image.convert("RGB"))
-            except (OSError, ValueError, TypeError, AttributeError) as err:
-                raise ConversationError(f"images[{k}] {name!r}: cannot read it as an image ({err})") from err
+                images.append(read_image(os.path.join(base_dir, name) if isinstance(name, str) else None))
+            except ValueError as err:
+                raise ConversationError(f"images[{k}] {name!r}: {err}") from err
         doc = encode_image_chat(template, tokenizer, values[messages_field], images, processor, token_ids)
         return (*doc.tokens, doc.images)
     return encode

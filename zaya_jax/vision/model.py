@@ -63,6 +63,12 @@ def check_placeholders(input_ids: np.ndarray, tokens_per_example: Sequence[int],
                             "expand each image to its tokens with zaya_jax.vision.processor")
 
 
+def build_model(text: ModelConfig, vision: tuple[VisionConfig, ImageTokenIds] | None, *,
+                rngs: nnx.Rngs) -> "ZayaLM | ZayaVL":
+    """The model of a text config and an optional (tower, image token ids): a ZayaLM, or the ZayaVL around it."""
+    return ZayaLM(text, rngs=rngs) if vision is None else ZayaVL(text, *vision, rngs=rngs)
+
+
 class ZayaVL(nnx.Module):
     def __init__(self, text: ModelConfig, vision: VisionConfig, ids: ImageTokenIds, *, rngs: nnx.Rngs):
         if vision.out_hidden_size != text.hidden_size:

@@ -99,3 +99,13 @@ def image_span(grid: Sequence[int], image_id: int, start_id: int, end_id: int, m
     """One image's tokens in the text: start, t*h*w / merge^2 placeholders, end."""
     t, h, w = grid
     return [start_id] + [image_id] * (t * h * w // merge_size ** 2) + [end_id]
+
+
+def read_image(path) -> Image.Image:
+    """An image file as an RGB Pillow image, read whole; ValueError saying why when it cannot be
+    (missing, unreadable, not an image Pillow knows, or no path at all)."""
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        raise ValueError(f"cannot read it as an image ({err})") from err
