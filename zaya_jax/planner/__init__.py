@@ -2,6 +2,7 @@
 
   step_plan    per-device memory and collective bytes of one step (StepShape, plan)
   step_flops   matmul FLOPs one step executes per device
+  tower_plan   a vision-language step's tower: its activations and FLOPs (its parameters are step_plan's)
   step_time    predicted step time from FLOPs, HBM bytes and collectives on a hardware profile
   phase_plan   a curriculum phase's step shape, mesh and prediction
   mesh_search  every feasible mesh of N devices, ranked per phase and for the whole run

@@ -6,7 +6,8 @@ experts and context dividing every phase's sequence length (cheap checks first);
 feasible for a phase when every parameter shards over it (zaya_jax.parallel.rules), the phase's
 batch splits over data * fsdp * expert times the micro-batches and its memory fits the device
 (both attention kernels run context parallelism). Predictions within TIE (2%) of the fastest are
-ties, won by the mesh that depends least on overlap.
+ties, won by the mesh that depends least on overlap. A vision-language config (StepShape.vision)
+runs on context = 1 only (train.settings.check_vision_run): the others are infeasible.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def candidate_meshes(cfg: ModelConfig, devices: int, seq_lens: list[int]) -> lis
     return out
 
 
+VISION_CONTEXT = "context > 1 (a vision-language run needs mesh.context = 1)"
+
 # Predictions closer than this (relative) are ties: below what the model resolves (its overlap,
 # fusion and efficiency assumptions move a step by more), so the tie goes to the mesh with less to
 # hide, the smaller time with every collective exposed.
@@ -66,9 +69,11 @@ def search(cfg: ModelConfig, phases: tuple[PhaseInfo, ...], base: StepShape, dev
     candidates = candidate_meshes(cfg, devices, [p.seq_len for p in phases])
     for mesh in candidates:
         reason = "mesh.gradient_reduce_dtype refuses it" if unsupported_axes(mesh, base.gradient_reduce_dtype) else None
+        if base.vision is not None and mesh["context"] > 1:
+            reason = VISION_CONTEXT
         if reason is None:
             try:
-                parameters = _parameters(cfg, mesh)
+                parameters = _parameters(cfg, mesh, base.vision)
             except ValueError:
                 reason = "a parameter does not shard"
         if reason:

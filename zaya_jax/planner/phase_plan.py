@@ -20,6 +20,7 @@ from zaya_jax.planner.step_time import predict
 from zaya_jax.train.data import phases_of
 from zaya_jax.train.metrics import flops_per_token
 from zaya_jax.train.settings import settings_from_config
+from zaya_jax.vision.accounting import tower_forward_flops
 
 
 def config_phases(config) -> tuple[PhaseInfo, ...]:
@@ -51,9 +52,12 @@ def plan_phase(cfg: ModelConfig, shape: StepShape, mesh: dict[str, int], hw: Har
     """planner.plan's memory and collectives plus step_time.predict's prediction, for one step shape.
     Raises ValueError when the mesh cannot run the shape (batch or sequence does not divide)."""
     mesh = resolve_mesh_shape(mesh, math.prod(mesh.values()))
-    parameters = parameters or _parameters(cfg, mesh)
+    parameters = parameters or _parameters(cfg, mesh, shape.vision)
     memory = plan(cfg, mesh, shape, device_memory_gb, parameters)
-    memory["prediction"] = predict(cfg, mesh, shape, memory, parameters, hw, _model_flops_per_token(cfg, shape.seq_len))
+    model_flops = _model_flops_per_token(cfg, shape.seq_len)
+    if shape.vision is not None:  # MFU counts the tower's forward and backward too, per text position
+        model_flops += 3 * tower_forward_flops(shape.vision, shape.patch_capacity) / shape.seq_len
+    memory["prediction"] = predict(cfg, mesh, shape, memory, parameters, hw, model_flops)
     return memory
 
 

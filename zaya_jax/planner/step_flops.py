@@ -29,6 +29,17 @@ The loss head of lm and sft computes its gradient with its forward, chunk by chu
 loss head runs under jax.checkpoint in a loop over sequence chunks: 4 passes (forward,
 recompute, backward 2); with a single chunk there is no loop, and jax 0.10.2's XLA merges the
 recompute into the forward: 3 passes there (zaya_jax.jax_versions.XLA_KEEPS_UNLOOPED_REMAT).
+A vision-language step (vision_step: the tower's image tokens in the stream) with the
+experts' vision LoRA dispatches to 2E experts, the E text experts and the E merged with their
+adapters (zaya_jax.model.vision_lora: rows per token 2E for dense, 2E * C / T for capacity) and
+runs the attention LoRA, per token 2 r (5 D + 2 N H + 2 K H) (`attention/vision_lora`; the adapter
+merges, 6 E D r I per layer and step, are left out). With frozen text weights (train.freeze_text)
+the backward computes no weight gradient for them: one backward pass (the input gradients, which
+still flow to the image tokens and the LoRA) for every op with text weights, and 2 passes of the
+loss head; but the experts with their LoRA keep 2: their weight gradient is one op over the
+concatenated 2E experts' weights, which the merged image experts need (XLA computes it whole:
+measured with the dense backend, tests/test_plan_vision.py; assumed for the others).
+The tower's FLOPs are zaya_jax.planner.tower_plan's (added by step_time.matmul_flops).
 A DPO step (objective 'dpo') also runs the frozen reference model forward once, without a
 backward or recompute: `reference_model`, one pass of every layer op and of the loss head.
 The optimizer adds Muon's Newton-Schulz iterations, 4 a^2 b + 2 a^3 per step for an a x b
@@ -66,6 +77,7 @@ class LayerMatmul:
     saved_by_name: bool = False  # its outputs carry checkpoint names `dots_no_batch_and_kernels` saves
     tensor_split: bool = True    # the tensor axis splits it
     backward_passes: float = 2.0
+    text_weights: bool = True    # multiplies by text weights alone (train.freeze_text drops their gradient)
 
 
 def attention_keys_per_query(seq_len: int, kernel: str, window: int | None = None) -> float:
@@ -95,14 +107,23 @@ def expert_backend(cfg: ModelConfig, mesh: dict[str, int], platform: str) -> str
     return resolve_moe_backend(cfg.moe_backend, platform)
 
 
-def expert_rows_per_token(cfg: ModelConfig, backend: str, tokens: int) -> float:
-    """Rows the expert matmuls run per token, for `tokens` tokens per dispatch."""
+def dispatched_experts(cfg: ModelConfig, vision_step: bool) -> int:
+    """Experts the dispatch runs: E, or 2E in a vision step with the experts' LoRA (the module doc)."""
+    return cfg.num_experts * (2 if vision_step and cfg.vision_lora_rank_mlp else 1)
+
+
+def expert_rows_per_token(cfg: ModelConfig, backend: str, tokens: int, experts: int | None = None) -> float:
+    """Rows the expert matmuls run per token, for `tokens` tokens per dispatch over `experts` experts
+    (default: cfg.num_experts; a vision step with the experts' LoRA dispatches to twice as many)."""
+    experts = experts or cfg.num_experts
     if backend == "capacity":
-        return cfg.num_experts * capacity_per_expert(tokens, cfg.num_experts, cfg.capacity_factor) / tokens
-    return float(cfg.num_experts) if backend == "dense" else 1.0
+        return experts * capacity_per_expert(tokens, experts, cfg.capacity_factor) / tokens
+    return float(experts) if backend == "dense" else 1.0
 
 
-def layer_matmuls(cfg: ModelConfig, seq_len: int, backend: str, rows_per_token: float) -> list[LayerMatmul]:
+def layer_matmuls(cfg: ModelConfig, seq_len: int, backend: str, rows_per_token: float,
+                  vision_lora: bool = False) -> list[LayerMatmul]:
+    """The matmuls of one layer; vision_lora: a vision step's, whose LoRA runs (the module doc)."""
     d, n, k, h = cfg.hidden_size, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
     r, e, i = cfg.router_hidden_size, cfg.num_experts, cfg.moe_intermediate_size
     c = n + k
@@ -111,24 +132,32 @@ def layer_matmuls(cfg: ModelConfig, seq_len: int, backend: str, rows_per_token: 
     keys = mean_attention_keys(cfg, seq_len, kernel)
     # the XLA path writes fp32 logits, reads them for the softmax, writes and reads the probabilities
     scores_bytes = b * (n + 2 * k) * h + b * n * h + (n * keys * (4 + 4 + 2 * b) if kernel != "pallas" else 0)
+    lora_experts = vision_lora and cfg.vision_lora_rank_mlp > 0  # the merged image experts train
     ops = [
         LayerMatmul("attention/qk_projections", 2 * d * c * h, False, b * (d + c * h)),
         LayerMatmul("attention/value_projections", 2 * d * k * h, False, b * (d + k * h), tensor_split=False),
         LayerMatmul("attention/output_projection", 2 * n * h * d, False, b * (n * h + d)),
         LayerMatmul("attention/convolution", 2 * 2 * c * h * h, True, b * 3 * c * h),
         LayerMatmul("attention/scores", 2 * 2 * n * h * keys, True, scores_bytes, saved_by_dots=kernel != "pallas",
-                    saved_by_name=kernel == "pallas", backward_passes=2.5 if kernel == "pallas" else 2.0),
+                    saved_by_name=kernel == "pallas", backward_passes=2.5 if kernel == "pallas" else 2.0,
+                    text_weights=False),
         LayerMatmul("router", 2 * (d * r + 2 * r * r + r * (e + 1)), False, b * (d + 6 * r + e + 1),
                     tensor_split=False),
     ]
     if backend == "dense":  # 'td,edi->tei' (no batch dims), then 'tei,eid->ted' and 'ted,te->td' (batch e, t)
-        ops += [LayerMatmul("experts/gate_up", rows_per_token * 2 * 2 * d * i, False, b * (d + rows_per_token * 2 * i)),
-                LayerMatmul("experts/down_and_combine", rows_per_token * 2 * i * d + 2 * e * d, True,
-                            b * rows_per_token * (i + 2 * d))]
+        ops += [LayerMatmul("experts/gate_up", rows_per_token * 2 * 2 * d * i, False, b * (d + rows_per_token * 2 * i),
+                            text_weights=not lora_experts),
+                LayerMatmul("experts/down_and_combine", rows_per_token * 2 * i * d + 2 * rows_per_token * d, True,
+                            b * rows_per_token * (i + 2 * d), text_weights=not lora_experts)]
     else:  # capacity: batched einsums; ragged: ragged_dot; tiles: a custom VJP of loops; native: FFI calls
         ragged = backend in ("ragged", "tiles", "native")
         ops.append(LayerMatmul("experts", rows_per_token * 3 * 2 * d * i, True, b * rows_per_token * (2 * d + 4 * i),
-                               saved_by_dots=not ragged, saved_by_name=backend != "tiles"))
+                               saved_by_dots=not ragged, saved_by_name=backend != "tiles",
+                               text_weights=not lora_experts))
+    if vision_lora and cfg.vision_lora_rank_attn:
+        ra = cfg.vision_lora_rank_attn
+        ops.append(LayerMatmul("attention/vision_lora", 2 * ra * (5 * d + 2 * n * h + 2 * k * h), False,
+                               b * (6 * d + 2 * n * h), tensor_split=False, text_weights=False))
     return ops
 
 
@@ -155,11 +184,14 @@ def newton_schulz_flops(shape: tuple[int, ...], reduction: tuple[int, ...], outp
 
 def step_flops(cfg: ModelConfig, mesh: dict[str, int], *, global_batch: int, seq_len: int, microbatches: int,
                platform: str, optimizer_matrices: list[tuple[tuple[int, ...], object, int]],
-               ns_steps: int, loss_chunk: int, objective: str = "lm") -> dict[str, float]:
+               ns_steps: int, loss_chunk: int, objective: str = "lm", frozen_text: bool = False,
+               vision_step: bool = False) -> dict[str, float]:
     """FLOPs per device per optimizer step, by op group (forward, backward and recompute summed).
 
     optimizer_matrices: (shape, MuonDimensionNumbers, devices that split its Newton-Schulz) of
-    every Muon parameter (planner.muon_matrices; empty for AdamW); loss_chunk: train.loss_chunk_size; objective: train.objective.
+    every Muon parameter (planner.muon_matrices; empty for AdamW); loss_chunk: train.loss_chunk_size; objective: train.objective;
+    frozen_text: train.freeze_text (no weight gradients for the text model's weights); vision_step: a
+    vision-language step's (the image tokens run the vision LoRA).
     """
     batch_shards = mesh["data"] * mesh["fsdp"] * mesh["expert"]
     devices_per_token = batch_shards * mesh["context"]
@@ -168,13 +200,16 @@ def step_flops(cfg: ModelConfig, mesh: dict[str, int], *, global_batch: int, seq
     backend = expert_backend(cfg, mesh, platform)
     out: dict[str, float] = {}
     forward = 0.0  # one forward pass of the whole model
-    for op in layer_matmuls(cfg, seq_len, backend, expert_rows_per_token(cfg, backend, local_tokens)):
-        passes = 1 + op.backward_passes + recomputed(op, cfg.remat)
+    rows = expert_rows_per_token(cfg, backend, local_tokens, dispatched_experts(cfg, vision_step))
+    for op in layer_matmuls(cfg, seq_len, backend, rows, vision_lora=vision_step):
+        frozen = frozen_text and op.text_weights  # no weight gradient
+        passes = 1 + op.backward_passes - frozen + recomputed(op, cfg.remat)
         split = devices_per_token * (mesh["tensor"] if op.tensor_split else 1)
         out[op.name] = op.forward_per_token * passes * tokens * cfg.num_layers / split
         forward += op.forward_per_token * tokens * cfg.num_layers / split
     looped = seq_len // chunk_size_for(seq_len, loss_chunk) > 1
     loss_passes = 3 if fuses_loss_head(objective) or not (looped or XLA_KEEPS_UNLOOPED_REMAT) else 4
+    loss_passes -= frozen_text
     loss_forward = 2 * cfg.hidden_size * cfg.vocab_size * tokens / (devices_per_token * mesh["tensor"])
     out["loss_head"] = loss_forward * loss_passes
     if objective == "dpo":

@@ -10,6 +10,13 @@ frozen reference model: an fp32 copy of the parameters, sharded like them (`refe
 forward pass keeps no activations for a backward pass, so the per-layer live estimate covers it).
 The lm and sft loss head accumulates the fp32 gradient of the tied embedding with its forward
 (`loss_head_weight_grad`, sharded like the embedding; zaya_jax.train.loss.weighted_nll_sum).
+A vision-language step (StepShape.vision, a config with a `vision` section) also holds the tower's
+parameters, gradients and AdamW state (the trainer's params tree {text, vision}: the tower's leaves
+listed under `vision/`, sharded by the same rules, counted by the same code) and its activations
+for train.patch_capacity patches per row (zaya_jax.planner.tower_plan); with train.freeze_text the
+text weights but the vision LoRA (train.optimizer.text_weight) have no gradient, no optimizer state
+and no gradient collectives (their parameters are still gathered by FSDP); `vision` in the plan
+gives the tower's share. A vision run needs mesh.context = 1 (train.settings.check_vision_run).
 Activation counts are estimates (numbers saved per token per layer, listed below);
 benchmarks/planner_vs_xla.py compares them with XLA's compiled memory analysis.
 """
@@ -30,8 +37,11 @@ from zaya_jax.parallel.gradient_reduce import summed_by_hand
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
 from zaya_jax.parallel.rules import state_specs, with_zero1_axes, zero1_axes
 from zaya_jax.planner.step_flops import expert_backend
+from zaya_jax.planner.tower_plan import tower_activation_memory
 from zaya_jax.train.objectives import fuses_loss_head
-from zaya_jax.train.optimizer import MUON_MATRICES
+from zaya_jax.train.optimizer import MUON_MATRICES, TEXT_PREFIX, text_weight
+from zaya_jax.vision.accounting import tower_parameter_state
+from zaya_jax.vision.config import VisionConfig
 
 GIB = 2**30
 
@@ -49,6 +59,9 @@ class StepShape:
     loss_chunk: int = 512       # train.loss_chunk_size: positions per chunk of the loss head
     objective: str = "lm"       # train.objective: lm | sft | dpo (dpo holds a reference model too)
     gradient_reduce_dtype: str = "float32"  # mesh.gradient_reduce_dtype: the data-axis gradient sum's wire dtype
+    vision: VisionConfig | None = None  # a vision-language step: the tower (the config's vision section)
+    patch_capacity: int = 0     # train.patch_capacity: image patches per row the tower runs on
+    freeze_text: bool = False   # train.freeze_text: the text weights (not the vision LoRA) are frozen
 
 
 def _shard_factor(spec, mesh: dict[str, int]) -> int:
@@ -59,10 +72,11 @@ def _shard_factor(spec, mesh: dict[str, int]) -> int:
     return n
 
 
-def _is_matrix(path: tuple[str, ...], shape: tuple[int, ...]) -> bool:
-    """Muon's matrices: projections and experts (not embeddings, norms, biases, scalars)."""
-    leading = 1 if path[0] == "layers" else 0
-    return path[0] != "embed" and len(shape) - leading >= 2
+def trained(path: tuple[str, ...], shape: StepShape) -> bool:
+    """Whether a parameter (a _parameters path) has a gradient and optimizer state: every one but,
+    under train.freeze_text, the text weights the trainer freezes (train.optimizer.text_weight)."""
+    name = "/".join(path)
+    return not (shape.freeze_text and text_weight(name if path[0] == "vision" else TEXT_PREFIX + name))
 
 
 @functools.lru_cache(maxsize=4)
@@ -71,25 +85,32 @@ def _parameter_state(cfg: ModelConfig) -> nnx.State:
     return nnx.state(abstract_model(cfg), nnx.Param)
 
 
-def _parameters(cfg: ModelConfig, mesh: dict[str, int]) -> list[tuple[tuple[str, ...], tuple[int, ...], object]]:
-    """(path, shape, PartitionSpec) of every parameter of the model."""
-    state = _parameter_state(cfg)
-    specs = state_specs(state, mesh)
-    return [(tuple(map(str, path)), tuple(var.shape), spec.get_value())
-            for (path, spec), (_, var) in zip(nnx.to_flat_state(specs), nnx.to_flat_state(state))]
+def _parameters(cfg: ModelConfig, mesh: dict[str, int], vision: VisionConfig | None = None
+                ) -> list[tuple[tuple[str, ...], tuple[int, ...], object]]:
+    """(path, shape, PartitionSpec) of every parameter of the model; with `vision` the tower's too,
+    under ('vision', ...) as in the trainer's params tree (the text model's keep their own paths)."""
+    def listed(state: nnx.State, prefix: tuple[str, ...]) -> list:
+        specs = state_specs(state, mesh)
+        return [(prefix + tuple(map(str, path)), tuple(var.shape), spec.get_value())
+                for (path, spec), (_, var) in zip(nnx.to_flat_state(specs), nnx.to_flat_state(state))]
+    text = listed(_parameter_state(cfg), ())
+    return text if vision is None else text + listed(tower_parameter_state(vision), ("vision",))
 
 
 def parameter_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape,
                      parameters: list | None = None) -> dict[str, float]:
-    """Bytes per device of parameters, gradients and optimizer state (and, for dpo, the reference model)."""
+    """Bytes per device of parameters, gradients and optimizer state (and, for dpo, the reference model):
+    Muon keeps one momentum for MUON_MATRICES, AdamW two moments for every other trained parameter."""
     params = grads = opt = 0.0
-    for path, var_shape, spec in parameters or _parameters(cfg, mesh):
+    for path, var_shape, spec in parameters or _parameters(cfg, mesh, shape.vision):
         numel = math.prod(var_shape)
         per_device = numel * 4 / _shard_factor(spec, mesh)
         params += per_device
+        if not trained(path, shape):
+            continue
         grads += per_device
         opt_spec = with_zero1_axes(spec, var_shape, mesh) if shape.shard_optimizer_over_data else spec
-        slots = 1 if shape.optimizer == "muon" and _is_matrix(path, var_shape) else 2
+        slots = 1 if shape.optimizer == "muon" and "/".join(path) in MUON_MATRICES else 2
         opt += slots * numel * 4 / _shard_factor(opt_spec, mesh)
     memory = {"params": params, "grads": grads, "optimizer_state": opt}
     if shape.objective == "dpo":
@@ -113,7 +134,7 @@ def muon_matrices(mesh: dict[str, int], shape: StepShape, parameters: list) -> l
     out = []
     for path, var_shape, spec in parameters:
         dims = MUON_MATRICES.get("/".join(path))
-        if dims is None:
+        if dims is None or not trained(path, shape):
             continue
         split = _shard_factor(spec, mesh)
         if shape.distributed_muon:
@@ -208,11 +229,19 @@ def activation_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape) 
     live = tokens * max(saved_numbers_per_token_per_layer(cfg, "none", w, attention) for w in widths)
     live *= dtype_bytes
     logits_chunk = tokens * cfg.vocab_size / mesh["tensor"] * 4 / max(1, shape.seq_len // 512)
-    return {"activations_saved": saved, "activations_live_layer": live, "loss_logits_chunk": logits_chunk,
-            "tokens_per_device_per_microbatch": tokens}
+    out = {"activations_saved": saved, "activations_live_layer": live, "loss_logits_chunk": logits_chunk,
+           "tokens_per_device_per_microbatch": tokens}
+    if shape.vision is not None:  # rows split over the batch axes (a vision run has context 1)
+        rows = shape.global_batch / shape.grad_accum / (mesh["data"] * mesh["fsdp"] * mesh["expert"])
+        tower = tower_activation_memory(shape.vision, cfg.remat, rows, shape.patch_capacity, mesh["tensor"])
+        out["vision_activations_saved"] = tower["vision_activations_saved"]
+        # the tower's backward runs after the text model's: one of its blocks or one text layer is live
+        out["activations_live_layer"] = max(live, tower["vision_activations_live_block"])
+    return out
 
 
-def fsdp_gathered_memory(cfg: ModelConfig, mesh: dict[str, int], parameters: list | None = None) -> float:
+def fsdp_gathered_memory(cfg: ModelConfig, mesh: dict[str, int], parameters: list | None = None,
+                         shape: StepShape | None = None) -> float:
     """What FSDP keeps unsharded at the peak (the backward of one layer), bytes per device.
 
     The stacked layers are gathered one layer at a time inside the scan, forward and backward,
@@ -220,22 +249,28 @@ def fsdp_gathered_memory(cfg: ModelConfig, mesh: dict[str, int], parameters: lis
     runs, its gathered parameters (compute dtype) and its whole gradient before the reduce-scatter
     (fp32) are live. So is the whole fp32 gradient of the unstacked FSDP-sharded weights (the
     tied embedding: its loss-head and lookup contributions are summed before one reduce-scatter).
-    Only dimensions sharded over `fsdp` are unsharded; `tensor` and `expert` shards stay.
+    Only dimensions sharded over `fsdp` are unsharded; `tensor` and `expert` shards stay. A vision
+    step's tower blocks (stacked too) run their backward after the text layers': the larger of one
+    text layer and one tower block counts; parameters without a gradient (`trained`) hold none.
     """
     if mesh["fsdp"] == 1:
         return 0.0
     dtype_bytes = 2 if cfg.dtype == "bfloat16" else 4
     without_fsdp = {**mesh, "fsdp": 1}
-    layer = unstacked = 0.0
-    for path, var_shape, spec in parameters or _parameters(cfg, mesh):
+    shape = shape or StepShape(1, 1)
+    stack = {"layers": 0.0, "vision/blocks": 0.0}
+    unstacked = 0.0
+    for path, var_shape, spec in parameters or _parameters(cfg, mesh, shape.vision):
         if _shard_factor(spec, mesh) == _shard_factor(spec, without_fsdp):
             continue  # not sharded over fsdp: never gathered
         numel = math.prod(var_shape) / _shard_factor(spec, without_fsdp)
-        if path[0] == "layers":
-            layer += numel / cfg.num_layers
+        grad_bytes = 4 if trained(path, shape) else 0
+        stacked = next((s for s in stack if "/".join(path).startswith(s + "/")), None)
+        if stacked:
+            stack[stacked] += numel / var_shape[0] * (dtype_bytes + grad_bytes)
         else:
-            unstacked += numel
-    return layer * (dtype_bytes + 4) + unstacked * 4
+            unstacked += numel * grad_bytes
+    return max(stack.values()) + unstacked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,13 +290,13 @@ def collectives(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: d
     out = []
     dtype_bytes = 2 if cfg.dtype == "bfloat16" else 4
     ring = lambda n: (n - 1) / n if n > 1 else 0.0  # noqa: E731
-    grads = mem["grads"]
+    grads = mem["grads"]  # of the trained parameters (all but a vision run's frozen text weights)
     fsdp = mesh["fsdp"]
     # FSDP: gather params (compute dtype) in forward and backward of every micro-batch; scatter
     # grads where each micro-batch's backward makes them (inside the micro-batch loop).
     m = shape.grad_accum
     out.append(Collective("all_gather", "fsdp", "parameters (forward and backward)",
-                          2 * m * grads / 4 * dtype_bytes * fsdp * ring(fsdp), True))
+                          2 * m * mem["params"] / 4 * dtype_bytes * fsdp * ring(fsdp), True))
     out.append(Collective("reduce_scatter", "fsdp", "gradients", m * grads * fsdp * ring(fsdp), True))
     # data-parallel replicas (data x context, rules.zero1_axes): every weight's gradient is summed
     # over both. Left to the partitioner (float32) that is one collective over the whole group
@@ -292,9 +327,9 @@ def collectives(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: d
     # axis: each of Newton-Schulz's 3 matmuls per iteration gathers its whole other operand.
     if shape.optimizer == "muon" and replicas > 1:
         stacked = gathered = 0.0
-        for path, var_shape, spec in parameters or _parameters(cfg, mesh):
+        for path, var_shape, spec in parameters or _parameters(cfg, mesh, shape.vision):
             dims = MUON_MATRICES.get("/".join(path))
-            if dims is None:
+            if dims is None or not trained(path, shape):
                 continue
             local = math.prod(var_shape) * 4 / _shard_factor(spec, mesh)
             stack = muon_stack(var_shape, dims)
@@ -328,6 +363,10 @@ def collectives(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, mem: d
     # tensor parallel: attention output and MoE partial sums all-reduced, forward and backward
     out.append(Collective("all_reduce", "tensor", "attention and expert partial sums",
                           cfg.num_layers * 2 * 2 * 2 * act * ring(tp), False))
+    if shape.vision is not None:  # and the tower's attention output and MLP down projection, on every patch
+        patches = shape.global_batch * shape.patch_capacity / (mesh["data"] * fsdp * mesh["expert"])
+        out.append(Collective("all_reduce", "tensor", "vision tower partial sums", shape.vision.depth * 2 * 2 * 2
+                              * patches * shape.vision.hidden_size * dtype_bytes * ring(tp), False))
     # context parallel: K/V all-gathered per attention layer, forward and backward
     kv = tokens * 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
     out.append(Collective("all_gather", "context", "keys and values", cfg.num_layers * 2 * kv * cp * ring(cp), False))
@@ -353,25 +392,33 @@ def collective_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, m
 
 def plan(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, device_memory_gb: float = 192.0,
          parameters: list | None = None) -> dict:
-    """Per-device bytes and collective bytes of one step; `parameters` (_parameters(cfg, mesh)) may be passed
-    in when one mesh is planned for several step shapes."""
+    """Per-device bytes and collective bytes of one step; `parameters` (_parameters(cfg, mesh, shape.vision))
+    may be passed in when one mesh is planned for several step shapes."""
     mesh = {a: int(mesh.get(a, 1)) for a in MESH_AXES}
     check_platform_support(mesh, cfg.expert_parallel, shape.platform)
+    if shape.vision is not None and mesh["context"] != 1:
+        raise ValueError(f"a vision-language run needs mesh.context = 1 (image tokens attend across the "
+                         f"sequence), got {mesh['context']}")
     if shape.global_batch % (mesh["data"] * mesh["fsdp"] * mesh["expert"] * shape.grad_accum):
         raise ValueError(f"train.global_batch_size {shape.global_batch} is not divisible by the batch axes "
                          f"(data*fsdp*expert = {mesh['data'] * mesh['fsdp'] * mesh['expert']}) times "
                          f"grad_accum {shape.grad_accum}")
     if shape.seq_len % mesh["context"]:
         raise ValueError(f"train.seq_len {shape.seq_len} is not divisible by mesh.context {mesh['context']}")
-    parameters = parameters or _parameters(cfg, mesh)
+    parameters = parameters or _parameters(cfg, mesh, shape.vision)
     mem = parameter_memory(cfg, mesh, shape, parameters)
     act = activation_memory(cfg, mesh, shape)
-    act["fsdp_gathered"] = fsdp_gathered_memory(cfg, mesh, parameters)
-    if fuses_loss_head(shape.objective):
+    act["fsdp_gathered"] = fsdp_gathered_memory(cfg, mesh, parameters, shape)
+    if fuses_loss_head(shape.objective) and trained(("embed",), shape):
         (embed_shape, embed_spec), = [(s, spec) for path, s, spec in parameters if path == ("embed",)]
         act["loss_head_weight_grad"] = math.prod(embed_shape) * 4 / _shard_factor(embed_spec, mesh)
     total = sum(mem.values()) + sum(v for k, v in act.items() if k != "tokens_per_device_per_microbatch")
-    return {
+    vision = {}
+    if shape.vision is not None:  # the tower's share of the state above (the same rules, its parameters alone)
+        tower = parameter_memory(cfg, mesh, shape, [p for p in parameters if p[0][0] == "vision"])
+        vision = {"vision": {**tower, "activations_saved": act["vision_activations_saved"],
+                             "patches_per_row": shape.patch_capacity, "freeze_text": shape.freeze_text}}
+    return {**vision,
         "mesh": mesh, "devices": math.prod(mesh.values()),
         "step": dataclasses.asdict(shape), "remat": cfg.remat, "dtype": cfg.dtype,
         "bytes_per_device": {**mem, **{k: v for k, v in act.items() if k != "tokens_per_device_per_microbatch"},

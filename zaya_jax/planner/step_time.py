@@ -35,8 +35,10 @@ from zaya_jax.config import ModelConfig
 from zaya_jax.hardware import HardwareProfile
 from zaya_jax.parallel.mesh import MESH_AXES
 from zaya_jax.parallel.rules import zero1_axes
-from zaya_jax.planner.step_flops import expert_backend, expert_rows_per_token, layer_matmuls, recomputed, step_flops
+from zaya_jax.planner.step_flops import (dispatched_experts, expert_backend, expert_rows_per_token, layer_matmuls,
+                                         recomputed, step_flops)
 from zaya_jax.planner.step_plan import Collective, StepShape, collectives, muon_matrices
+from zaya_jax.planner.tower_plan import tower_step_flops
 from zaya_jax.train.objectives import fuses_loss_head
 
 OVERLAP_ASSUMPTIONS = (
@@ -79,8 +81,10 @@ def hbm_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_res
     """HBM traffic per device per step that matmul time does not cover, by part (module docstring)."""
     tokens = plan_result["tokens_per_device_per_microbatch"] * shape.grad_accum
     backend = expert_backend(cfg, mesh, shape.platform)
-    rows = expert_rows_per_token(cfg, backend, max(1, int(plan_result["tokens_per_device_per_microbatch"])))
-    ops = layer_matmuls(cfg, shape.seq_len, backend, rows)
+    vision = shape.vision is not None
+    rows = expert_rows_per_token(cfg, backend, max(1, int(plan_result["tokens_per_device_per_microbatch"])),
+                                 dispatched_experts(cfg, vision))
+    ops = layer_matmuls(cfg, shape.seq_len, backend, rows, vision_lora=vision)
     per_pass = {op.name: tokens * cfg.num_layers * op.activation_bytes / (mesh["tensor"] if op.tensor_split else 1)
                 for op in ops}  # one pass (forward) of every layer op
     logits = tokens * cfg.vocab_size / mesh["tensor"] * 4  # fp32 logits of every position, once
@@ -98,11 +102,16 @@ def hbm_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_res
 
 
 def matmul_flops(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, parameters: list) -> dict[str, float]:
-    """step_flops for a StepShape; parameters: planner._parameters(cfg, mesh)."""
-    return step_flops(cfg, mesh, global_batch=shape.global_batch, seq_len=shape.seq_len,
-                      microbatches=shape.grad_accum, platform=shape.platform,
-                      optimizer_matrices=muon_matrices(mesh, shape, parameters), ns_steps=shape.ns_steps,
-                      loss_chunk=shape.loss_chunk, objective=shape.objective)
+    """step_flops for a StepShape, and a vision step's tower (tower_plan); parameters: planner._parameters."""
+    flops = step_flops(cfg, mesh, global_batch=shape.global_batch, seq_len=shape.seq_len,
+                       microbatches=shape.grad_accum, platform=shape.platform,
+                       optimizer_matrices=muon_matrices(mesh, shape, parameters), ns_steps=shape.ns_steps,
+                       loss_chunk=shape.loss_chunk, objective=shape.objective, frozen_text=shape.freeze_text,
+                       vision_step=shape.vision is not None)
+    if shape.vision is not None:
+        rows = shape.global_batch / (mesh["data"] * mesh["fsdp"] * mesh["expert"])
+        flops |= tower_step_flops(shape.vision, cfg.remat, rows, shape.patch_capacity, mesh["tensor"])
+    return flops
 
 
 def predict(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_result: dict, parameters: list,

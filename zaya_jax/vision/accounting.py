@@ -19,6 +19,8 @@ against XLA's cost analysis of the compiled tower.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from flax import nnx
 
@@ -32,9 +34,16 @@ _TOWER_GROUPS = (("vision patch embedding", "patch_kernel"), ("vision blocks", "
                  ("vision merger (projector)", "merger"))
 
 
+@functools.lru_cache(maxsize=4)
+def tower_parameter_state(vision: VisionConfig) -> nnx.State:
+    """The tower's abstract nnx.Param state (built once per config; the planner's mesh search reads it
+    for every mesh)."""
+    return nnx.state(nnx.eval_shape(lambda: VisionTower(vision, rngs=nnx.Rngs(0))), nnx.Param)
+
+
 def vision_breakdown(vision: VisionConfig) -> dict[str, int]:
     """The tower's parameters per group."""
-    params = nnx.state(nnx.eval_shape(lambda: VisionTower(vision, rngs=nnx.Rngs(0))), nnx.Param)
+    params = tower_parameter_state(vision)
     counts = {name: 0 for name, _ in _TOWER_GROUPS}
     group = {top: name for name, top in _TOWER_GROUPS}
     for path, leaf in nnx.to_flat_state(params):
@@ -42,12 +51,20 @@ def vision_breakdown(vision: VisionConfig) -> dict[str, int]:
     return counts
 
 
+def tower_forward_flops_by_part(vision: VisionConfig, patches: int) -> dict[str, int]:
+    """Forward matmul FLOPs of the tower on one image (or one row) of `patches` patches, by part (the
+    module doc's count): patch_embedding, blocks (their weight matmuls), block_attention (scores and
+    values), merger."""
+    p, d, i, m = patches, vision.hidden_size, vision.intermediate_size, vision.merge_unit
+    return {"patch_embedding": 2 * p * vision.patch_dim * d,
+            "blocks": vision.depth * (2 * p * d * 3 * d + 2 * p * d * d + 3 * 2 * p * d * i),
+            "block_attention": vision.depth * 2 * 2 * p * p * d,
+            "merger": 2 * (p // m) * (m * d) ** 2 + 2 * (p // m) * m * d * vision.out_hidden_size}
+
+
 def tower_forward_flops(vision: VisionConfig, patches: int) -> int:
     """Forward matmul FLOPs of the tower on one image of `patches` patches (the module doc's count)."""
-    p, d, i, m = patches, vision.hidden_size, vision.intermediate_size, vision.merge_unit
-    block = 2 * p * d * 3 * d + 2 * p * d * d + 3 * 2 * p * d * i + 2 * 2 * p * p * d
-    merger = 2 * (p // m) * (m * d) ** 2 + 2 * (p // m) * m * d * vision.out_hidden_size
-    return 2 * p * vision.patch_dim * d + vision.depth * block + merger
+    return sum(tower_forward_flops_by_part(vision, patches).values())
 
 
 def vl_model_summary(text: ModelConfig, vision: VisionConfig, image_size: tuple[int, int] = (448, 448)) -> dict:
