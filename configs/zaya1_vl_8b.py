@@ -3,9 +3,12 @@
 attention, 32 on the experts), as transformers' `Zaya1VLConfig` has it.
 
 For the planner and for reading the released weights' shapes:
-  python -m zaya_jax.planner --config configs/zaya1_vl_8b.py
-To train it, add image_chat data (train.data='pipeline', train.objective='sft',
-train.patch_capacity, as configs/demo_vl.py does); the trainer names what is missing.
+  python -m zaya_jax.planner --config configs/zaya1_vl_8b.py [--mesh data=64,fsdp=8 | --hardware h200 ...]
+The step it plans is a vision run's (train.settings.check_vision_run): train.objective='sft', 4,096
+patches per row (four 448x448 images, 1,024 tokens of a 4,096-token row), mesh.context = 1 (image
+tokens attend across the sequence), the text model trained too (--config.train.freeze_text=true
+freezes it); batch, sequence length and curriculum are zaya1_8b.py's. To train it, point
+data.sources at image_chat data (as configs/demo_vl.py does); the trainer names what is missing.
 """
 
 import os
@@ -18,4 +21,6 @@ def get_config():
     config.model.vision_lora_rank_attn = 8
     config.model.vision_lora_rank_mlp = 32
     config.vision = vision_section()
+    config.train.update(objective="sft", patch_capacity=4096, freeze_text=False)
+    config.mesh.context = 1
     return config

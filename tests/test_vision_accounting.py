@@ -87,8 +87,12 @@ def test_the_planner_prints_them_and_the_trainer_names_what_the_config_lacks(sum
     printed = json.loads(out.stdout)
     assert printed["params_total"] == summary["params_total"]
     assert printed["vision"]["image"]["resized_to"] == [1008, 700] and printed["vision"]["image"]["tokens"] == 900
-    out = subprocess.run([sys.executable, "-m", "zaya_jax.planner", "--config", CONFIG, "--mesh", "data=8"],
-                         capture_output=True, text=True, env=env)
-    assert out.returncode != 0 and "this config has a vision section" in out.stderr.splitlines()[-1]
-    with pytest.raises(ConfigError, match="a vision-language run .*: train.objective must be 'sft'"):
-        settings_from_config(load_config_file(CONFIG))
+    # the step plan (tests/test_plan_vision.py) is a vision run's: the trainer's checks name what is wrong
+    out = subprocess.run([sys.executable, "-m", "zaya_jax.planner", "--config", CONFIG, "--mesh", "data=8",
+                          "--config.train.objective=lm"], capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and out.stderr.startswith("error: a vision-language run (the config has a vision "
+                                                         "section): train.objective must be 'sft'"), out.stderr
+    config = load_config_file(CONFIG)
+    config.train.patch_capacity = 0
+    with pytest.raises(ConfigError, match="a vision-language run .*: train.patch_capacity must be a positive"):
+        settings_from_config(config)

@@ -6,9 +6,15 @@
   python -m zaya_jax.planner --config configs/zaya1_base.py --search --devices 1024 --hardware mi300x
 
 Always: parameter counts and the KV-cache size (with a `vision` section, ZAYA1-VL's: the tower's
-parameters and its forward FLOPs on one --image_size image, which --mesh and --hardware do not
-plan yet). With --mesh: per-device bytes of parameters, gradients, optimizer state and
-activations, collective bytes per step by kind, and whether it fits the device memory (default: the --hardware profile's, else 192 GB, an MI300X). With
+parameters and its forward FLOPs on one --image_size image). With --mesh: per-device bytes of
+parameters, gradients, optimizer state and activations, collective bytes per step by kind, and
+whether it fits the device memory (default: the --hardware profile's, else 192 GB, an MI300X).
+A vision-language config's step (it must be a valid vision run: train.objective='sft',
+train.patch_capacity, mesh.context = 1) adds the tower's parameters, gradients and AdamW state
+(sharded by the trainer's rules), its activations and FLOPs (forward and backward) on
+train.patch_capacity patches per row and its parameters' collectives; with train.freeze_text the
+text weights but the vision LoRA have no gradient, optimizer state or gradient collectives and no
+weight-gradient matmuls (zaya_jax.planner.step_plan, tower_plan). With
 --hardware, per curriculum phase: FLOPs, HBM traffic and collectives per device and step, the
 predicted step time, tokens/s, MFU and what bounds it (docs/parallel.md, Planner). With
 --search: every feasible mesh of --devices ranked by predicted step time, per phase and for the
@@ -32,10 +38,11 @@ from zaya_jax.hardware import PROFILES, calibrated
 from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES, check_mesh
 from zaya_jax.parallel.mesh import parse_mesh_flag, resolve_mesh_shape
-from zaya_jax.planner.mesh_search import mesh_name, search
+from zaya_jax.planner.mesh_search import VISION_CONTEXT, mesh_name, search
 from zaya_jax.planner.phase_plan import config_phases, phase_mesh, phase_shape, plan_phase, run_time
 from zaya_jax.planner.step_plan import GIB, StepShape, plan
 from zaya_jax.planner.step_time import OVERLAP_ASSUMPTIONS
+from zaya_jax.train.settings import settings_from_config
 from zaya_jax.vision.accounting import vl_model_summary
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).")
@@ -97,6 +104,13 @@ def render(summary: dict) -> str:
                      f"{p['step']['global_batch']} x {p['step']['seq_len']} tokens ({p['step_from']}):")
         for key, value in p["bytes_per_device"].items():
             lines.append(f"  {key:<28}{value / GIB:>10.2f} GiB")
+        if "vision" in p:
+            v = p["vision"]
+            lines.append(f"  (a vision-language step: the tower's {v['patches_per_row']} patches per row; of the above "
+                         f"the tower holds params {v['params'] / GIB:.2f}, grads {v['grads'] / GIB:.2f}, optimizer "
+                         f"state {v['optimizer_state'] / GIB:.2f} GiB"
+                         + ("; train.freeze_text: the text weights have no grads or optimizer state)"
+                            if v["freeze_text"] else ")"))
         if "reference_model" in p["bytes_per_device"]:
             lines.append("  (train.objective=dpo: reference_model is the frozen reference, an fp32 copy of the "
                          "parameters sharded like them)")
@@ -196,7 +210,9 @@ def step_shape(config) -> StepShape:
                      optimizer="muon" if "muon" in optimizer else "adamw", platform=_PLATFORM.value,
                      shard_optimizer_over_data=bool(_ZERO1.value if _ZERO1.value is not None
                                                     else mesh.get("shard_optimizer_over_data", False)),
-                     gradient_reduce_dtype=_REDUCE_DTYPE.value or mesh.get("gradient_reduce_dtype", "float32"))
+                     gradient_reduce_dtype=_REDUCE_DTYPE.value or mesh.get("gradient_reduce_dtype", "float32"),
+                     vision=vision_config(config)[0] if "vision" in config else None,
+                     patch_capacity=train.get("patch_capacity", 0), freeze_text=bool(train.get("freeze_text", False)))
 
 
 def _nearest_divisors(n: int, k: int) -> list[int]:
@@ -240,6 +256,34 @@ def check_mesh_fits_step(config, mesh: dict[str, int], shape: StepShape) -> None
                           f"context = {mesh['context']}\nfix: a context size dividing {shape.seq_len}, e.g. "
                           + " or ".join(f"--mesh {_mesh_with(mesh, 'context', n)}"
                                         for n in _nearest_divisors(shape.seq_len, mesh["context"])))
+
+
+def checked_vision_config(config, planned_mesh: dict[str, int] | None):
+    """A vision-language config as the planner plans it: a ConfigError (exit 2) naming --mesh when it has
+    context > 1, else the trainer's checks of a vision run (train.settings.check_vision_run: the
+    objective, train.patch_capacity, mesh.context), on the config with the mesh's context 1 when the
+    planned meshes are not the config's (--mesh, --search). -> the config to plan."""
+    if planned_mesh is not None and planned_mesh["context"] != 1:
+        raise ConfigError(f"--mesh {_MESH.value}: a vision-language config (it has a vision section) runs on "
+                          f"mesh.context = 1 (image tokens attend across the sequence), not {planned_mesh['context']}"
+                          f"\nfix: --mesh without context, e.g. --mesh "
+                          + _mesh_with({a: n for a, n in planned_mesh.items() if a != "context"}, "data",
+                                       planned_mesh["data"] * planned_mesh["context"]))
+    if planned_mesh is not None or _SEARCH.value:
+        config = config.copy_and_resolve_references()
+        config.mesh.context = 1
+    settings_from_config(config)
+    return config
+
+
+def check_vision_search(result: dict) -> None:
+    """A vision-language --search whose phase no mesh of context 1 runs: a ConfigError naming --devices."""
+    for phase in result["phases"]:
+        if not phase["ranked"] and VISION_CONTEXT in phase["infeasible"]:
+            reasons = ", ".join(f"{n} {why}" for why, n in phase["infeasible"].items())
+            raise ConfigError(f"--search --devices {result['devices']}: no mesh of {result['devices']} devices runs "
+                              f"phase {phase['name']} of this vision-language config (infeasible: {reasons})\n"
+                              "fix: fewer --devices, so that data x fsdp x expert x tensor reaches the count")
 
 
 def _hardware():
@@ -299,27 +343,28 @@ def main(argv):
         raise app.UsageError("--config is required, e.g. --config configs/zaya1_base.py")
     cfg = model_config(_CONFIG.value)
     vision = vision_config(_CONFIG.value)
-    if vision is not None and (_MESH.value or _HARDWARE.value or _SEARCH.value):
-        raise app.UsageError("--mesh, --hardware and --search plan the text model's train step; this config has a "
-                             "vision section, whose parameters and tower FLOPs are counted without them")
     summary = model_summary(cfg) if vision is None else vl_model_summary(cfg, vision[0], image_size())
     hw = _hardware()
     memory_gb = _MEMORY.value or (hw.memory_gb if hw else 192.0)
     mesh, devices = _explicit_mesh(_DEVICES.value)
+    config = _CONFIG.value
+    if vision is not None and (mesh or hw or _SEARCH.value):
+        config = checked_vision_config(config, mesh)
     if mesh:
-        shape = step_shape(_CONFIG.value)
-        check_mesh_fits_step(_CONFIG.value, mesh, shape)
+        shape = step_shape(config)
+        check_mesh_fits_step(config, mesh, shape)
         check_mesh(mesh, shape.gradient_reduce_dtype)
         summary["plan"] = plan(cfg, mesh, shape, memory_gb)
-        source = _step_source(_CONFIG.value)[2]
+        source = _step_source(config)[2]
         summary["plan"]["step_from"] = "train.global_batch_size, train.seq_len" if source == "train" else source
     if _SEARCH.value:
         if devices is None:
             raise app.UsageError("--search needs --devices N (or a --mesh whose product is the device count)")
-        summary["search"] = search(cfg, config_phases(_CONFIG.value), step_shape(_CONFIG.value), devices, hw,
-                                   memory_gb)
+        summary["search"] = search(cfg, config_phases(config), step_shape(config), devices, hw, memory_gb)
+        if vision is not None:
+            check_vision_search(summary["search"])
     elif hw:
-        summary["prediction"] = plan_phases(_CONFIG.value, cfg, hw, mesh, devices, memory_gb)
+        summary["prediction"] = plan_phases(config, cfg, hw, mesh, devices, memory_gb)
     print(json.dumps(summary, indent=2) if _JSON.value else render(summary))
 
 
