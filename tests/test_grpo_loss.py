@@ -111,3 +111,20 @@ def test_micro_batch_sums_give_the_whole_batchs_loss(case, loss_type):
     if loss_type == "dr_grpo":  # its count is N * T of each micro-batch: the same sum
         assert float(total["count"]) == N * T
     np.testing.assert_allclose(float(total["value"] / total["count"]), float(whole), rtol=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_whole_rows_with_the_completion_budget_sum_as_the_completions(case, loss_type):
+    """The train step's layout: [N, S] rows whose mask covers the completion's columns only, the
+    advantages along each row, dr_grpo's T given as completion_budget: the same sums as [N, T]."""
+    logp, old, ref, rewards, mask = case
+    adv = numpy_advantages(rewards, "group")
+    q = 4  # prompt columns before the completion
+    pad = lambda x, fill: np.concatenate([np.full((N, q), fill), x], axis=1)  # noqa: E731
+    rows = [jnp.asarray(pad(x, -3.0)) for x in (logp, old, ref)]
+    alone = GRPOLoss(loss_type, beta=0.04).sums(*(jnp.asarray(x) for x in (logp, old, ref)), jnp.asarray(adv),
+                                               jnp.asarray(mask))
+    whole = GRPOLoss(loss_type, beta=0.04, completion_budget=T).sums(
+        *rows, jnp.asarray(np.repeat(adv[:, None], q + T, axis=1)), jnp.asarray(pad(mask, 0.0)))
+    for key in alone:
+        np.testing.assert_allclose(float(whole[key]), float(alone[key]), rtol=1e-6, err_msg=key)

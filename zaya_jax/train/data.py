@@ -16,6 +16,10 @@ function of (seed, k) only; held-out batches use another seed. Rows follow train
         2j = prompt ++ rejected (positions restart in each; loss_mask 1 on completion targets),
         where the prompt is a random motif, chosen repeats it and rejected is random tokens
 
+A GRPO run (train.objective='grpo') samples its batches from the policy itself
+(train/grpo_batches.py: prompts, completions, rewards, advantages); its held-out score is by
+generation (GRPOBatches.evaluate), not held-out batches.
+
 A vision-language run (a vision section) reads image_chat sources: its rows (and batches) also
 hold the images' patches (vision.image_rows.ImageChatRows of the tower and train.patch_capacity).
 """
@@ -128,7 +132,7 @@ def synthetic_phase(settings: Settings) -> PhaseInfo:
 
 def curriculum_extension(config, settings: Settings) -> int:
     """Global batches that train.steps asks for beyond the curriculum as written (0 if none)."""
-    if settings.train.data == "synthetic":
+    if settings.train.data == "synthetic" or settings.train.objective == "grpo":
         return 0
     from zaya_jax.data.curriculum import parse_phases
     phases = parse_phases(config.data, process_count=jax.process_count())
@@ -151,6 +155,9 @@ def training_data_config(config, settings: Settings):
 def phases_of(config, settings: Settings) -> tuple[PhaseInfo, ...]:
     """The phases (the last one extended to train.steps), validated without opening any file
     (ConfigError naming the field)."""
+    if settings.train.objective == "grpo":
+        from zaya_jax.train.grpo_batches import grpo_phase
+        return (grpo_phase(settings),)
     if settings.train.data == "synthetic":
         return (synthetic_phase(settings),)
     from zaya_jax.data.curriculum import parse_phases
@@ -172,6 +179,9 @@ def wanted_kind(settings: Settings) -> str:
 
 def open_training_data(config, settings: Settings) -> grain.DatasetIterator:
     """The training iterator; opening a missing source fails naming the field and path."""
+    if settings.train.objective == "grpo":
+        from zaya_jax.train.grpo_batches import open_grpo_data
+        return open_grpo_data(config, settings)
     if settings.train.data == "synthetic":
         return SyntheticIterator(synthetic_phase(settings), settings.model.vocab_size, settings.train.seed,
                                  settings.train.objective)
@@ -206,7 +216,9 @@ def check_data_kind(objective: str, kind: str, sources: list[str], close=lambda:
 
 
 def eval_batches(config, settings: Settings) -> dict[str, list[dict[str, np.ndarray]]]:
-    """{source: [batch, ...]} of held-out batches (this process's rows)."""
+    """{source: [batch, ...]} of held-out batches (this process's rows; none for GRPO)."""
+    if settings.train.objective == "grpo":
+        return {}
     max_batches = settings.eval.max_batches or None
     if settings.train.data == "synthetic":
         t = settings.train

@@ -2,7 +2,9 @@
 computes it), from per-token log-probabilities: pure functions for the GRPO objective.
 
 N completions, G per prompt (N = prompts * G, a prompt's completions consecutive), T completion
-tokens (padded; `mask` [N, T] is 1 on a completion's real tokens).
+tokens (padded; `mask` [N, T] is 1 on a completion's real tokens). The train step passes whole
+rows instead ([N, S] log-probs and mask, the mask 1 on the completion's targets only, the
+advantages repeated along each row [N, S]) with `completion_budget` = T, which sums the same.
 
   advantages   A_i = r_i - mean of its group's rewards, divided by the std (Bessel-corrected, as
                torch.std) of its group's rewards + 1e-4 (scale_rewards="group", TRL's default), of
@@ -15,7 +17,8 @@ tokens (padded; `mask` [N, T] is 1 on a completion's real tokens).
                    reference; beta = 0 by default, as TRL's)
   loss_type    grpo     each completion's token mean, then the mean over completions
                dapo     the sum over every completion token / their number (TRL's default)
-               dr_grpo  the sum / (N * T), T the completion budget (Dr. GRPO)
+               dr_grpo  the sum / (N * T), T the completion budget (Dr. GRPO; completion_budget, default
+                        the mask's width)
 Each is value / count of sums over micro-batches (`GRPOLoss.sums`), so accumulated micro-batches
 give the loss of the whole batch, as the train step divides once by the global count.
 """
@@ -53,6 +56,7 @@ class GRPOLoss:
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
     beta: float = 0.0
+    completion_budget: int = 0  # dr_grpo's T (0: the mask's width)
 
     def __post_init__(self):
         if self.loss_type not in LOSS_TYPES:
@@ -60,12 +64,13 @@ class GRPOLoss:
 
     def sums(self, logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array | None, advantages: jax.Array,
              mask: jax.Array) -> dict[str, jax.Array]:
-        """logp, old_logp, ref_logp (None when beta = 0), mask [N, T]; advantages [N] -> sums []:
+        """logp, old_logp, ref_logp (None when beta = 0), mask [N, T]; advantages [N] (or [N, T], each
+        row's repeated) -> sums []:
         value (to differentiate), count (value / count is the loss), tokens, kl (summed over
         tokens), clipped_low, clipped_high (tokens whose ratio is clipped below or above)."""
         mask = mask.astype(jnp.float32)
         old_logp = jax.lax.stop_gradient(old_logp)
-        a = advantages[:, None]
+        a = advantages if advantages.ndim == 2 else advantages[:, None]
         ratio = jnp.exp(logp - old_logp)
         clipped = jnp.clip(ratio, 1 - self.epsilon_low, 1 + self.epsilon_high)
         per_token = -jnp.minimum(ratio * a, clipped * a)
@@ -83,7 +88,8 @@ class GRPOLoss:
             count = jnp.sum(lengths > 0).astype(jnp.float32)
         else:
             value = jnp.sum(per_token * mask)
-            count = tokens if self.loss_type == "dapo" else jnp.float32(mask.size)
+            budget = self.completion_budget or mask.shape[1]
+            count = tokens if self.loss_type == "dapo" else jnp.float32(mask.shape[0] * budget)
         low = (ratio < 1 - self.epsilon_low) & (a < 0)
         high = (ratio > 1 + self.epsilon_high) & (a > 0)
         return {"value": value, "count": count, "tokens": tokens, "kl": jnp.sum(kl * mask),

@@ -6,6 +6,9 @@ where `columns` are the dataset's other fields, one value per completion (e.g. `
 are combined with weights (`combine_rewards`); a reward that raises, returns the wrong number of
 values or a value that is not a finite number is named in one RewardError (a UserError) line.
 
+A run names its rewards in grpo.reward_funcs (resolve_rewards): built-in names, or
+'package.module:function' for a user's function, with grpo.reward_weights.
+
 Built in, for the post-training demo's questions (zaya_jax.data.instruction_tasks):
   exact_answer   1.0 when the completion's answer (its first line, instruction_tasks.extract_answer)
                  is exactly the `answer` column, else 0.0
@@ -15,12 +18,14 @@ Built in, for the post-training demo's questions (zaya_jax.data.instruction_task
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from zaya_jax.config import ConfigError
 from zaya_jax.data.instruction_tasks import extract_answer
 from zaya_jax.errors import UserError
 
@@ -40,6 +45,40 @@ def exact_answer(prompts: Sequence, completions: Sequence[str], answer: Sequence
 def answer_format(prompts: Sequence, completions: Sequence[str], **columns) -> list[float]:
     del prompts, columns
     return [float(bool(_INTEGER.fullmatch(c.strip()))) for c in completions]
+
+
+BUILT_IN = {"exact_answer": exact_answer, "answer_format": answer_format}
+
+
+def resolve_rewards(funcs: str, weights: str) -> tuple[list[Reward], list[float] | None]:
+    """grpo.reward_funcs ('exact_answer,answer_format,my.module:fn') and grpo.reward_weights ('1,0.5';
+    '': 1 each) -> (the callables, the weights or None); ConfigError naming the field otherwise."""
+    rewards = []
+    for name in (n.strip() for n in funcs.split(",")):
+        if name in BUILT_IN:
+            rewards.append(BUILT_IN[name])
+            continue
+        module, _, attr = name.partition(":")
+        if not module or not attr:
+            raise ConfigError(f"grpo.reward_funcs: {name!r} is neither a built-in reward ({', '.join(BUILT_IN)}) "
+                              "nor 'package.module:function'")
+        try:
+            reward = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as err:
+            raise ConfigError(f"grpo.reward_funcs: {name!r} cannot be loaded: {err}") from None
+        if not callable(reward):
+            raise ConfigError(f"grpo.reward_funcs: {name!r} is not callable")
+        rewards.append(reward)
+    if not weights.strip():
+        return rewards, None
+    try:
+        values = [float(w) for w in weights.split(",")]
+    except ValueError:
+        raise ConfigError(f"grpo.reward_weights: {weights!r} is not a comma-separated list of numbers") from None
+    if len(values) != len(rewards):
+        raise ConfigError(f"grpo.reward_weights: {len(values)} weights for {len(rewards)} reward functions "
+                          f"(grpo.reward_funcs={funcs!r})")
+    return rewards, values
 
 
 def reward_name(reward: Reward) -> str:

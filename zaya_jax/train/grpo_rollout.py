@@ -34,8 +34,10 @@ class Rollout(NamedTuple):
 
 def sample_groups(model, prompts: Sequence[Sequence[int]], group_size: int, max_new_tokens: int, *,
                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                  stop_ids: Sequence[int] = (), mesh: jax.sharding.Mesh | None = None) -> Rollout:
-    """`group_size` completions of each prompt sampled from `model` (its weights now), as train rows."""
+                  stop_ids: Sequence[int] = (), mesh: jax.sharding.Mesh | None = None,
+                  width: int | None = None) -> Rollout:
+    """`group_size` completions of each prompt sampled from `model` (its weights now), as train rows;
+    width: Q, the prompts' column (default the longest prompt; a fixed one keeps every batch's shape)."""
     if group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     cfg = text_model(model).config
@@ -45,7 +47,7 @@ def sample_groups(model, prompts: Sequence[Sequence[int]], group_size: int, max_
     stops = set(stop_tokens(cfg.eos_token_id, stop_ids))
     lengths = np.asarray([next((t + 1 for t, token in enumerate(row) if token in stops), max_new_tokens)
                           for row in tokens.tolist()], np.int32)
-    width = max(len(p) for p in repeated)
+    width = width or max(len(p) for p in repeated)
     return Rollout(completion_rows(repeated, tokens, lengths, width, cfg.pad_token_id), tokens, lengths, width)
 
 

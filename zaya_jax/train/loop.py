@@ -161,6 +161,10 @@ class Trainer:
         self.monitor.advance(int(self.state.step))
         self.monitor.log(f"start at step {int(self.state.step)}: {origin}")
         self._train_step, self._eval_step = program.train_step, program.eval_step
+        if self.objective.name == "grpo":  # its batches are sampled from the weights of the step they train
+            self.data.attach(lambda: self.current_model(self.data.phase.rope_theta),
+                             functools.partial(self._token_logps, program.token_logps), self.mesh)
+        self._generation_seconds = 0.0  # a GRPO run's sampling time at the last train record
         self._flops_per_token = {p.seq_len: flops_per_token(s.model, p.seq_len) for p in self.phases}
         topo = distributed.topology()
         self._peak = peak_flops(topo["device_kind"], topo["platform"], topo["global_devices"], topo["processes"],
@@ -284,7 +288,7 @@ class Trainer:
                     self.monitor.restart_clock(step)  # the bar's rate and ETA leave out the first compile
                 if step % s.train.log_every_steps == 0 or step == s.train.steps:
                     elapsed = time.perf_counter() - window_start
-                    self._log_train(step, jax.device_get(metrics), window_tokens / elapsed, phase)
+                    self._log_train(step, jax.device_get(metrics), window_tokens / elapsed, phase, elapsed)
                     window_start, window_tokens = time.perf_counter(), 0
                     if s.monitor.heatmap_every_steps and step % s.monitor.heatmap_every_steps < s.train.log_every_steps:
                         self.monitor.draw_heatmap()
@@ -319,7 +323,8 @@ class Trainer:
         phase; its cost_analysis() is what tests/test_plan_flops.py checks the planner's FLOP count
         against). A later run of that phase reuses the compilation."""
         phase = phase or self.phases[0]
-        batch = abstract_batch(phase.global_batch_size, phase.seq_len, image_shape(self.settings))
+        batch = abstract_batch(phase.global_batch_size, phase.seq_len, image_shape(self.settings),
+                               self.objective.extra_batch_keys)
         return self._train_step.lower(self.state, batch, phase.rope_theta).compile()
 
     # -- messages -------------------------------------------------------------------------------
@@ -457,7 +462,16 @@ class Trainer:
         if self.on_log is not None and self.is_main:
             self.on_log(record)
 
-    def _log_train(self, step: int, m: dict, tokens_per_sec: float, phase) -> None:
+    def _grpo_record(self, elapsed: float) -> dict:
+        """A GRPO run's generation statistics (grpo_batches.GRPOBatches.stats) and how the logging
+        window's `elapsed` seconds split into sampling (generation_s) and the rest (update_s)."""
+        if self.objective.name != "grpo":
+            return {}
+        generation = self.data.generation_seconds - self._generation_seconds
+        self._generation_seconds = self.data.generation_seconds
+        return {**self.data.stats, "generation_s": generation, "update_s": elapsed - generation}
+
+    def _log_train(self, step: int, m: dict, tokens_per_sec: float, phase, elapsed: float) -> None:
         flops = self._flops_per_token[phase.seq_len] * tokens_per_sec
         mfu = flops / self._peak if self._peak else None
         record = {"kind": "train", "step": step, "loss": float(m["loss"]), "tokens_per_sec": tokens_per_sec,
@@ -465,6 +479,7 @@ class Trainer:
                   "skipped_steps": int(m["skipped_steps"]), "phase": phase.name, "rope_theta": phase.rope_theta,
                   **{k: float(m[k]) for k in self.objective.metric_keys if k != "loss"},
                   **({"image_token_share": float(m["image_token_share"])} if "image_token_share" in m else {}),
+                  **self._grpo_record(elapsed),
                   **router_metrics(m["expert_counts"], m["dropped"]),
                   "expert_load": np.round(expert_load(m["expert_counts"]), 5).tolist()}
         self._write(record)
@@ -473,7 +488,14 @@ class Trainer:
 
     def evaluate(self, step: int, rope_theta: float) -> dict:
         """Held-out metrics per source, logged at `step`: loss and perplexity (lm, sft), or the DPO
-        loss, reward_accuracy, reward_margin, chosen_reward and rejected_reward (dpo)."""
+        loss, reward_accuracy, reward_margin, chosen_reward and rejected_reward (dpo); for GRPO the
+        rewards of greedy completions of grpo.eval_prompts (eval/prompts/reward and each function's)."""
+        if self.objective.name == "grpo":
+            scores = self.data.evaluate(self.current_model(rope_theta))
+            record = {"kind": "eval", "step": step, **{f"eval/prompts/{k}": v for k, v in scores.items()}}
+            self._write(record)
+            self.monitor.log(" ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("eval/")))
+            return record
         if rope_theta not in self._eval_compiled and jax.process_count() > 1:
             self._compile_eval_on_every_process(rope_theta)
         results = evaluate_params(self._eval_step, self.state.params, self.state.biases, self.eval_data, self.mesh,
@@ -485,12 +507,24 @@ class Trainer:
         self.monitor.log(" ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("eval/")))
         return record
 
-    def run_harness(self, step: int, rope_theta: float) -> dict:
-        """The eval.harness_tasks scores of the model at `step` (at its phase's RoPE base), logged."""
+    def current_model(self, rope_theta: float):
+        """The model at the state's weights now, at RoPE base `rope_theta`, for generation (a
+        capacity MoE backend becomes the dropless one, so padding changes no output)."""
         model = self.parts.merge(self.state.params, self.state.biases)
         model.config = model.config.replace(rope_theta=rope_theta)
-        if model.config.moe_backend == "capacity":  # dropless, so padding changes no score
+        if model.config.moe_backend == "capacity":
             model.config = model.config.replace(moe_backend="auto")
+        return model
+
+    def _token_logps(self, token_logps, rows: dict) -> np.ndarray:
+        """Per-token log-probs [N, S] of GRPO rows under the state's weights now (its old_logp)."""
+        batch = distributed.global_batch({k: rows[k] for k in self.parts.batch_keys}, self.mesh)
+        with jax.set_mesh(self.mesh):
+            return np.asarray(token_logps(self.state.params, self.state.biases, batch, self.data.phase.rope_theta))
+
+    def run_harness(self, step: int, rope_theta: float) -> dict:
+        """The eval.harness_tasks scores of the model at `step` (at its phase's RoPE base), logged."""
+        model = self.current_model(rope_theta)
         self.monitor.log(f"step {step}: lm-eval harness on {', '.join(self.harness.tasks)}")
         record = self.harness.run(step, model)
         self._write(record)

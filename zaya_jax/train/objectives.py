@@ -20,6 +20,13 @@ micro-batches give exactly the loss and gradient of one big batch).
             rewards: chosen beta * (logp_c - ref_c), rejected beta * (logp_r - ref_r); reported as
             means over pairs: chosen_reward, rejected_reward, reward_margin (chosen - rejected)
             and reward_accuracy (fraction with chosen > rejected)
+  grpo      (Shao et al. 2024, as TRL's GRPOTrainer; grpo_loss.py) rows are sampled completions
+            (train/grpo_batches.py), each with its group-relative advantage [B,S] (repeated along
+            the row) and, with grpo.num_iterations > 1, the sampling weights' log-probs old_logp
+            [B,S] (with one step per generation they are the current weights': stop_gradient(logp))
+            value, sums = GRPOLoss.sums(-nll, old_logp, -reference nll (beta > 0), advantages,
+            loss_mask); count: completion tokens (dapo), completions (grpo) or rows * T (dr_grpo)
+            reported: loss, kl (k3 per completion token), clip_ratio (tokens whose ratio was clipped)
 """
 
 from __future__ import annotations
@@ -30,8 +37,11 @@ import math
 import jax
 import jax.numpy as jnp
 
-OBJECTIVES = ("lm", "sft", "dpo")
+from zaya_jax.train.grpo_loss import GRPOLoss
+
+OBJECTIVES = ("lm", "sft", "dpo", "grpo")
 DATA_KIND = {"lm": "text", "sft": "chat", "dpo": "preference"}  # the prepared-source kind each objective reads
+#                                                                 (grpo reads prompts: grpo.prompts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +49,7 @@ class TokenObjective:
     """lm / sft: the masked token-mean nll."""
     name: str = "lm"
     needs_reference = False
+    extra_batch_keys = ()  # [B,S] arrays a batch carries beyond state.BATCH_KEYS
     linear_in_nll = True  # value = sum(nll * token_weights): the step fuses the loss head's gradient
     sum_keys = ("nll", "tokens")
     count_key = "tokens"
@@ -73,6 +84,7 @@ class DPOObjective:
     rpo_alpha: float = 0.0
     name: str = "dpo"
     needs_reference = True
+    extra_batch_keys = ()
     linear_in_nll = False
     sum_keys = ("loss", "chosen_reward", "rejected_reward", "correct", "pairs")
     count_key = "pairs"
@@ -109,6 +121,40 @@ class DPOObjective:
         return {k: float(v) for k, v in self.metrics(sums).items()}
 
 
+@dataclasses.dataclass(frozen=True)
+class GRPOObjective:
+    """GRPO's clipped policy-ratio loss on sampled completions (grpo_loss.GRPOLoss)."""
+    loss: GRPOLoss = GRPOLoss()
+    multi_step: bool = False  # grpo.num_iterations > 1: the batch carries the sampling weights' old_logp
+    name: str = "grpo"
+    linear_in_nll = False
+    sum_keys = ("value", "count", "tokens", "kl", "clipped_low", "clipped_high")
+    count_key = "count"
+    metric_keys = ("loss", "kl", "clip_ratio", "clip_ratio_low", "clip_ratio_high")
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.loss.beta > 0
+
+    @property
+    def extra_batch_keys(self) -> tuple[str, ...]:
+        return ("advantages", "old_logp") if self.multi_step else ("advantages",)
+
+    def micro_sums(self, nll: jax.Array, reference_nll, batch: dict) -> tuple[jax.Array, dict]:
+        """nll, reference_nll (None without KL) [B,S] -> (value to differentiate [], sums [] of sum_keys)."""
+        logp = -nll
+        old = batch["old_logp"] if self.multi_step else jax.lax.stop_gradient(logp)
+        ref = None if reference_nll is None else -reference_nll
+        sums = self.loss.sums(logp, old, ref, batch["advantages"], batch["loss_mask"])
+        return sums["value"], sums
+
+    def metrics(self, sums: dict) -> dict:
+        tokens = jnp.maximum(sums["tokens"], 1.0)
+        return {"loss": sums["value"] / jnp.maximum(sums["count"], 1.0), "kl": sums["kl"] / tokens,
+                "clip_ratio": (sums["clipped_low"] + sums["clipped_high"]) / tokens,
+                "clip_ratio_low": sums["clipped_low"] / tokens, "clip_ratio_high": sums["clipped_high"] / tokens}
+
+
 def segment_logps(nll: jax.Array, batch: dict) -> tuple[jax.Array, jax.Array]:
     """nll [B,S] -> (sum of -nll * loss_mask per segment [B, S+1], supervised tokens per segment [B, S+1])."""
     mask, segments = batch["loss_mask"], batch["segment_ids"]
@@ -125,15 +171,19 @@ def pair_slices(per_segment: jax.Array) -> tuple[jax.Array, jax.Array]:
 def fuses_loss_head(name: str) -> bool:
     """Whether objective `name`'s step computes the loss head's gradient with its forward (its value
     is linear in the nll: loss.weighted_nll_sum); the planner counts passes and bytes by it."""
-    return (DPOObjective if name == "dpo" else TokenObjective).linear_in_nll
+    return {"dpo": DPOObjective, "grpo": GRPOObjective}.get(name, TokenObjective).linear_in_nll
 
 
 def make_objective(settings):
     """The objective a run's validated settings (zaya_jax.train.settings.Settings) name: train.objective, with
-    the dpo section's beta, label_smoothing and rpo_alpha for dpo."""
+    the dpo section's beta, label_smoothing and rpo_alpha for dpo, the grpo section's loss for grpo."""
     if settings.train.objective == "dpo":
         d = settings.dpo
         return DPOObjective(beta=d.beta, label_smoothing=d.label_smoothing, rpo_alpha=d.rpo_alpha)
+    if settings.train.objective == "grpo":
+        g = settings.grpo
+        return GRPOObjective(GRPOLoss(g.loss_type, g.epsilon, g.epsilon_high or g.epsilon, g.beta,
+                                      g.max_completion_length), multi_step=g.num_iterations > 1)
     return TokenObjective(name=settings.train.objective)
 
 

@@ -23,7 +23,7 @@ from zaya_jax.train.objectives import make_objective
 from zaya_jax.train.optimizer import make_optimizer, schedule, text_weight
 from zaya_jax.train.settings import Settings
 from zaya_jax.train.state import BATCH_KEYS, ModelParts, TrainState, initial_state, state_specs, to_shardings
-from zaya_jax.train.step import jit_eval_step, jit_train_step
+from zaya_jax.train.step import jit_eval_step, jit_token_logps, jit_train_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,8 @@ class TrainProgram:
     shardings: TrainState        # of NamedShardings
     train_step: Callable         # (state, batch, rope_theta) -> (state, metrics)
     eval_step: Callable          # (params, biases, reference, batch, rope_theta) -> the objective's sums
-    objective: object            # objectives.TokenObjective | DPOObjective
+    token_logps: Callable        # (params, biases, batch, rope_theta) -> per-token log-probs [B,S] (GRPO)
+    objective: object            # objectives.TokenObjective | DPOObjective | GRPOObjective
 
 
 def build_program(s: Settings, mesh: Mesh) -> TrainProgram:
@@ -63,17 +64,21 @@ def build_program(s: Settings, mesh: Mesh) -> TrainProgram:
         balance=s.balancing.enabled and not s.train.freeze_text, include_skip=s.balancing.include_skip,
         gradient_reduce=reduce, frozen=frozen, **static)
     eval_step = jit_eval_step(shardings.params, shardings.biases, mesh, shardings.reference, **static)
+    token_logps = jit_token_logps(shardings.params, shardings.biases, mesh, parts=parts,
+                                  loss_chunk=s.train.loss_chunk_size)
     return TrainProgram(parts, tx, controller, lr_schedule, abstract_state, shardings, train_step, eval_step,
-                        objective)
+                        token_logps, objective)
 
 
-def abstract_batch(global_batch_size: int, seq_len: int, images: tuple[int, int] | None = None
-                   ) -> dict[str, jax.ShapeDtypeStruct]:
+def abstract_batch(global_batch_size: int, seq_len: int, images: tuple[int, int] | None = None,
+                   extra_keys: tuple[str, ...] = ()) -> dict[str, jax.ShapeDtypeStruct]:
     """The shapes of one global batch {inputs, targets, segment_ids, positions, loss_mask: [B, S]};
     images (P, F): a vision-language run's too (patches [B, P, F], patch_positions [B, P, 2],
-    image_segments and window_segments [B, P])."""
+    image_segments and window_segments [B, P]); extra_keys: the objective's float32 [B, S] arrays
+    (objective.extra_batch_keys: GRPO's advantages, old_logp)."""
     batch = {k: jax.ShapeDtypeStruct((global_batch_size, seq_len), jnp.float32 if k == "loss_mask" else jnp.int32)
              for k in BATCH_KEYS}
+    batch |= {k: jax.ShapeDtypeStruct((global_batch_size, seq_len), jnp.float32) for k in extra_keys}
     if images is not None:
         p, f = images
         batch |= {"patches": jax.ShapeDtypeStruct((global_batch_size, p, f), jnp.float32),

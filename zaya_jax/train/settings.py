@@ -13,7 +13,7 @@ below, and every error names the offending `section.field`):
               for its path: a missing one is reported with it),
               max_nonfinite_streak (roll back after that many non-finite steps in a row; 0:
               never), max_rollbacks (a run needing one rollback more than this stops with an
-              error, exit 1), objective ('lm' | 'sft' | 'dpo': zaya_jax.train.objectives);
+              error, exit 1), objective ('lm' | 'sft' | 'dpo' | 'grpo': zaya_jax.train.objectives);
               with a vision section: patch_capacity (image patches per packed row, a multiple of
               the tower's merge unit) and freeze_text (train the tower, its merger and the vision
               LoRA only: the text model's weights and balancing biases stay as they started)
@@ -24,6 +24,17 @@ below, and every error names the offending `section.field`):
               preference labels, TRL's robust/cDPO loss), rpo_alpha (>= 0: adds alpha times the chosen
               completion's token-mean nll to each pair's loss, TRL's rpo_alpha); read when
               train.objective == 'dpo'
+  grpo        read when train.objective == 'grpo' (docs/posttraining.md; TRL's GRPOConfig names):
+              prompts ('demo:tasks' | 'demo:tasks_heldout' | a JSONL file of {prompt, columns...}),
+              eval_prompts (scored by greedy generation at each evaluation; '' none), chat_template
+              (a .jinja file; '': the starting checkpoint's, else plain.jinja), num_generations (G >= 2
+              completions per prompt), prompts_per_step (the global batch is prompts_per_step * G
+              rows), max_prompt_length, max_completion_length (T), temperature, top_k (0: off),
+              top_p, num_iterations (optimizer steps per generation batch), loss_type ('grpo' |
+              'dapo' | 'dr_grpo'), epsilon, epsilon_high (0: epsilon), beta (KL to the starting
+              weights; 0: none, no reference model), scale_rewards ('group' | 'batch' | 'none'),
+              reward_funcs (comma-separated: built-in names of zaya_jax.train.grpo_rewards or
+              'module:function'), reward_weights (comma-separated floats; '': 1 each)
   optimizer   name ('muon' | 'adamw'), learning_rate, adam_learning_rate (0: learning_rate),
               schedule ('cosine' | 'wsd' | 'constant'), warmup_steps, decay_fraction (WSD),
               min_lr_ratio, b1, b2, eps, weight_decay, decay_embedding, grad_clip_norm (0: off),
@@ -57,6 +68,7 @@ from zaya_jax.config import ConfigError, ModelConfig
 from zaya_jax.config_files import model_config, vision_config
 from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES
 from zaya_jax.parallel.mesh import MESH_AXES, PLATFORMS
+from zaya_jax.train.grpo_loss import LOSS_TYPES, SCALE_REWARDS
 from zaya_jax.train.objectives import OBJECTIVES
 
 
@@ -86,6 +98,28 @@ class DPOSettings:
     beta: float = 0.1
     label_smoothing: float = 0.0
     rpo_alpha: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOSettings:
+    prompts: str = "demo:tasks"
+    eval_prompts: str = ""
+    chat_template: str = ""
+    num_generations: int = 8
+    prompts_per_step: int = 8
+    max_prompt_length: int = 64
+    max_completion_length: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    num_iterations: int = 1
+    loss_type: str = "dapo"
+    epsilon: float = 0.2
+    epsilon_high: float = 0.0
+    beta: float = 0.0
+    scale_rewards: str = "group"
+    reward_funcs: str = "exact_answer"
+    reward_weights: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,21 +207,24 @@ class Settings:
     mesh: MeshSettings
     monitor: MonitorSettings
     dpo: DPOSettings
+    grpo: GRPOSettings
     vision: Any = None   # (VisionConfig, ImageTokenIds) of the vision section, or None: a text model
 
 
 SECTIONS = {"train": TrainSettings, "optimizer": OptimizerSettings, "balancing": BalancingSettings,
             "checkpoint": CheckpointSettings, "eval": EvalSettings, "mesh": MeshSettings,
-            "monitor": MonitorSettings, "dpo": DPOSettings}
+            "monitor": MonitorSettings, "dpo": DPOSettings, "grpo": GRPOSettings}
 CHOICES = {("train", "data"): ("synthetic", "pipeline"), ("train", "objective"): OBJECTIVES,
            ("optimizer", "name"): ("muon", "adamw"),
            ("optimizer", "schedule"): ("cosine", "wsd", "constant"), ("mesh", "platform"): PLATFORMS,
-           ("mesh", "gradient_reduce_dtype"): GRADIENT_REDUCE_DTYPES}
+           ("mesh", "gradient_reduce_dtype"): GRADIENT_REDUCE_DTYPES, ("grpo", "loss_type"): LOSS_TYPES,
+           ("grpo", "scale_rewards"): SCALE_REWARDS}
 POSITIVE = {("train", "steps"), ("train", "microbatches"), ("train", "loss_chunk_size"),
             ("train", "log_every_steps"), ("optimizer", "learning_rate"), ("optimizer", "eps"),
             ("optimizer", "muon_ns_steps"), ("optimizer", "muon_rms_scale"), ("balancing", "rate"),
             ("checkpoint", "max_to_keep"), ("monitor", "profile_steps"), ("dpo", "beta"),
-            ("eval", "harness_batch_size")}
+            ("eval", "harness_batch_size"), ("grpo", "prompts_per_step"), ("grpo", "max_prompt_length"),
+            ("grpo", "max_completion_length"), ("grpo", "num_iterations"), ("grpo", "epsilon")}
 FRACTIONS = {("optimizer", "b1"), ("optimizer", "b2"), ("optimizer", "muon_momentum"), ("balancing", "b1"),
              ("balancing", "b2"), ("optimizer", "decay_fraction"), ("optimizer", "min_lr_ratio")}
 
@@ -239,7 +276,9 @@ def settings_from_config(config) -> Settings:
     s = Settings(model=model_config(config), **{name: _section(config, name) for name in SECTIONS},
                  vision=vision_config(config))
     check_vision_run(s)
-    if s.train.data == "synthetic":
+    if s.train.objective == "grpo":  # train.data is not read: the batches are sampled (grpo.prompts)
+        check_grpo_run(s)
+    elif s.train.data == "synthetic":
         for field in ("seq_len", "global_batch_size"):
             if getattr(s.train, field) <= 0:
                 raise ConfigError(f"train.{field} must be > 0 with train.data='synthetic', "
@@ -282,6 +321,25 @@ def check_vision_run(s: Settings) -> None:
     for bad, message in wrong:
         if bad:
             raise ConfigError(f"a vision-language run (the config has a vision section): {message}")
+
+
+def check_grpo_run(s: Settings) -> None:
+    """What a GRPO run needs of its grpo section (the prompts and rewards are opened later, by the trainer)."""
+    g = s.grpo
+    wrong = [(g.num_generations < 2, f"grpo.num_generations must be >= 2 (a group's rewards are compared), "
+                                     f"got {g.num_generations}"),
+             (not 0 < g.top_p <= 1, f"grpo.top_p must lie in (0, 1], got {g.top_p!r}"),
+             (not g.prompts, "grpo.prompts is empty: name the prompts to sample ('demo:tasks' or a JSONL file)"),
+             (s.eval.every_steps > 0 and not g.eval_prompts,
+              "eval.every_steps > 0 scores grpo.eval_prompts, which is empty: name them (e.g. 'demo:tasks_heldout') "
+              "or set --config.eval.every_steps=0"),
+             (g.max_prompt_length + g.max_completion_length - 1 > s.model.max_position_embeddings,
+              f"grpo.max_prompt_length + grpo.max_completion_length - 1 = "
+              f"{g.max_prompt_length + g.max_completion_length - 1} exceeds model.max_position_embeddings="
+              f"{s.model.max_position_embeddings}")]
+    for bad, message in wrong:
+        if bad:
+            raise ConfigError(message)
 
 
 def check_batch_layout(batch: int, seq_len: int, microbatches: int, mesh_shape: dict[str, int], where: str) -> None:

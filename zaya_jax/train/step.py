@@ -123,11 +123,12 @@ def split_microbatches(batch: dict, m: int) -> dict:
     return {k: one(x) for k, x in batch.items()}
 
 
-def batch_shardings(mesh: Mesh, parts: ModelParts) -> dict[str, NamedSharding]:
-    """{batch key: its NamedSharding} of the batch a step of `parts` takes (distributed.global_batch's:
-    a vision-language run has mesh.context = 1, so its patches are not split)."""
+def batch_shardings(mesh: Mesh, parts: ModelParts, objective=TokenObjective()) -> dict[str, NamedSharding]:
+    """{batch key: its NamedSharding} of the batch a step of `parts` and `objective` takes
+    (distributed.global_batch's: a vision-language run has mesh.context = 1, so its patches are not split)."""
     ndim = {"patches": 3, "patch_positions": 3}
-    return {k: NamedSharding(mesh, batch_spec(mesh, ndim.get(k, 2))) for k in parts.batch_keys}
+    return {k: NamedSharding(mesh, batch_spec(mesh, ndim.get(k, 2)))
+            for k in parts.batch_keys + objective.extra_batch_keys}
 
 
 def train_step(state: TrainState, batch: dict, *, parts: ModelParts, tx: optax.GradientTransformation,
@@ -218,7 +219,7 @@ def eval_step(params: dict, biases: jax.Array, reference: dict | None, batch: di
 
 def jit_train_step(state_shardings: TrainState, mesh: Mesh, **static) -> Callable:
     """(state, batch, rope_theta) -> (state, metrics), compiled once per rope_theta; the state is donated."""
-    batch_sharding = batch_shardings(mesh, static["parts"])
+    batch_sharding = batch_shardings(mesh, static["parts"], static["objective"])
     replicated = NamedSharding(mesh, P())
     fn = functools.partial(train_step, mesh=mesh, **static)
 
@@ -228,11 +229,22 @@ def jit_train_step(state_shardings: TrainState, mesh: Mesh, **static) -> Callabl
                    out_shardings=(state_shardings, replicated), static_argnums=2, donate_argnums=0)
 
 
+def jit_token_logps(params_shardings: dict, biases_sharding: NamedSharding, mesh: Mesh, *, parts: ModelParts,
+                    loss_chunk: int) -> Callable:
+    """(params, biases, batch {BATCH_KEYS: [B,S]}, rope_theta) -> per-token log-probs of the targets
+    [B,S] (GRPO's sampling weights' old_logp: train/grpo_batches.py)."""
+    def run_token_logps(params, biases, batch, rope_theta):
+        nll, _ = batch_nll(parts, params, biases, batch, rope_theta, loss_chunk)
+        return -nll
+    return jax.jit(run_token_logps, in_shardings=(params_shardings, biases_sharding, batch_shardings(mesh, parts)),
+                   out_shardings=NamedSharding(mesh, batch_spec(mesh)), static_argnums=3)
+
+
 def jit_eval_step(params_shardings: dict, biases_sharding: NamedSharding, mesh: Mesh,
                   reference_shardings: dict | None = None, **static) -> Callable:
     """(params, biases, reference, batch, rope_theta) -> the objective's sums; reference: the
     frozen {params, biases} of a DPO run, else None."""
-    batch_sharding = batch_shardings(mesh, static["parts"])
+    batch_sharding = batch_shardings(mesh, static["parts"], static["objective"])
     fn = functools.partial(eval_step, **static)
 
     def run_eval_step(params, biases, reference, batch, rope_theta):

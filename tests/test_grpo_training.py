@@ -1,0 +1,295 @@
+"""GRPO in the trainer (train.objective='grpo') against references it did not produce: the policy
+gradient by hand on the model's logits and the rewards recomputed from the decoded completions,
+generation from the weights of the step it trains (not those before) by one device's sampling,
+an uninterrupted run (a resume inside a generation batch), the data-parallel run (a data x fsdp
+mesh), and evaluate_tasks' greedy answers (the held-out score).
+
+One small run is shared (module scope): a 1-layer model on the demo tokenizer, 2 prompts x 4
+completions of 4 tokens per generation, 2 optimizer steps per generation, KL to the start."""
+
+import json
+import os
+import re
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from tests.train_helpers import REPO
+from zaya_jax.config import ConfigError
+from zaya_jax.config_files import load_config_file
+from zaya_jax.data import chat_template, instruction_tasks
+from zaya_jax.data.sources import tokenizer_path
+from zaya_jax.data.tokenizer import Tokenizer
+from zaya_jax.evaluate_tasks import answer_tasks
+from zaya_jax.train.checkpoint import load_checkpoint_model
+from zaya_jax.train.grpo_batches import open_grpo_data
+from zaya_jax.train.grpo_rewards import RewardError, exact_answer
+from zaya_jax.train.grpo_rollout import sample_groups
+from zaya_jax.train.loop import Trainer
+from zaya_jax.train.monitor import METRICS_FILE
+from zaya_jax.train.settings import settings_from_config
+
+TINY_MODEL = dict(hidden_size=32, num_layers=1, num_q_heads=4, num_kv_heads=2, head_dim=8, num_experts=2,
+                  moe_intermediate_size=32, router_hidden_size=8)
+G, PROMPTS, T, STEPS = 4, 2, 4, 4
+
+
+def completion_characters(prompts, completions, **columns):
+    """A reward that tells a fresh model's completions apart (exact_answer is 0 for all of them)."""
+    return [float(len(c)) for c in completions]
+
+
+def raising_reward(prompts, completions, **columns):
+    raise ValueError("the grader is down")
+
+
+def _config(cache, **grpo):
+    config = load_config_file(os.path.join(REPO, "configs/demo_grpo.py"))
+    config.model.update(**TINY_MODEL)
+    config.data.demo.update(cache_dir=str(cache), max_docs=40)
+    config.train.update(init_from_checkpoint="", steps=STEPS, log_every_steps=1)
+    config.grpo.update({**dict(prompts_per_step=PROMPTS, num_generations=G, max_completion_length=T, num_iterations=2,
+                                beta=0.04, reward_funcs="tests.test_grpo_training:completion_characters,exact_answer",
+                                reward_weights="0.5,1"), **grpo})
+    config.optimizer.update(learning_rate=1e-2)
+    config.eval.update(every_steps=STEPS)
+    config.checkpoint.update(every_steps=0)
+    config.monitor.update(progress_bar=False, tensorboard=False)
+    config.mesh.update(data=-1)  # the 8 fake devices: generation's rows split over them
+    return config
+
+
+class Recording(Trainer):
+    """A Trainer that keeps each step's weights and the rows it trained on."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.weights = {int(self.state.step): jax.device_get((self.state.params, self.state.biases))}
+        self.first_opt_state = jax.device_get(self.state.opt_state)
+        self.rows = {}
+
+    def _after_step(self, step):
+        self.weights[step] = jax.device_get((self.state.params, self.state.biases))
+        self.rows[step] = self.data.rows
+
+
+def _run(config, workdir, cls=Recording):
+    trainer = cls(config, str(workdir))
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    return trainer
+
+
+def _metrics(workdir, kind="train"):
+    with open(os.path.join(workdir, METRICS_FILE)) as f:
+        return [r for r in map(json.loads, f) if r["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("demo_cache")
+
+
+@pytest.fixture(scope="module")
+def run(cache, tmp_path_factory):
+    """The uninterrupted one-device run: generations 0 (steps 1-2) and 1 (steps 3-4), evaluated at 4."""
+    workdir = tmp_path_factory.mktemp("grpo")
+    return _run(_config(cache), workdir), workdir
+
+
+def _target_logp(trainer, weights, rows):
+    """Per-token log-probs [N, S] of rows' targets from the model's logits (float64 log-softmax)."""
+    model = trainer.parts.merge(*weights)
+    logits = np.asarray(model(jnp.asarray(rows["inputs"]), segment_ids=jnp.asarray(rows["segment_ids"]),
+                              positions=jnp.asarray(rows["positions"])), np.float64)
+    logits -= logits.max(-1, keepdims=True)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    return np.take_along_axis(logp, rows["targets"][..., None], -1)[..., 0]
+
+
+def _tokenizer(trainer):
+    return Tokenizer(tokenizer_path(trainer.config.data), bos_id=2, eos_id=1, pad_id=0)
+
+
+def test_advantages_are_the_group_normalised_rewards_of_the_decoded_completions(run):
+    trainer, _ = run
+    rows, tok = trainer.rows[1], _tokenizer(trainer)
+    stops = {tok.eos_id, *chat_template.end_of_turn_ids(chat_template.ChatTemplate.load(chat_template.PLAIN), tok)}
+    texts = [tok.decode([t for t, m in zip(targets, mask) if m and t not in stops])
+             for targets, mask in zip(rows["targets"], rows["loss_mask"])]
+    chosen = trainer.data.prompt_indices(0)
+    answers = [trainer.data._prompts.columns["answer"][i] for i in chosen for _ in range(G)]
+    rewards = (0.5 * np.asarray(completion_characters(None, texts))
+               + np.asarray(exact_answer(None, texts, answers))).reshape(PROMPTS, G)
+    expected = (rewards - rewards.mean(1, keepdims=True)) / (rewards.std(1, ddof=1, keepdims=True) + 1e-4)
+    assert np.std(expected) > 0.5  # the step has something to learn from
+    np.testing.assert_allclose(rows["advantages"][:, 0], expected.reshape(-1), rtol=1e-5, atol=1e-6)
+    assert (rows["advantages"] == rows["advantages"][:, :1]).all()
+    first = _metrics(trainer.workdir)[0]
+    assert first["reward"] == pytest.approx(rewards.mean(), rel=1e-6)
+    assert first["reward_std"] == pytest.approx(rewards.std(1, ddof=1).mean(), rel=1e-5)
+
+
+def test_the_first_step_is_the_policy_gradient_by_hand(run):
+    """One sample per step's weights (ratio 1) and the policy at its reference (the k3 KL's gradient
+    is 0 there): the update is the optimizer's on -sum(A * d logp) / completion tokens."""
+    trainer, _ = run
+    params, biases = trainer.weights[0]
+    rows = trainer.rows[1]
+    mask, advantages = rows["loss_mask"], rows["advantages"]
+
+    def loss(p):
+        model = trainer.parts.merge(p, biases)
+        logits = model(jnp.asarray(rows["inputs"]), segment_ids=jnp.asarray(rows["segment_ids"]),
+                       positions=jnp.asarray(rows["positions"]))
+        logp = jnp.take_along_axis(jax.nn.log_softmax(logits), jnp.asarray(rows["targets"])[..., None], -1)[..., 0]
+        return -jnp.sum(advantages * logp * mask) / mask.sum()
+
+    grads = jax.grad(loss)(params)
+    assert _metrics(trainer.workdir)[0]["grad_norm"] == pytest.approx(float(optax.tree.norm(grads)), rel=1e-4)
+    updates, _ = trainer.tx.update(grads, trainer.first_opt_state, params)
+    expected = optax.apply_updates(params, updates)
+    after, _ = trainer.weights[1]
+    # AdamW's first step is lr * g / (|g| + eps): an embedding row whose gradient is ~eps moves by a
+    # fraction of lr that rounding shifts (seen 1e-5); a wrong gradient moves entries by ~lr = 1e-2
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=3e-5), after, expected)
+    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(params)))
+    assert moved > 1e-4
+
+
+def test_each_generation_samples_the_weights_of_its_step(run):
+    """Generation 1 starts at step 3: its completions are the step-2 model's samples and its
+    old_logp that model's log-probs, not the weights of step 1 (stale by one step)."""
+    trainer, _ = run
+    rows = trainer.rows[3]
+    assert trainer.rows[4] is rows and trainer.rows[2] is trainer.rows[1] and rows is not trainer.rows[1]
+    prompts = [trainer.data._prompts.ids[i] for i in trainer.data.prompt_indices(1)]
+    template = chat_template.ChatTemplate.load(chat_template.PLAIN)
+    stop_ids = chat_template.end_of_turn_ids(template, _tokenizer(trainer))
+    model = trainer.parts.merge(*trainer.weights[2])
+    expected = sample_groups(model, prompts, G, T, temperature=1.0, seed=trainer.data.sample_seed(1), stop_ids=stop_ids,
+                             width=trainer.settings.grpo.max_prompt_length)
+    for key, value in expected.rows.items():
+        np.testing.assert_array_equal(rows[key], value, err_msg=key)
+    mask = rows["loss_mask"] > 0
+    np.testing.assert_allclose(rows["old_logp"][mask], _target_logp(trainer, trainer.weights[2], rows)[mask],
+                               rtol=1e-5, atol=1e-5)
+    stale = _target_logp(trainer, trainer.weights[1], rows)[mask]
+    assert np.abs(rows["old_logp"][mask] - stale).max() > 1e-3
+
+
+def test_kl_and_clipping_are_logged_from_the_reference_and_the_sampling_weights(run):
+    trainer, _ = run
+    records = _metrics(trainer.workdir)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert records[0]["kl"] == 0.0 and records[0]["clip_ratio"] == 0.0  # the policy is its reference, ratio 1
+    assert records[1]["kl"] > 0 and records[3]["kl"] > 0
+    for r in records:
+        assert r["completion_length_min"] <= r["completion_length"] <= r["completion_length_max"] <= T
+        assert 0 <= r["frac_reward_zero_std"] <= 1 and r["generation_s"] >= 0 and r["update_s"] > 0
+    assert records[0]["generation_s"] > 0 and records[1]["generation_s"] == 0  # one generation per 2 steps
+
+
+def test_the_heldout_score_is_the_greedy_answers_evaluate_tasks_gives(run):
+    trainer, workdir = run
+    (record,) = _metrics(workdir, "eval")
+    model, step = load_checkpoint_model(str(workdir), None)
+    assert step == STEPS
+    tasks = instruction_tasks.tasks("heldout", 1)
+    template = chat_template.ChatTemplate.load(chat_template.PLAIN)
+    texts = answer_tasks(model, _tokenizer(trainer), template, tasks, T, batch_size=len(tasks))
+    chars = np.mean(completion_characters(None, texts))
+    accuracy = np.mean([instruction_tasks.is_correct(t, c) for t, c in zip(tasks, texts)])
+    assert record["eval/prompts/exact_answer"] == pytest.approx(accuracy)
+    assert record["eval/prompts/completion_characters"] == pytest.approx(chars)
+    assert record["eval/prompts/reward"] == pytest.approx(0.5 * chars + accuracy)
+
+
+def test_a_run_resumed_inside_a_generation_equals_the_uninterrupted_one(run, cache, tmp_path):
+    trainer, workdir = run
+    config = _config(cache)
+    config.eval.every_steps = 0
+    config.train.steps = 3  # stops after the first of generation 1's two steps: its rows are checkpointed
+    _run(config, tmp_path, Trainer)
+    config.train.steps = STEPS
+    resumed = _run(config, tmp_path)
+    assert set(resumed.rows) == {4}
+    for key, value in trainer.rows[4].items():
+        np.testing.assert_array_equal(resumed.rows[4][key], value, err_msg=key)
+    jax.tree.map(np.testing.assert_array_equal, resumed.weights[4], trainer.weights[4])
+    assert _metrics(tmp_path)[-1]["loss"] == _metrics(workdir)[-1]["loss"]
+
+
+def test_a_data_fsdp_mesh_trains_as_data_parallelism(run, cache, tmp_path):
+    """(Not expert > 1: expert parallelism on the CPU has a fixed capacity and drops tokens, which
+    the logged drop_rate shows.)"""
+    trainer, workdir = run
+    config = _config(cache)
+    config.train.steps = 2
+    config.eval.every_steps = 0
+    config.mesh.update(data=2, fsdp=4)
+    sharded = _run(config, tmp_path)
+    assert dict(sharded.mesh.shape)["fsdp"] == 4
+    for key in ("inputs", "targets", "loss_mask"):
+        np.testing.assert_array_equal(sharded.rows[1][key], trainer.rows[1][key], err_msg=key)
+    np.testing.assert_allclose(sharded.rows[1]["advantages"], trainer.rows[1]["advantages"], rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), sharded.weights[2],
+                 trainer.weights[2])  # 7e-7 seen; expert=2's dropped tokens move them by 2e-2
+    for mine, theirs in zip(_metrics(tmp_path), _metrics(workdir)):
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-4, abs=1e-6)
+
+
+def test_a_reward_that_raises_is_named_and_the_checkpoints_stay(run, cache, tmp_path):
+    _, workdir = run
+    shutil.copytree(workdir, tmp_path / "run")
+    config = _config(cache, reward_funcs="tests.test_grpo_training:raising_reward", reward_weights="")
+    config.train.steps = STEPS + 2
+    trainer = Trainer(config, str(tmp_path / "run"))
+    try:
+        with pytest.raises(RewardError, match="reward function raising_reward raised ValueError: the grader is down"):
+            trainer.run()
+    finally:
+        trainer.close()
+    model, step = load_checkpoint_model(str(tmp_path / "run"), None)
+    assert step == STEPS
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("reward_funcs", "no_such_reward", "grpo.reward_funcs: 'no_such_reward' is neither a built-in reward"),
+    ("reward_funcs", "tests.test_grpo_training:missing", "grpo.reward_funcs: 'tests.test_grpo_training:missing' "
+                                                         "cannot be loaded"),
+    ("reward_weights", "1,2,3", "grpo.reward_weights: 3 weights for 2 reward functions"),
+    ("prompts", "/nonexistent/prompts.jsonl", "grpo.prompts: '/nonexistent/prompts.jsonl' is not a file"),
+    ("max_prompt_length", 8, "grpo.prompts: prompt 1 of demo:tasks has"),
+    ("num_generations", 1, "grpo.num_generations must be >= 2"),
+    ("eval_prompts", "", "eval.every_steps > 0 scores grpo.eval_prompts, which is empty"),
+    ("loss_type", "ppo", "grpo.loss_type='ppo' does not exist"),
+])
+def test_a_bad_grpo_setting_is_named_before_anything_compiles(cache, field, value, message):
+    config = _config(cache, **{field: value})
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        open_grpo_data(config, settings_from_config(config))
+
+
+def test_prompt_files_take_text_and_conversations_with_their_columns(cache, tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "2 + 2 =", "answer": "4"}\n'
+                    '{"prompt": [{"role": "user", "content": "What is 3 + 4?"}], "answer": "7"}\n')
+    config = _config(cache, prompts=str(path))
+    data = open_grpo_data(config, settings_from_config(config))
+    prompts = data._prompts
+    tok = Tokenizer(tokenizer_path(config.data), bos_id=2, eos_id=1, pad_id=0)
+    template = chat_template.ChatTemplate.load(chat_template.PLAIN)
+    np.testing.assert_array_equal(prompts.ids[0], [2, *tok.encode("2 + 2 =")])
+    np.testing.assert_array_equal(prompts.ids[1], chat_template.encode_prompt(
+        template, tok, [{"role": "user", "content": "What is 3 + 4?"}]))
+    assert prompts.columns == {"answer": ["4", "7"]}
+    path.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
+    with pytest.raises(ConfigError, match="line 2 has the fields"):
+        open_grpo_data(config, settings_from_config(config))

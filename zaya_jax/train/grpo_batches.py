@@ -1,0 +1,207 @@
+"""GRPO's training data: each generation batch sampled from the policy's current weights, scored
+by the reward functions, as train rows with group-relative advantages (train.objective='grpo').
+
+P = grpo.prompts_per_step prompts, G = grpo.num_generations, N = P * G rows (the global batch) of
+S = Q + T - 1 positions (Q = grpo.max_prompt_length, T = grpo.max_completion_length; the layout
+of grpo_rollout: each prompt right-aligned at column Q, its completion after it).
+
+  generation g (one every grpo.num_iterations steps):
+    prompts     the next P of grpo.prompts, in an order shuffled per epoch by (train.seed, epoch)
+    sample      G completions of each from the policy's weights now (grpo_rollout.sample_groups,
+                seeded by (train.seed, g); stops: eos and the chat template's end of turn),
+                decoded up to their stop
+    rewards     grpo_rewards.combine_rewards(reward functions, weights, prompts, completions, the
+                prompts' columns) [N]
+    advantages  grpo_loss.group_advantages(rewards, G, grpo.scale_rewards) [N], along each row [N, S]
+    old_logp    with num_iterations > 1: the sampling weights' per-token log-probs [N, S]
+  each of the num_iterations steps of g trains on the same rows (this process's share).
+
+State (checkpointed with the train state): the generation and the step within it, and inside a
+generation (a stop after one of its steps but the last) its rows, so that a resumed run trains on
+exactly the rows the uninterrupted one does: a generation is a function of the weights that
+start it and its seed.
+
+`stats` (logged with every train record): reward (mean) and reward_std (each group's, averaged),
+each reward function's mean (rewards/NAME), frac_reward_zero_std (groups whose rewards are all
+equal: no signal), completion_length (mean, min, max), clipped_completion_ratio (completions that
+reached T without a stop). `generation_seconds` adds up the time spent sampling and scoring.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Callable
+
+import grain
+import jax
+import numpy as np
+
+from zaya_jax.config import ConfigError
+from zaya_jax.data import chat_template
+from zaya_jax.data.curriculum import PhaseInfo
+from zaya_jax.data.tokenizer import Tokenizer
+from zaya_jax.infer.generate import stop_tokens
+from zaya_jax.parallel.distributed import local_batch_rows
+from zaya_jax.train.grpo_loss import group_advantages
+from zaya_jax.train.grpo_prompts import PromptSet, load_prompts
+from zaya_jax.train.grpo_rewards import combine_rewards, resolve_rewards, reward_name
+from zaya_jax.train.grpo_rollout import sample_groups
+from zaya_jax.train.settings import Settings
+
+
+def grpo_phase(settings: Settings) -> PhaseInfo:
+    """The one 'phase' of a GRPO run: batches of prompts_per_step * G rows of Q + T - 1 positions."""
+    g, t = settings.grpo, settings.train
+    rows, seq_len = g.prompts_per_step * g.num_generations, g.max_prompt_length + g.max_completion_length - 1
+    return PhaseInfo(index=0, name="grpo", token_budget=t.steps * rows * seq_len, seq_len=seq_len,
+                     rope_theta=settings.model.rope_theta, global_batch_size=rows, weights=(("prompts", 1.0),))
+
+
+class GRPOBatches(grain.DatasetIterator):
+    """The module's generation batches; `attach` gives it the policy before the first `next`."""
+
+    def __init__(self, settings: Settings, prompts: PromptSet, eval_prompts: PromptSet | None,
+                 tokenizer: Tokenizer, template: chat_template.ChatTemplate, rewards: list[Callable],
+                 weights: list[float] | None):
+        super().__init__()
+        self.phase = grpo_phase(settings)
+        self.chat_template = template.record()  # what the run's checkpoints record
+        self._grpo, self._seed = settings.grpo, settings.train.seed
+        self._prompts, self._eval_prompts, self._tokenizer = prompts, eval_prompts, tokenizer
+        self._rewards, self._weights = rewards, weights
+        self._stop_ids = tuple(chat_template.end_of_turn_ids(template, tokenizer))
+        self._stops = set(stop_tokens(tokenizer.eos_id, self._stop_ids))
+        self._rows = local_batch_rows(self.phase.global_batch_size)
+        self._policy: Callable | None = None
+        self._old_logps: Callable | None = None
+        self._mesh = None
+        self._generation, self._iteration, self._batch = 0, 0, None
+        self.stats: dict[str, float] = {}
+        self.generation_seconds = 0.0
+
+    def attach(self, policy: Callable, old_logps: Callable, mesh: jax.sharding.Mesh | None) -> None:
+        """policy() -> the model at the current weights; old_logps(rows {k: [N, S]}) -> their per-token
+        log-probs [N, S] under the current weights; mesh: generation's rows split over its data axis."""
+        self._policy, self._old_logps, self._mesh = policy, old_logps, mesh
+
+    @property
+    def rows(self) -> dict[str, np.ndarray] | None:
+        """The global rows {k: [N, S]} of the generation the last batch came from (None before any)."""
+        return self._batch
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self._iteration == 0:
+            self._batch = self._sample(self._generation)
+        batch = {k: v[self._rows] for k, v in self._batch.items()}
+        self._iteration += 1
+        if self._iteration == self._grpo.num_iterations:
+            self._generation, self._iteration = self._generation + 1, 0
+        return batch
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"grpo_generation": self._generation, "grpo_iteration": self._iteration}
+        if self._iteration:
+            state["rows"] = {k: v.tolist() for k, v in self._batch.items()}
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._generation, self._iteration = state["grpo_generation"], state["grpo_iteration"]
+        self._batch = None
+        if self._iteration:
+            self._batch = {k: np.asarray(v, np.float32 if k in ("loss_mask", "advantages", "old_logp") else np.int32)
+                           for k, v in state["rows"].items()}
+
+    def close(self) -> None:
+        pass
+
+    # -- one generation ---------------------------------------------------------------------------
+    @functools.lru_cache(maxsize=2)
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self._seed, epoch]).permutation(len(self._prompts.ids))
+
+    def prompt_indices(self, generation: int) -> list[int]:
+        """The prompts of generation `generation`: the next prompts_per_step of the shuffled epochs."""
+        n, per = len(self._prompts.ids), self._grpo.prompts_per_step
+        return [int(self._epoch_order(k // n)[k % n]) for k in range(generation * per, (generation + 1) * per)]
+
+    def sample_seed(self, generation: int) -> int:
+        return int(np.random.SeedSequence([self._seed, generation]).generate_state(1)[0])
+
+    def _sample(self, generation: int) -> dict[str, np.ndarray]:
+        if self._policy is None:
+            raise RuntimeError("GRPOBatches.attach(policy, ...) must come before the first batch")
+        g, started = self._grpo, time.perf_counter()
+        chosen = self.prompt_indices(generation)
+        rollout = sample_groups(self._policy(), [self._prompts.ids[i] for i in chosen], g.num_generations,
+                                g.max_completion_length, temperature=g.temperature, top_k=g.top_k or None,
+                                top_p=g.top_p if g.top_p < 1 else None, seed=self.sample_seed(generation),
+                                stop_ids=self._stop_ids, mesh=self._mesh, width=g.max_prompt_length)
+        texts = self.decode(rollout.completions, rollout.lengths)
+        rewards, per_reward = self.score([i for i in chosen for _ in range(g.num_generations)], self._prompts, texts)
+        advantages, zero_std = group_advantages(rewards, g.num_generations, g.scale_rewards)
+        rows = dict(rollout.rows)
+        rows["advantages"] = np.repeat(np.asarray(advantages, np.float32)[:, None], rows["inputs"].shape[1], axis=1)
+        if g.num_iterations > 1:
+            rows["old_logp"] = np.asarray(self._old_logps(rows), np.float32)
+        self.generation_seconds += time.perf_counter() - started
+        stopped = np.asarray([self._ends_in_stop(row, n) for row, n in zip(rollout.completions, rollout.lengths)])
+        self.stats = {"reward": float(rewards.mean()),
+                      "reward_std": float(rewards.reshape(-1, g.num_generations).std(axis=1, ddof=1).mean()),
+                      **{f"rewards/{reward_name(r)}": float(v.mean()) for r, v in zip(self._rewards, per_reward)},
+                      "frac_reward_zero_std": float(zero_std),
+                      "completion_length": float(rollout.lengths.mean()),
+                      "completion_length_min": int(rollout.lengths.min()),
+                      "completion_length_max": int(rollout.lengths.max()),
+                      "clipped_completion_ratio": float(1 - stopped.mean())}
+        return rows
+
+    def _ends_in_stop(self, tokens: np.ndarray, length: int) -> bool:
+        return length > 0 and int(tokens[length - 1]) in self._stops
+
+    def decode(self, completions: np.ndarray, lengths: np.ndarray) -> list[str]:
+        """Each completion's text, without its stop token."""
+        return [self._tokenizer.decode(row[:n - self._ends_in_stop(row, n)].tolist())
+                for row, n in zip(completions, lengths)]
+
+    def score(self, indices: list[int], prompts: PromptSet, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Rewards of completions `texts` of prompts[indices] -> (weighted sum [N], per reward [R, N])."""
+        return combine_rewards(self._rewards, self._weights, [prompts.prompts[i] for i in indices], texts,
+                               {k: [v[i] for i in indices] for k, v in prompts.columns.items()})
+
+    def evaluate(self, model) -> dict[str, float]:
+        """Greedy completions of grpo.eval_prompts by `model` -> {reward: the weighted mean, NAME: each
+        reward function's mean} (exact_answer's mean is the held-out accuracy)."""
+        from zaya_jax.evaluate_tasks import generate_completions
+        prompts = self._eval_prompts
+        texts = generate_completions(model, self._tokenizer, prompts.ids, self._grpo.max_completion_length,
+                                     self.phase.global_batch_size, self._stop_ids)
+        total, per_reward = self.score(list(range(len(prompts.ids))), prompts, texts)
+        return {"reward": float(total.mean()),
+                **{reward_name(r): float(v.mean()) for r, v in zip(self._rewards, per_reward)}}
+
+
+def open_grpo_data(config, settings: Settings) -> GRPOBatches:
+    """A GRPO run's batches: its tokenizer (data.tokenizer), chat template, prompts and reward
+    functions, each checked here (ConfigError naming the field) before anything compiles."""
+    from zaya_jax.data.sources import tokenizer_path
+    g = settings.grpo
+    if jax.process_count() > 1:
+        raise ConfigError("train.objective='grpo' runs in one process (its samples are scored on the host); "
+                          "run it on one host's devices")
+    if "data" not in config or not config.data.get("tokenizer"):
+        raise ConfigError("train.objective='grpo' decodes completions for its rewards with data.tokenizer: set it "
+                          "(a tokenizer.json, or 'demo:tokenizer')")
+    cfg = settings.model
+    tokenizer = Tokenizer(tokenizer_path(config.data), bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id,
+                          pad_id=cfg.pad_token_id)
+    template = chat_template.ChatTemplate.load(g.chat_template or chat_template.PLAIN)
+    rewards, weights = resolve_rewards(g.reward_funcs, g.reward_weights)
+    demo = config.data.demo.to_dict() if "demo" in config.data else {}
+    prompts = load_prompts(g.prompts, "grpo.prompts", tokenizer, template, g.max_prompt_length, demo)
+    if len(prompts.ids) < g.prompts_per_step:
+        raise ConfigError(f"grpo.prompts: {g.prompts} holds {len(prompts.ids)} prompts, fewer than "
+                          f"grpo.prompts_per_step={g.prompts_per_step}")
+    eval_prompts = (load_prompts(g.eval_prompts, "grpo.eval_prompts", tokenizer, template, g.max_prompt_length, demo)
+                    if g.eval_prompts else None)
+    return GRPOBatches(settings, prompts, eval_prompts, tokenizer, template, rewards, weights)
