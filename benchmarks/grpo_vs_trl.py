@@ -25,9 +25,8 @@ steps of both runs pooled; the load average (the 2 cores are shared) is recorded
 Not the same on both sides, and reported: zaya_jax pads every row to fixed shapes (the prompt to
 grpo.max_prompt_length, the completion to max_completion_length: one compiled step), TRL to the
 batch's longest prompt and completion (its padded widths are recorded); the optimizer is
-configs/demo_grpo.py's (Muon + AdamW) against TRL's AdamW; TRL hands a conversational prompt's
-completions to reward functions as messages, zaya_jax as text, so TRL's reward here is
-exact_answer on the assistant message's content.
+configs/demo_grpo.py's (Muon + AdamW) against TRL's AdamW. Both hand a conversational prompt's
+completions to the reward as the assistant's message, which exact_answer reads.
 """
 
 from __future__ import annotations
@@ -95,11 +94,6 @@ def trl_steps(hf_dir: str, workdir: str, steps: int, torch_threads: int) -> dict
     records = demo_records("train", 0, 0)
     checked = check_prompt_tokens(hf_dir, tokenizer, records)
 
-    def exact_answer_of_messages(prompts, completions, **columns):
-        # TRL gives a conversational prompt's completions as [{"role": "assistant", "content": text}]
-        return exact_answer(prompts, [c[0]["content"] if isinstance(c, list) else c for c in completions], **columns)
-    exact_answer_of_messages.__name__ = "exact_answer"
-
     rows = PROMPTS_PER_STEP * G
     config = GRPOConfig(
         output_dir=workdir, max_steps=steps, per_device_train_batch_size=rows, gradient_accumulation_steps=1,
@@ -110,7 +104,7 @@ def trl_steps(hf_dir: str, workdir: str, steps: int, torch_threads: int) -> dict
         logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0,
         log_completions=False)
     model = ZayaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    trainer = GRPOTrainer(model=model, reward_funcs=[exact_answer_of_messages], args=config,
+    trainer = GRPOTrainer(model=model, reward_funcs=[exact_answer], args=config,
                           train_dataset=Dataset.from_list(records), processing_class=tokenizer)
 
     times = {"step": [], "generation": [], "widths": []}

@@ -16,6 +16,9 @@ def test_builtin_rewards_score_the_demo_questions():
     answers = [task.answer] * len(completions)
     assert exact_answer(prompts, completions, answer=answers) == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
     assert answer_format(prompts, completions, answer=answers) == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    messages = [[{"role": "assistant", "content": c}] for c in completions]  # TRL's shape for chat prompts
+    assert exact_answer(prompts, messages, answer=answers) == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    assert answer_format(prompts, messages, answer=answers) == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
     total, each = combine_rewards([exact_answer, answer_format], [1.0, 0.5], prompts, completions,
                                   {"answer": answers})
     np.testing.assert_array_equal(total, [1.5, 1.0, 0.0, 0.5, 0.0, 1.0])

@@ -39,8 +39,10 @@ G, PROMPTS, T, STEPS = 4, 2, 4, 4
 
 
 def completion_characters(prompts, completions, **columns):
-    """A reward that tells a fresh model's completions apart (exact_answer is 0 for all of them)."""
-    return [float(len(c)) for c in completions]
+    """A reward that tells a fresh model's completions apart (exact_answer is 0 for all of them),
+    written as for TRL: a conversational prompt's completion is the assistant's message."""
+    assert all(isinstance(p, list) for p in prompts) and all(c[0]["role"] == "assistant" for c in completions)
+    return [float(len(c[0]["content"])) for c in completions]
 
 
 def raising_reward(prompts, completions, **columns):
@@ -125,7 +127,7 @@ def test_advantages_are_the_group_normalised_rewards_of_the_decoded_completions(
              for targets, mask in zip(rows["targets"], rows["loss_mask"])]
     chosen = trainer.data.prompt_indices(0)
     answers = [trainer.data._prompts.columns["answer"][i] for i in chosen for _ in range(G)]
-    rewards = (0.5 * np.asarray(completion_characters(None, texts))
+    rewards = (0.5 * np.asarray([len(t) for t in texts], np.float64)
                + np.asarray(exact_answer(None, texts, answers))).reshape(PROMPTS, G)
     expected = (rewards - rewards.mean(1, keepdims=True)) / (rewards.std(1, ddof=1, keepdims=True) + 1e-4)
     assert np.std(expected) > 0.5  # the step has something to learn from
@@ -204,7 +206,7 @@ def test_the_heldout_score_is_the_greedy_answers_evaluate_tasks_gives(run):
     tasks = instruction_tasks.tasks("heldout", 1)
     template = chat_template.ChatTemplate.load(chat_template.PLAIN)
     texts = answer_tasks(model, _tokenizer(trainer), template, tasks, T, batch_size=len(tasks))
-    chars = np.mean(completion_characters(None, texts))
+    chars = np.mean([len(t) for t in texts])
     accuracy = np.mean([instruction_tasks.is_correct(t, c) for t, c in zip(tasks, texts)])
     assert record["eval/prompts/exact_answer"] == pytest.approx(accuracy)
     assert record["eval/prompts/completion_characters"] == pytest.approx(chars)

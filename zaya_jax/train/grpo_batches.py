@@ -165,8 +165,12 @@ class GRPOBatches(grain.DatasetIterator):
                 for row, n in zip(completions, lengths)]
 
     def score(self, indices: list[int], prompts: PromptSet, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Rewards of completions `texts` of prompts[indices] -> (weighted sum [N], per reward [R, N])."""
-        return combine_rewards(self._rewards, self._weights, [prompts.prompts[i] for i in indices], texts,
+        """Rewards of completions `texts` of prompts[indices] -> (weighted sum [N], per reward [R, N]); a
+        conversational prompt's completion goes to the reward functions as TRL passes it, the
+        assistant's message [{"role": "assistant", "content": text}]."""
+        chosen = [prompts.prompts[i] for i in indices]
+        completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}] for p, t in zip(chosen, texts)]
+        return combine_rewards(self._rewards, self._weights, chosen, completions,
                                {k: [v[i] for i in indices] for k, v in prompts.columns.items()})
 
     def evaluate(self, model) -> dict[str, float]:

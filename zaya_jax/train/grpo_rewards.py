@@ -2,7 +2,9 @@
 
     reward(prompts: list, completions: list[str], **columns) -> list[float]   (one per completion)
 
-where `columns` are the dataset's other fields, one value per completion (e.g. `answer`). Several
+where `columns` are the dataset's other fields, one value per completion (e.g. `answer`), and, as
+TRL passes them, a completion is its text, or for a conversational prompt (a list of messages)
+the assistant's message [{"role": "assistant", "content": text}] (`completion_text` reads either). Several
 are combined with weights (`combine_rewards`); a reward that raises, returns the wrong number of
 values or a value that is not a finite number is named in one RewardError (a UserError) line.
 
@@ -37,14 +39,19 @@ class RewardError(UserError):
     pass
 
 
-def exact_answer(prompts: Sequence, completions: Sequence[str], answer: Sequence[str], **columns) -> list[float]:
-    del prompts, columns
-    return [float(extract_answer(c) == str(a)) for c, a in zip(completions, answer, strict=True)]
+def completion_text(completion) -> str:
+    """A completion as TRL passes it (text, or a conversational prompt's [{role, content}] messages) -> its text."""
+    return completion if isinstance(completion, str) else completion[-1]["content"]
 
 
-def answer_format(prompts: Sequence, completions: Sequence[str], **columns) -> list[float]:
+def exact_answer(prompts: Sequence, completions: Sequence, answer: Sequence[str], **columns) -> list[float]:
     del prompts, columns
-    return [float(bool(_INTEGER.fullmatch(c.strip()))) for c in completions]
+    return [float(extract_answer(completion_text(c)) == str(a)) for c, a in zip(completions, answer, strict=True)]
+
+
+def answer_format(prompts: Sequence, completions: Sequence, **columns) -> list[float]:
+    del prompts, columns
+    return [float(bool(_INTEGER.fullmatch(completion_text(c).strip()))) for c in completions]
 
 
 BUILT_IN = {"exact_answer": exact_answer, "answer_format": answer_format}
