@@ -9,7 +9,7 @@ A config file defines `get_config()` returning a ConfigDict with sections:
            the trainer's (validated by zaya_jax.train.settings; docs/training.md)
   data     the data curriculum (zaya_jax.data.curriculum; docs/data.md)
   vision   a ZAYA1-VL model's vision tower and image token ids (`vision_section(**values)`;
-           docs/vision.md); counted by the planner, not yet trained by zaya_jax.train
+           docs/vision.md); planned by the planner, trained by zaya_jax.train
 """
 
 from __future__ import annotations
