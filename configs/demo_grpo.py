@@ -6,10 +6,13 @@ demo's model on the generated questions.
   python -m zaya_jax.evaluate_tasks --checkpoint runs/demo_grpo                     # held-out accuracy
 
 Starts from the newest checkpoint of runs/demo_sft with a fresh optimizer. Every step samples
-8 completions (temperature 1) of each of 16 training questions (demo:tasks: those demo:chat
+8 completions (temperature 1) of each of 64 training questions (demo:tasks: those demo:chat
 holds, never a held-out one) from the current weights, rewards each by exact match of its answer
 (grpo_rewards.exact_answer), and takes one optimizer step on the clipped policy-ratio loss with
-group-normalised advantages (TRL's defaults: dapo normalisation, epsilon 0.2, no KL). Each
+group-normalised advantages (TRL's defaults: dapo normalisation, epsilon 0.2, no KL). AdamW at a
+constant 3e-4 for every parameter: on the training side (the sampled reward) Muon at 1e-3 and
+AdamW at 1e-4 stayed flat, AdamW at 1e-3 and above fell, and 16 questions per step were too few to
+move it (docs/posttraining.md). Each
 evaluation (halfway and at the end) scores the held-out questions (demo:tasks_heldout) by greedy
 generation as evaluate_tasks does: eval/prompts/exact_answer is the held-out accuracy. Same model,
 mesh and checkpoints as configs/demo.py at RoPE base 1e5, the SFT checkpoint's; minutes on 2 CPU
@@ -37,9 +40,9 @@ def get_config():
                                                      "--workdir {}", log_every_steps=5)
     config.grpo = ml_collections.ConfigDict({
         **dataclasses.asdict(GRPOSettings()), "prompts": "demo:tasks", "eval_prompts": "demo:tasks_heldout",
-        "num_generations": 8, "prompts_per_step": 16, "max_prompt_length": 48, "max_completion_length": 8,
+        "num_generations": 8, "prompts_per_step": 64, "max_prompt_length": 48, "max_completion_length": 8,
         "temperature": 1.0, "reward_funcs": "exact_answer"})
-    config.optimizer.update(learning_rate=1e-3, schedule="constant", warmup_steps=0)
+    config.optimizer.update(name="adamw", learning_rate=3e-4, schedule="constant", warmup_steps=0)
     config.checkpoint.update(every_steps=STEPS, max_to_keep=1)
     config.eval.update(every_steps=STEPS // 2, max_batches=0)
     return config

@@ -275,3 +275,23 @@ def test_vl_demo_figures_are_the_results_file():
             and f"(prose {after['prose']:.4f}, code {after['code']:.4f}, math {after['math']:.4f})" in readme
             and f"`image_token_share`: {100 * run['vl_final']['train']['image_token_share']:.1f}% of the positions"
             in readme)
+
+
+def test_grpo_demo_figures_are_the_results_file():
+    run = _load("grpo_demo_cpu")
+    row = lambda label, stage, steps: (  # noqa: E731
+        f"| {label} | {run['steps'][steps]} | {100 * run['accuracy'][stage]:.1f}% | "
+        + " | ".join(f"{100 * v:.0f}%" for v in run["accuracy_by_kind"][stage].values()) + " |")
+    rows = [row("the SFT run it starts from", "after_sft", "sft"), row("after GRPO (`runs/demo_grpo`)", "after_grpo", "grpo")]
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    doc = " ".join(_doc("posttraining.md").split())
+    gain = 100 * (run["accuracy"]["after_grpo"] - run["accuracy"]["after_sft"])
+    for text in (readme, doc):
+        assert all(r in text for r in rows), rows
+        assert f"{gain:.1f} points" in text and f"{run['grpo_wall_s_including_compile']:.0f} s" in text
+    first, last = run["first_logged"]["reward"], run["last_logged"]["reward"]
+    assert f"rose from {first:.2f}" in readme and f"to {last:.2f}" in readme
+    assert f"{100 * run['generation_share']:.0f}% of the logged time sampling ({run['generation_s']:.0f} s)" in doc
+    assert "45.8% at step 30 and 45.2% at step 60" in doc and run["trainer_heldout_exact_answer"] == {"30": 0.458,
+                                                                                                     "60": 0.452}

@@ -1,0 +1,75 @@
+"""The README's GRPO demo, measured: configs/demo_grpo.py from the SFT demo's run, held-out accuracy
+before and after. Prints JSON.
+
+  python benchmarks/grpo_demo.py [--sft runs/demo_sft] [--workdir DIR]
+
+Runs the README's commands as a user would, each in its own process: the pretraining and SFT
+demos (configs/demo.py, configs/demo_sft.py; or reuses --sft, a finished run of the latter), then
+configs/demo_grpo.py from it, and `python -m zaya_jax.evaluate_tasks` (exact match by greedy
+generation on the 500 held-out generated questions, none of which GRPO samples) on the SFT and
+the GRPO checkpoints. Reports the accuracies overall and per kind, the wall time, the trainer's
+own held-out evaluations during the run (eval/prompts/exact_answer), the first and last logged
+generation statistics (reward, reward_std, frac_reward_zero_std, completion lengths, KL, clip
+ratio) and how the run's time split between generation and update, with the load average at
+start and end: the 2 CPU cores may be shared with other jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks.posttrain_demo import accuracy, train  # noqa: E402
+from zaya_jax.train.monitor import read_metrics  # noqa: E402
+
+LOGGED = ("reward", "reward_std", "frac_reward_zero_std", "completion_length", "clipped_completion_ratio", "kl",
+          "clip_ratio", "loss", "grad_norm")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sft", default="", help="a finished run of configs/demo_sft.py to start from "
+                                                  "(default: train the pretraining and SFT demos)")
+    parser.add_argument("--workdir", default="", help="where the runs go (default: a temporary dir)")
+    args = parser.parse_args()
+    load_start = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = os.path.abspath(args.workdir or tmp)
+        sft = os.path.abspath(args.sft) if args.sft else os.path.join(root, "demo_sft")
+        if not args.sft:
+            train("demo.py", os.path.join(root, "demo"), None)
+            train("demo_sft.py", sft, os.path.join(root, "demo"))
+        before = accuracy(sft)
+        grpo = os.path.join(root, "demo_grpo")
+        wall = train("demo_grpo.py", grpo, sft)
+        after = accuracy(grpo)
+        path = os.path.join(grpo, "metrics.jsonl")
+        records, evals = read_metrics(path), read_metrics(path, kind="eval")
+    keep = lambda record: {k: round(record[k], 4) for k in LOGGED if k in record}  # noqa: E731
+    generation = sum(r["generation_s"] for r in records)
+    update = sum(r["update_s"] for r in records)
+    print(json.dumps({
+        "accuracy": {"after_sft": before["accuracy"], "after_grpo": after["accuracy"]},
+        "accuracy_by_kind": {"after_sft": before["accuracy_by_kind"], "after_grpo": after["accuracy_by_kind"]},
+        "heldout_questions": after["questions"],
+        "steps": {"sft": before["step"], "grpo": after["step"]},
+        "grpo_wall_s_including_compile": wall,
+        "trainer_heldout_exact_answer": {str(r["step"]): round(r["eval/prompts/exact_answer"], 4) for r in evals},
+        "first_logged": {"step": records[0]["step"], **keep(records[0])},
+        "last_logged": {"step": records[-1]["step"], **keep(records[-1])},
+        "generation_s": round(generation, 1), "update_s": round(update, 1),
+        "generation_share": round(generation / (generation + update), 3),
+        "sft_reused": bool(args.sft),
+        "cpu_count": os.cpu_count(), "machine": "shared with other jobs; timings are indicative",
+        "load_average_1m_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
