@@ -4,11 +4,12 @@ B global batch, M micro-batches, S seq, L layers, E experts (+1 skip).
 
   micro-batches: batch [B,S] -> [M, B/M, S]; rows are dealt round-robin (row r goes to
       micro-batch r mod M), so every micro-batch keeps the batch's sharding over devices
-  lax.scan over micro-batches (objectives.py: lm / sft / dpo):
+  lax.scan over micro-batches (objectives.py: lm / sft / dpo / grpo):
       lm, sft: value = sum(nll * token weights), the loss head's gradient computed with its
                forward (loss.weighted_nll_sum); value, sums = objective.weighted_sums(value, micro-batch)
-      dpo:     nll = per-token nll of the policy [b,S] and of the frozen reference (stop_gradient);
-               value, sums = objective.micro_sums(nll, reference nll, micro-batch)
+      dpo, grpo: nll = per-token nll of the policy [b,S] and of the frozen reference (stop_gradient;
+               GRPO's only with a KL); value, sums = objective.micro_sums(nll, reference nll, micro-batch)
+               (a GRPO batch also carries advantages [B,S] and, with num_iterations > 1, old_logp [B,S])
       grads += d value / d params; sums += sums; counts += expert_counts
   with mesh.gradient_reduce_dtype != 'float32' and data > 1: the scan runs on each data rank's own
       rows, and grads, sums, counts are summed over data once after it, the grads in that dtype
