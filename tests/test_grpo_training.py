@@ -186,6 +186,23 @@ def test_each_generation_samples_the_weights_of_its_step(run):
     assert np.abs(rows["old_logp"][mask] - stale).max() > 1e-3
 
 
+def test_the_second_step_of_a_generation_weighs_by_the_ratio_to_the_sampling_weights(run):
+    """Step 2 trains on generation 0's rows again: its loss is the clipped ratio to the sampling
+    weights' old_logp (not 1) plus the k3 KL to the start, by hand in float64."""
+    trainer, _ = run
+    rows, mask = trainer.rows[2], trainer.rows[2]["loss_mask"]
+    logp = _target_logp(trainer, trainer.weights[1], rows)
+    ratio = np.exp(logp - rows["old_logp"])
+    advantages = rows["advantages"]
+    eps = trainer.settings.grpo.epsilon
+    policy = -np.minimum(ratio * advantages, np.clip(ratio, 1 - eps, 1 + eps) * advantages)
+    delta = _target_logp(trainer, trainer.weights[0], rows) - logp
+    per_token = policy + trainer.settings.grpo.beta * (np.exp(delta) - delta - 1)
+    assert np.abs(ratio - 1)[mask > 0].max() > 1e-2  # the weights moved since sampling
+    expected = (per_token * mask).sum() / mask.sum()
+    assert _metrics(trainer.workdir)[1]["loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
 def test_kl_and_clipping_are_logged_from_the_reference_and_the_sampling_weights(run):
     trainer, _ = run
     records = _metrics(trainer.workdir)
