@@ -102,15 +102,14 @@ class GRPOBatches(grain.DatasetIterator):
     def get_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"grpo_generation": self._generation, "grpo_iteration": self._iteration}
         if self._iteration:
-            state["rows"] = {k: v.tolist() for k, v in self._batch.items()}
+            state["rows"] = {k: {"dtype": v.dtype.name, "values": v.tolist()} for k, v in self._batch.items()}
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._generation, self._iteration = state["grpo_generation"], state["grpo_iteration"]
         self._batch = None
         if self._iteration:
-            self._batch = {k: np.asarray(v, np.float32 if k in ("loss_mask", "advantages", "old_logp") else np.int32)
-                           for k, v in state["rows"].items()}
+            self._batch = {k: np.asarray(v["values"], v["dtype"]) for k, v in state["rows"].items()}
 
     def close(self) -> None:
         pass
