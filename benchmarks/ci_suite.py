@@ -17,9 +17,11 @@ import json
 import multiprocessing
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,9 +64,15 @@ def _spin() -> None:
         pass
 
 
-def run_ci(busy: int = 0) -> tuple[str, float, str]:
-    """(the output of .ci/run on a clean clone of HEAD, the load average at its start, HEAD), with
-    `busy` processes spinning on the CPU while it runs."""
+def sample_load(samples: list[float], stop: threading.Event, every_s: float = 30) -> None:
+    """Appends the 1-minute load average to `samples` every `every_s` seconds until `stop` is set."""
+    while not stop.wait(every_s):
+        samples.append(os.getloadavg()[0])
+
+
+def run_ci(busy: int = 0) -> tuple[str, float, str, list[float]]:
+    """(the output of .ci/run on a clean clone of HEAD, the load average at its start, HEAD, the 1-minute
+    load average every 30 s while it ran), with `busy` processes spinning on the CPU while it runs."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
     with tempfile.TemporaryDirectory() as root:
         clone = os.path.join(root, "clone")
@@ -74,15 +82,19 @@ def run_ci(busy: int = 0) -> tuple[str, float, str]:
         spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(busy)]
         for spinner in spinners:
             spinner.start()
+        samples, stop = [], threading.Event()
+        sampler = threading.Thread(target=sample_load, args=(samples, stop), daemon=True)
+        sampler.start()
         try:
             done = subprocess.run(["bash", ".ci/run"], cwd=clone, env=env, stdin=subprocess.DEVNULL,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         finally:
+            stop.set()
             for spinner in spinners:
                 spinner.terminate()
         if done.returncode:
             raise SystemExit(f".ci/run failed (exit {done.returncode}):\n{done.stdout[-3000:]}")
-        return done.stdout, load, head
+        return done.stdout, load, head, samples
 
 
 def main() -> None:
@@ -93,13 +105,15 @@ def main() -> None:
     if args.log:
         with open(args.log) as f:
             log = f.read()
-        source, load, head = f"the log {os.path.basename(args.log)} of a clean-clone .ci/run", None, None
+        source, load, head, samples = f"the log {os.path.basename(args.log)} of a clean-clone .ci/run", None, None, []
     else:
         start = time.time()
-        log, load, head = run_ci(args.busy)
+        log, load, head, samples = run_ci(args.busy)
         source = f"a clean clone of {head[:12]}, run by this script ({time.time() - start:.0f} s)"
-    print(json.dumps({"source": source, "commit": head, "cpu_count": os.cpu_count(),
-                      "load_average_1m_at_start": load, **parse(log)}, indent=2))
+    during = {"load_average_1m_during": {"every_s": 30, "median": round(statistics.median(samples), 2),
+                                         "max": round(max(samples), 2)}} if samples else {}
+    print(json.dumps({"source": source, "commit": head, "cpu_count": os.cpu_count(), "busy_processes": args.busy,
+                      "load_average_1m_at_start": load, **during, **parse(log)}, indent=2))
 
 
 if __name__ == "__main__":

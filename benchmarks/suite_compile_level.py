@@ -1,6 +1,8 @@
-"""What LLVM's optimization level costs the test suite: one test module, run from a cold compilation
-cache at XLA:CPU's default level and at -O0 (tests/fake_devices.CHEAP_COMPILE, what the suite
-uses); prints the JSON (docs/testing.md cites it).
+"""What XLA:CPU's code generation costs the test suite: one test module, run from a cold compilation
+cache at XLA:CPU's default level, at LLVM -O0 (tests/fake_devices.CHEAP_COMPILE), and, where jaxlib
+still has them (< 0.11), at -O0 with the legacy loop emitters instead of the MLIR fusion emitters
+(fake_devices.LEGACY_EMITTERS): the last is what the suite uses; prints the JSON (docs/testing.md
+cites it).
 
   python benchmarks/suite_compile_level.py [--tests tests/test_train_step.py]
 
@@ -11,6 +13,7 @@ suite-wide saving to expect where compiles dominate. Each variant gets a new, em
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import re
@@ -21,7 +24,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from fake_devices import xla_flags  # noqa: E402
+from fake_devices import CHEAP_COMPILE, LEGACY_EMITTERS, has_legacy_emitters, xla_flags  # noqa: E402
 
 PASSED = re.compile(r"(\d+) passed")
 
@@ -44,16 +47,20 @@ def main() -> None:
     parser.add_argument("--tests", nargs="+", default=["tests/test_train_step.py"])
     args = parser.parse_args()
     default_flags = xla_flags(8, cheap_compile=False)
+    variants = {"default_level": default_flags, "llvm_o0": f"{default_flags} {CHEAP_COMPILE}"}
+    if has_legacy_emitters():
+        variants["llvm_o0_legacy_emitters"] = f"{default_flags} {CHEAP_COMPILE} {LEGACY_EMITTERS}"
+    assert list(variants.values())[-1] == xla_flags(8), "the last variant is the suite's own flags"
     load_start = os.getloadavg()[0]
-    default = run_module(args.tests, default_flags)
-    cheap = run_module(args.tests, xla_flags(8))
+    results = {name: {"xla_flags": flags, **run_module(args.tests, flags)} for name, flags in variants.items()}
+    default_s = results["default_level"]["wall_s"]
     print(json.dumps({
-        "tests": args.tests, "cpu_count": os.cpu_count(),
-        "default_level": {"xla_flags": default_flags, **default},
-        "cheap_compile": {"xla_flags": xla_flags(8), **cheap},
-        "ratio_cheap_vs_default": round(cheap["wall_s"] / default["wall_s"], 3),
+        "tests": args.tests, "cpu_count": os.cpu_count(), "jaxlib": importlib.metadata.version("jaxlib"), **results,
+        "ratio_vs_default": {name: round(r["wall_s"] / default_s, 3) for name, r in results.items()},
+        "the_suite_uses": list(variants)[-1],
         "load_average_1m_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }, indent=1))
+
 
 
 if __name__ == "__main__":

@@ -11,19 +11,39 @@ passes (fusion, layout, sharding) are the same at every level, so what the tests
 compiled program does not change; the benchmarks, which time code, never use these flags. The
 code is slower at -O0, so the runs of RUNTIME_BOUND configs (the demo: its 30- to 260-step runs of a wider model)
 compile at the default level (the bf16 reduction test's 60 demo steps took 360 s at -O0).
+
+jax 0.10's XLA:CPU still has the loop emitters that came before its MLIR fusion emitters
+(`--xla_cpu_use_fusion_emitters=false`); they compile the tiny train step in 0.6 of the time
+(benchmarks/results/suite_compile_level_cpu.json). Like -O0 they change code generation only, after
+every HLO pass. jax 0.11's XLA has no other emitters (the flag is gone), so the 3.12 stack compiles
+with the fusion emitters, and the suite tests both.
 """
+
+import importlib.metadata
 
 
 CHEAP_COMPILE = "--xla_backend_optimization_level=0"
 
 
+LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
 RUNTIME_BOUND = ("configs/demo.py",)
 
 
+def has_legacy_emitters() -> bool:
+    """Whether the installed jaxlib's XLA:CPU still has its pre-MLIR loop emitters (jaxlib < 0.11),
+    read without importing jax (XLA_FLAGS must be set first)."""
+    major, minor = (int(part) for part in importlib.metadata.version("jaxlib").split(".")[:2])
+    return (major, minor) < (0, 11)
+
+
 def xla_flags(devices: int, cheap_compile: bool = True) -> str:
-    """XLA_FLAGS for a test process with `devices` fake CPU devices (LLVM at -O0 unless not cheap_compile)."""
+    """XLA_FLAGS for a test process with `devices` fake CPU devices (unless not cheap_compile: LLVM at -O0,
+    and the legacy emitters where jaxlib has them)."""
     flags = f"--xla_force_host_platform_device_count={devices} --xla_cpu_collective_call_terminate_timeout_seconds=300"
-    return f"{flags} {CHEAP_COMPILE}" if cheap_compile else flags
+    if not cheap_compile:
+        return flags
+    return f"{flags} {CHEAP_COMPILE}" + (f" {LEGACY_EMITTERS}" if has_legacy_emitters() else "")
 
 
 FAKE_DEVICES = xla_flags(8)

@@ -2,12 +2,15 @@
 SIGTERM, and bad configs named before anything compiles."""
 
 import glob
+import importlib.util
 import os
 import struct
+import subprocess
+import sys
 
 import pytest
 
-from tests.train_helpers import run_train, train_losses
+from tests.train_helpers import REPO, cli_env, run_train, train_losses
 from zaya_jax.config_files import load_config_file
 from zaya_jax.data import demo_data_config
 from zaya_jax.errors import EXIT_PREEMPTED
@@ -73,6 +76,18 @@ def test_cli_outputs_and_exact_resume_after_sigkill_crash_mid_save_and_sigterm(t
     finished = run_train(run, *RUN)
     assert finished.returncode == 0 and "start at step 6: restored checkpoint 6" in finished.stderr + finished.stdout
     assert train_losses(run) == expected  # bit-identical losses at every step
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="proves something only where torch is installed")
+def test_the_tensorboard_writer_starts_without_importing_torch(tmp_path):
+    """tensorboardX.writer imports torch if it can (1.6 s of every run's start-up); the monitor's writer
+    does not, and torch still imports after it (a fresh process: the suite's workers may hold torch)."""
+    script = ("import sys; from zaya_jax.train.monitor import Monitor; "
+              f"Monitor({str(tmp_path)!r}, 1, progress_bar=False, tensorboard=True).write({{'kind': 'train', 'step': 1, 'loss': 2.0}}); "
+              "assert 'torch' not in sys.modules, 'torch imported'; import torch; print(torch.ones(1).item())")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "1.0", done.stderr[-3000:]
+    assert _tensorboard_tags(tmp_path / "tensorboard") == {"train/loss"}
 
 
 @pytest.mark.parametrize("field,value,message", [

@@ -183,8 +183,11 @@ def test_controller_moves_only_biases_in_the_step():
     state = _state()
     new, metrics = _step()(state, BATCH)
     frozen, _ = _step(balance=False)(state, BATCH)
+    # equal but for the summation order of two differently fused programs (2e-15 apart with jax 0.10's
+    # legacy XLA:CPU emitters, tests/fake_devices.py); a controller reaching the weights moves them by
+    # a learning rate's step (1e-3)
     for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(frozen.params)):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-12)
     counts = np.asarray(metrics["expert_counts"])[:, :-1]
     moved = np.asarray(new.biases - state.biases)[:, :-1]
     for layer in range(counts.shape[0]):
