@@ -5,16 +5,16 @@ cores loaded by two test workers a device thread can be descheduled that long (s
 distributed Muon's all-to-alls), so the fake devices wait 300 s before calling it a deadlock.
 
 The suite's programs are tiny, so compiling them costs more than running them: LLVM at -O0
-(`--xla_backend_optimization_level=0`) makes a cold run of tests/test_train_step.py take 0.71 of
-its time at the default level (benchmarks/results/suite_compile_level_cpu.json). XLA's own HLO
+(`--xla_backend_optimization_level=0`) makes a cold run of tests/test_train_step.py take about 0.6
+of its time at the default level (benchmarks/results/suite_compile_level_cpu.json). XLA's own HLO
 passes (fusion, layout, sharding) are the same at every level, so what the tests prove about the
 compiled program does not change; the benchmarks, which time code, never use these flags. The
 code is slower at -O0, so the runs of RUNTIME_BOUND configs (the demo: its 30- to 260-step runs of a wider model)
 compile at the default level (the bf16 reduction test's 60 demo steps took 360 s at -O0).
 
 jax 0.10's XLA:CPU still has the loop emitters that came before its MLIR fusion emitters
-(`--xla_cpu_use_fusion_emitters=false`); they compile the tiny train step in 0.6 of the time
-(benchmarks/results/suite_compile_level_cpu.json). Like -O0 they change code generation only, after
+(`--xla_cpu_use_fusion_emitters=false`); they compile faster
+(benchmarks/results/suite_compile_level_cpu.json, docs/testing.md). Like -O0 they change code generation only, after
 every HLO pass. jax 0.11's XLA has no other emitters (the flag is gone), so the 3.12 stack compiles
 with the fusion emitters, and the suite tests both.
 """

@@ -80,7 +80,7 @@ def test_cli_outputs_and_exact_resume_after_sigkill_crash_mid_save_and_sigterm(t
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="proves something only where torch is installed")
 def test_the_tensorboard_writer_starts_without_importing_torch(tmp_path):
-    """tensorboardX.writer imports torch if it can (1.6 s of every run's start-up); the monitor's writer
+    """tensorboardX.writer imports torch if it can (the largest import of a run's start-up); the monitor's writer
     does not, and torch still imports after it (a fresh process: the suite's workers may hold torch)."""
     script = ("import sys; from zaya_jax.train.monitor import Monitor; "
               f"Monitor({str(tmp_path)!r}, 1, progress_bar=False, tensorboard=True).write({{'kind': 'train', 'step': 1, 'loss': 2.0}}); "

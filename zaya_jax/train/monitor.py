@@ -28,7 +28,7 @@ HEATMAP_FILE = "expert_load.png"
 def summary_writer_class() -> type:
     """tensorboardX's SummaryWriter, imported without PyTorch where torch is installed but not yet
     imported: tensorboardX.writer imports torch only to accept torch tensors (this monitor writes
-    Python floats), which costs every run 1.6 s of start-up on 2 cores (half a tiny run's imports).
+    Python floats), and torch is the largest import of a run's start-up.
     While tensorboardX is imported, `import torch` raises ImportError, which it catches; a later
     import of torch is not affected."""
     if "torch" in sys.modules:
