@@ -62,6 +62,5 @@ def main() -> None:
     }, indent=1))
 
 
-
 if __name__ == "__main__":
     main()

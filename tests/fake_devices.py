@@ -14,22 +14,22 @@ compile at the default level (the bf16 reduction test's 60 demo steps took 360 s
 
 jax 0.10's XLA:CPU still has the loop emitters that came before its MLIR fusion emitters
 (`--xla_cpu_use_fusion_emitters=false`); they compile faster
-(benchmarks/results/suite_compile_level_cpu.json, docs/testing.md). Like -O0 they change code generation only, after
-every HLO pass. jax 0.11's XLA has no other emitters (the flag is gone), so the 3.12 stack compiles
+(benchmarks/results/suite_compile_level_cpu.json, docs/testing.md). Like -O0 they change code
+generation only, after every HLO pass. jax 0.11's XLA has no other emitters (the flag is gone), so the 3.12 stack compiles
 with the fusion emitters, and the suite tests both.
 """
 
+import functools
 import importlib.metadata
 
-
 CHEAP_COMPILE = "--xla_backend_optimization_level=0"
-
 
 LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
 RUNTIME_BOUND = ("configs/demo.py",)
 
 
+@functools.cache  # xla_flags runs for every subprocess the suite starts
 def has_legacy_emitters() -> bool:
     """Whether the installed jaxlib's XLA:CPU still has its pre-MLIR loop emitters (jaxlib < 0.11),
     read without importing jax (XLA_FLAGS must be set first)."""

@@ -31,7 +31,7 @@ def summary_writer_class() -> type:
     Python floats), and torch is the largest import of a run's start-up.
     While tensorboardX is imported, `import torch` raises ImportError, which it catches; a later
     import of torch is not affected."""
-    if "torch" in sys.modules:
+    if "torch" in sys.modules or "tensorboardX" in sys.modules:  # nothing left to keep out
         from tensorboardX import SummaryWriter
         return SummaryWriter
     sys.modules["torch"] = None  # an import of a None entry raises ImportError
