@@ -45,6 +45,12 @@ def completion_characters(prompts, completions, **columns):
     return [float(len(c[0]["content"])) for c in completions]
 
 
+def odd_answers_only(prompts, completions, answer, **columns):
+    """Tells completions apart (by length) only for a question whose answer is odd: the groups of
+    the others have all-equal rewards."""
+    return [float(len(c[0]["content"])) if int(a) % 2 else 0.0 for c, a in zip(completions, answer)]
+
+
 def raising_reward(prompts, completions, **columns):
     raise ValueError("the grader is down")
 
@@ -186,6 +192,23 @@ def test_each_generation_samples_the_weights_of_its_step(run):
     assert np.abs(rows["old_logp"][mask] - stale).max() > 1e-3
 
 
+def test_the_loss_head_computes_only_the_completion_columns(run):
+    """TRL's logits_to_keep: the logits of a step and of old_logp cover the columns from Q - 1 on
+    (where a completion's targets start), never the prompt's: old_logp is 0 before them, and the
+    lowered train step holds logits [N, S - Q + 1, V] and none of [N, S, V]."""
+    from zaya_jax.parallel import distributed
+    trainer, _ = run
+    rows, q = trainer.rows[3], trainer.settings.grpo.max_prompt_length
+    n, s = rows["inputs"].shape
+    assert (rows["old_logp"][:, :q - 1] == 0).all() and (rows["old_logp"][:, q - 1:] < 0).any()
+    keys = trainer.parts.batch_keys + trainer.objective.extra_batch_keys
+    with jax.set_mesh(trainer.mesh):
+        batch = distributed.global_batch({k: rows[k] for k in keys}, trainer.mesh)
+        hlo = trainer._train_step.lower(trainer.state, batch, trainer.data.phase.rope_theta).as_text()
+    vocab = trainer.settings.model.vocab_size
+    assert f"tensor<{n}x{s - q + 1}x{vocab}xf32>" in hlo and f"tensor<{n}x{s}x{vocab}xf32>" not in hlo
+
+
 def test_the_second_step_of_a_generation_weighs_by_the_ratio_to_the_sampling_weights(run):
     """Step 2 trains on generation 0's rows again: its loss is the clipped ratio to the sampling
     weights' old_logp (not 1) plus the k3 KL to the start, by hand in float64."""
@@ -277,6 +300,40 @@ def test_a_reward_that_raises_is_named_and_the_checkpoints_stay(run, cache, tmp_
         trainer.close()
     model, step = load_checkpoint_model(str(tmp_path / "run"), None)
     assert step == STEPS
+
+
+def test_oversampled_prompts_train_the_groups_whose_rewards_differ(run, cache):
+    """grpo.oversample_prompts = 3 (DAPO's dynamic sampling at a fixed batch): a generation samples
+    3 x 2 prompts and trains on the first 2 groups whose rewards differ, with their advantages; the
+    reference is one device's samples of all 6 and their rewards by hand."""
+    trainer, _ = run
+    config = _config(cache, oversample_prompts=3, num_iterations=1, beta=0.0, reward_weights="",
+                     reward_funcs="tests.test_grpo_training:odd_answers_only")
+    data = open_grpo_data(config, settings_from_config(config))
+    model = trainer.current_model(data.phase.rope_theta)
+    data.attach(lambda: model, None, trainer.mesh)
+    next(data)
+    chosen = data.prompt_indices(0)
+    assert len(chosen) == 3 * PROMPTS and chosen[:PROMPTS] == trainer.data.prompt_indices(0)
+    template = chat_template.ChatTemplate.load(chat_template.PLAIN)
+    tok = _tokenizer(trainer)
+    every = sample_groups(model, [data._prompts.ids[i] for i in chosen], G, T, temperature=1.0,
+                          seed=data.sample_seed(0), stop_ids=chat_template.end_of_turn_ids(template, tok),
+                          width=trainer.settings.grpo.max_prompt_length)
+    texts = data.decode(every.completions, every.lengths)
+    answers = [int(data._prompts.columns["answer"][i]) for i in chosen for _ in range(G)]
+    rewards = np.asarray([len(t) if a % 2 else 0.0 for t, a in zip(texts, answers)]).reshape(-1, G)
+    differ = [k for k in range(3 * PROMPTS) if np.ptp(rewards[k]) > 0]
+    assert len(differ) >= PROMPTS and differ[:PROMPTS] != list(range(PROMPTS))  # a group was passed over
+    rows = data.rows
+    for key in ("inputs", "targets", "loss_mask"):
+        expected = np.concatenate([every.rows[key][k * G:(k + 1) * G] for k in differ[:PROMPTS]])
+        np.testing.assert_array_equal(rows[key], expected, err_msg=key)
+    kept = rewards[differ[:PROMPTS]]
+    advantages = (kept - kept.mean(1, keepdims=True)) / (kept.std(1, ddof=1, keepdims=True) + 1e-4)
+    np.testing.assert_allclose(rows["advantages"][:, 0], advantages.reshape(-1), rtol=1e-5, atol=1e-6)
+    zero = np.mean([np.ptp(r) == 0 for r in rewards])
+    assert data.stats["frac_trained_zero_std"] == 0 and data.stats["frac_reward_zero_std"] == pytest.approx(zero)
 
 
 @pytest.mark.parametrize("field, value, message", [

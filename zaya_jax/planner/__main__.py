@@ -39,7 +39,8 @@ from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES, check_mesh
 from zaya_jax.parallel.mesh import parse_mesh_flag, resolve_mesh_shape
 from zaya_jax.planner.mesh_search import VISION_CONTEXT, mesh_name, search
-from zaya_jax.planner.phase_plan import config_phases, phase_mesh, phase_shape, plan_phase, run_time
+from zaya_jax.planner.phase_plan import (config_phases, grpo_step_fields, phase_mesh, phase_shape, plan_phase,
+                                         run_time)
 from zaya_jax.planner.step_plan import GIB, StepShape, plan
 from zaya_jax.planner.step_time import OVERLAP_ASSUMPTIONS
 from zaya_jax.train.settings import settings_from_config
@@ -112,8 +113,9 @@ def render(summary: dict) -> str:
                          + ("; train.freeze_text: the text weights have no grads or optimizer state)"
                             if v["freeze_text"] else ")"))
         if "reference_model" in p["bytes_per_device"]:
-            lines.append("  (train.objective=dpo: reference_model is the frozen reference, an fp32 copy of the "
-                         "parameters sharded like them)")
+            held_by = "grpo with grpo.beta > 0" if p["step"]["objective"] == "grpo" else p["step"]["objective"]
+            lines.append(f"  (train.objective={held_by}: reference_model is the frozen reference, an fp32 copy of "
+                         "the parameters sharded like them)")
         lines.append(f"  fits in {p['device_memory_bytes'] / 1e9:.0f} GB: {'yes' if p['fits'] else 'NO'}")
         lines.append("collective bytes per step per device:")
         for key, value in p["collective_bytes_per_step_per_device"].items():
@@ -189,8 +191,13 @@ def render_search(result: dict, top: int) -> list[str]:
 def _step_source(config) -> tuple[int, int, str]:
     """(global batch, sequence length, where they come from) of the step that --mesh plans: the
     config's train.global_batch_size and train.seq_len, else (a curriculum config such as
-    configs/demo.py) the phase with the most tokens per step, the one that holds the most."""
+    configs/demo.py) the phase with the most tokens per step, the one that holds the most. A GRPO
+    config's step is its one phase (grpo_batches.grpo_phase), whatever train.seq_len says."""
     train = config.get("train", {})
+    if train.get("objective") == "grpo":
+        phase, = config_phases(config)
+        return phase.global_batch_size, phase.seq_len, ("grpo.prompts_per_step x grpo.num_generations rows of "
+                                                        "grpo.max_prompt_length + grpo.max_completion_length - 1")
     if train.get("global_batch_size") is not None and train.get("seq_len") is not None:
         return int(train["global_batch_size"]), int(train["seq_len"]), "train"
     phases = config_phases(config)
@@ -202,7 +209,7 @@ def step_shape(config) -> StepShape:
     train, mesh = config.get("train", {}), config.get("mesh", {})
     optimizer = _OPTIMIZER.value or config.get("optimizer", {}).get("name", "adamw")
     global_batch, seq_len, _ = _step_source(config)
-    return StepShape(global_batch=global_batch, seq_len=seq_len,
+    return StepShape(global_batch=global_batch, seq_len=seq_len, **grpo_step_fields(config),
                      grad_accum=_ACCUM.value or train.get("microbatches", 1),
                      ns_steps=config.get("optimizer", {}).get("muon_ns_steps", 5),
                      distributed_muon=bool(config.get("optimizer", {}).get("muon_distributed", False)),

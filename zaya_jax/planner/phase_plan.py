@@ -28,6 +28,16 @@ def config_phases(config) -> tuple[PhaseInfo, ...]:
     return phases_of(config, settings_from_config(config))
 
 
+def grpo_step_fields(config) -> dict:
+    """A GRPO config's StepShape fields: its loss head computes T = grpo.max_completion_length
+    positions per row (the columns from max_prompt_length - 1 on: train.objectives.GRPOObjective's
+    scored_from), and grpo.beta > 0 holds a reference model. {} for any other objective."""
+    if config.get("train", {}).get("objective") != "grpo":
+        return {}
+    grpo = settings_from_config(config).grpo  # the section with GRPOSettings' defaults, as the trainer reads it
+    return {"loss_head_positions": grpo.max_completion_length, "grpo_beta": grpo.beta}
+
+
 def phase_mesh(config, phase: PhaseInfo, cli_mesh: dict[str, int] | None) -> dict[str, int]:
     """The mesh sizes a phase runs on (one may be -1): --mesh when given, else the config's
     (zaya_jax.parallel.mesh.phase_mesh_sizes, the one place a phase's mesh is read)."""

@@ -14,7 +14,10 @@ I expert hidden, V vocab, S sequence, L layers. Forward FLOPs per token of one l
                                                   (every token routed to a real expert: an upper
                                                   bound, skip-slot tokens do none), E * C / T for
                                                   capacity buckets, E for dense (+ 2 E D combine)
-and once per token the tied loss head 2 D V.
+and once per position of the loss head the tied output projection 2 D V: every position, or for
+a GRPO step (objective 'grpo') only its T = grpo.max_completion_length columns from
+Q - 1 = grpo.max_prompt_length - 1 on, where a completion's targets lie (TRL's logits_to_keep;
+zaya_jax.train.step.batch_nll's scored_from): T of the S = Q + T - 1 positions of every row.
 
 Passes: forward 1, backward 2 (input and weight gradients; 2.5 for the flash kernel's scores,
 which recompute the probabilities), and 1 more where the remat policy recomputes the op:
@@ -25,10 +28,10 @@ so they are recomputed; `dots_no_batch_and_kernels` also saves the named kernel 
 expert matmuls of the capacity, ragged and native backends, the flash kernel's output and
 logsumexp), so only the convolution and the XLA path's scores are recomputed.
 The loss head of lm and sft computes its gradient with its forward, chunk by chunk
-(zaya_jax.train.loss.weighted_nll_sum): 3 passes (logits, d hidden, d weight). A DPO step's
-loss head runs under jax.checkpoint in a loop over sequence chunks: 4 passes (forward,
-recompute, backward 2); with a single chunk there is no loop, and jax 0.10.2's XLA merges the
-recompute into the forward: 3 passes there (zaya_jax.jax_versions.XLA_KEEPS_UNLOOPED_REMAT).
+(zaya_jax.train.loss.weighted_nll_sum): 3 passes (logits, d hidden, d weight). A DPO or GRPO
+step's loss head runs under jax.checkpoint in a loop over chunks of its positions: 4 passes
+(forward, recompute, backward 2); with a single chunk there is no loop, and jax 0.10.2's XLA
+merges the recompute into the forward: 3 passes there (zaya_jax.jax_versions.XLA_KEEPS_UNLOOPED_REMAT).
 A vision-language step (vision_step: the tower's image tokens in the stream) with the
 experts' vision LoRA dispatches to 2E experts, the E text experts and the E merged with their
 adapters (zaya_jax.model.vision_lora: rows per token 2E for dense, 2E * C / T for capacity) and
@@ -40,8 +43,9 @@ loss head; but the experts with their LoRA keep 2: their weight gradient is one 
 concatenated 2E experts' weights, which the merged image experts need (XLA computes it whole:
 measured with the dense backend, tests/test_plan_vision.py; assumed for the others).
 The tower's FLOPs are zaya_jax.planner.tower_plan's (added by step_time.matmul_flops).
-A DPO step (objective 'dpo') also runs the frozen reference model forward once, without a
-backward or recompute: `reference_model`, one pass of every layer op and of the loss head.
+A step that holds a frozen reference model (objective 'dpo', or 'grpo' with grpo.beta > 0:
+StepShape.holds_reference) also runs it forward once, without a backward or recompute:
+`reference_model`, one pass of every layer op and of the loss head (on the same positions).
 The optimizer adds Muon's Newton-Schulz iterations, 4 a^2 b + 2 a^3 per step for an a x b
 matrix (a <= b), split over the devices planner.muon_matrices says (with optimizer.muon_distributed,
 each parameter's stack of matrices spread over the data-parallel group, zaya_jax.train.optimizer).
@@ -184,12 +188,15 @@ def newton_schulz_flops(shape: tuple[int, ...], reduction: tuple[int, ...], outp
 
 def step_flops(cfg: ModelConfig, mesh: dict[str, int], *, global_batch: int, seq_len: int, microbatches: int,
                platform: str, optimizer_matrices: list[tuple[tuple[int, ...], object, int]],
-               ns_steps: int, loss_chunk: int, objective: str = "lm", frozen_text: bool = False,
+               ns_steps: int, loss_chunk: int, objective: str = "lm", loss_head_positions: int = 0,
+               reference_model: bool = False, frozen_text: bool = False,
                vision_step: bool = False) -> dict[str, float]:
     """FLOPs per device per optimizer step, by op group (forward, backward and recompute summed).
 
     optimizer_matrices: (shape, MuonDimensionNumbers, devices that split its Newton-Schulz) of
     every Muon parameter (planner.muon_matrices; empty for AdamW); loss_chunk: train.loss_chunk_size; objective: train.objective;
+    loss_head_positions: positions per row the loss head computes logits for (0: all seq_len; GRPO's T);
+    reference_model: the step runs a frozen reference model forward (StepShape.holds_reference);
     frozen_text: train.freeze_text (no weight gradients for the text model's weights); vision_step: a
     vision-language step's (the image tokens run the vision LoRA).
     """
@@ -207,12 +214,14 @@ def step_flops(cfg: ModelConfig, mesh: dict[str, int], *, global_batch: int, seq
         split = devices_per_token * (mesh["tensor"] if op.tensor_split else 1)
         out[op.name] = op.forward_per_token * passes * tokens * cfg.num_layers / split
         forward += op.forward_per_token * tokens * cfg.num_layers / split
-    looped = seq_len // chunk_size_for(seq_len, loss_chunk) > 1
+    scored = loss_head_positions or seq_len  # positions per row the loss head computes
+    looped = scored // chunk_size_for(scored, loss_chunk) > 1
     loss_passes = 3 if fuses_loss_head(objective) or not (looped or XLA_KEEPS_UNLOOPED_REMAT) else 4
     loss_passes -= frozen_text
-    loss_forward = 2 * cfg.hidden_size * cfg.vocab_size * tokens / (devices_per_token * mesh["tensor"])
+    loss_forward = (2 * cfg.hidden_size * cfg.vocab_size * global_batch * scored
+                    / (devices_per_token * mesh["tensor"]))
     out["loss_head"] = loss_forward * loss_passes
-    if objective == "dpo":
+    if reference_model:
         out["reference_model"] = forward + loss_forward
     out["optimizer/newton_schulz"] = sum(newton_schulz_flops(shape, dims.reduction_axis, dims.output_axis, ns_steps)
                                          / shards for shape, dims, shards in optimizer_matrices)

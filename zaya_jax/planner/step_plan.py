@@ -5,9 +5,12 @@ optimizer state (AdamW: m and v; Muon: one momentum for matrices, m and v for th
 like the parameters, or also over `data` with optimizer-state sharding), activations (what the
 remat policy keeps for the backward pass, per micro-batch) and what FSDP holds unsharded at
 once (one layer's gathered parameters and unsharded gradient: fsdp_gathered_memory), plus the
-collective bytes each device sends per step by kind. A DPO run (objective 'dpo') also holds its
-frozen reference model: an fp32 copy of the parameters, sharded like them (`reference_model`; its
-forward pass keeps no activations for a backward pass, so the per-layer live estimate covers it).
+collective bytes each device sends per step by kind. A DPO run (objective 'dpo') and a GRPO run
+with a KL term (objective 'grpo', grpo.beta > 0) also hold a frozen reference model
+(StepShape.holds_reference): an fp32 copy of the parameters, sharded like them (`reference_model`;
+its forward pass keeps no activations for a backward pass, so the per-layer live estimate covers
+it). The loss head's fp32 logits chunk (`loss_logits_chunk`) spans the positions it computes: every
+one, or a GRPO step's T completion columns of each row (StepShape.loss_head_positions).
 The lm and sft loss head accumulates the fp32 gradient of the tied embedding with its forward
 (`loss_head_weight_grad`, sharded like the embedding; zaya_jax.train.loss.weighted_nll_sum).
 A vision-language step (StepShape.vision, a config with a `vision` section) also holds the tower's
@@ -57,11 +60,25 @@ class StepShape:
     ns_steps: int = 5           # Muon's Newton-Schulz iterations
     distributed_muon: bool = False  # optimizer.muon_distributed: Newton-Schulz spread over data x context
     loss_chunk: int = 512       # train.loss_chunk_size: positions per chunk of the loss head
-    objective: str = "lm"       # train.objective: lm | sft | dpo (dpo holds a reference model too)
+    objective: str = "lm"       # train.objective: lm | sft | dpo | grpo
+    loss_head_positions: int = 0  # positions per row the loss head computes logits for; 0: all seq_len
+                                  # (grpo: grpo.max_completion_length, its columns from max_prompt_length - 1 on)
+    grpo_beta: float = 0.0      # grpo.beta: the weight of GRPO's KL to a frozen reference model (> 0: one is held)
     gradient_reduce_dtype: str = "float32"  # mesh.gradient_reduce_dtype: the data-axis gradient sum's wire dtype
     vision: VisionConfig | None = None  # a vision-language step: the tower (the config's vision section)
     patch_capacity: int = 0     # train.patch_capacity: image patches per row the tower runs on
     freeze_text: bool = False   # train.freeze_text: the text weights (not the vision LoRA) are frozen
+
+    @property
+    def loss_head_len(self) -> int:
+        """Positions per row the loss head computes logits for (train.step.batch_nll's columns from scored_from)."""
+        return self.loss_head_positions or self.seq_len
+
+    @property
+    def holds_reference(self) -> bool:
+        """Whether the step holds a frozen reference model and runs it forward: dpo, and grpo with a
+        KL term (train.objectives' needs_reference)."""
+        return self.objective == "dpo" or (self.objective == "grpo" and self.grpo_beta > 0)
 
 
 def _shard_factor(spec, mesh: dict[str, int]) -> int:
@@ -99,7 +116,7 @@ def _parameters(cfg: ModelConfig, mesh: dict[str, int], vision: VisionConfig | N
 
 def parameter_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape,
                      parameters: list | None = None) -> dict[str, float]:
-    """Bytes per device of parameters, gradients and optimizer state (and, for dpo, the reference model):
+    """Bytes per device of parameters, gradients and optimizer state (and the reference model, if held):
     Muon keeps one momentum for MUON_MATRICES, AdamW two moments for every other trained parameter."""
     params = grads = opt = 0.0
     for path, var_shape, spec in parameters or _parameters(cfg, mesh, shape.vision):
@@ -113,7 +130,7 @@ def parameter_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape,
         slots = 1 if shape.optimizer == "muon" and "/".join(path) in MUON_MATRICES else 2
         opt += slots * numel * 4 / _shard_factor(opt_spec, mesh)
     memory = {"params": params, "grads": grads, "optimizer_state": opt}
-    if shape.objective == "dpo":
+    if shape.holds_reference:
         memory["reference_model"] = params
     return memory
 
@@ -228,7 +245,8 @@ def activation_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape) 
     # during the backward of one layer its full set of intermediates is live again (the widest layer's)
     live = tokens * max(saved_numbers_per_token_per_layer(cfg, "none", w, attention) for w in widths)
     live *= dtype_bytes
-    logits_chunk = tokens * cfg.vocab_size / mesh["tensor"] * 4 / max(1, shape.seq_len // 512)
+    scored = shape.loss_head_len  # positions per row the loss head computes logits for
+    logits_chunk = tokens * scored / shape.seq_len * cfg.vocab_size / mesh["tensor"] * 4 / max(1, scored // 512)
     out = {"activations_saved": saved, "activations_live_layer": live, "loss_logits_chunk": logits_chunk,
            "tokens_per_device_per_microbatch": tokens}
     if shape.vision is not None:  # rows split over the batch axes (a vision run has context 1)

@@ -7,14 +7,16 @@
                   the XLA attention path also writes and reads fp32 logits and the probabilities),
                   once forward, twice backward, once more where remat recomputes the matmul
                 loss head: the fp32 logits of each chunk, written and read, and their gradient, written
-                  and read (lm, sft: one pass, train.loss.weighted_nll_sum); for dpo the logits
-                  again where they are recomputed (6 trips)
+                  and read (lm, sft: one pass, train.loss.weighted_nll_sum); for dpo and grpo the
+                  logits again where they are recomputed (6 trips); over the positions the loss head
+                  computes (a GRPO step's: the T completion columns of each row)
                 optimizer: the update reads and writes its shard of parameters and optimizer state
                   and reads the gradient; gradients accumulate once per micro-batch
-                reference model (objective 'dpo'; step_flops counts its forward as one pass of every
-                  layer op and of the loss head): its fp32 parameter shard read once per micro-batch,
-                  each layer op's activation traffic once (forward only: no backward, no recompute)
-                  and the loss head's fp32 logits written and read once
+                reference model (dpo; grpo with grpo.beta > 0: StepShape.holds_reference; step_flops
+                  counts its forward as one pass of every layer op and of the loss head): its fp32
+                  parameter shard read once per micro-batch, each layer op's activation traffic once
+                  (forward only: no backward, no recompute) and the loss head's fp32 logits written
+                  and read once
               matmul operands are assumed hidden in the matmul time (large GEMMs are compute-bound)
   collective  bytes per device over the link its mesh axis crosses (link_of) / achieved bus bandwidth
 
@@ -87,7 +89,8 @@ def hbm_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_res
     ops = layer_matmuls(cfg, shape.seq_len, backend, rows, vision_lora=vision)
     per_pass = {op.name: tokens * cfg.num_layers * op.activation_bytes / (mesh["tensor"] if op.tensor_split else 1)
                 for op in ops}  # one pass (forward) of every layer op
-    logits = tokens * cfg.vocab_size / mesh["tensor"] * 4  # fp32 logits of every position, once
+    # fp32 logits of every position the loss head computes, once
+    logits = tokens * shape.loss_head_len / shape.seq_len * cfg.vocab_size / mesh["tensor"] * 4
     mem = plan_result["bytes_per_device"]
     opt_fraction = 1 / math.prod(mesh[a] for a in zero1_axes(mesh)) if shape.shard_optimizer_over_data else 1.0
     traffic = {
@@ -96,7 +99,7 @@ def hbm_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_res
         "optimizer": opt_fraction * (2 * mem["params"] + mem["grads"]) + 2 * mem["optimizer_state"]
                      + mem["grads"] * shape.grad_accum,
     }
-    if shape.objective == "dpo":
+    if shape.holds_reference:
         traffic["reference_model"] = mem["reference_model"] * shape.grad_accum + sum(per_pass.values()) + 2 * logits
     return traffic
 
@@ -106,7 +109,9 @@ def matmul_flops(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, param
     flops = step_flops(cfg, mesh, global_batch=shape.global_batch, seq_len=shape.seq_len,
                        microbatches=shape.grad_accum, platform=shape.platform,
                        optimizer_matrices=muon_matrices(mesh, shape, parameters), ns_steps=shape.ns_steps,
-                       loss_chunk=shape.loss_chunk, objective=shape.objective, frozen_text=shape.freeze_text,
+                       loss_chunk=shape.loss_chunk, objective=shape.objective,
+                       loss_head_positions=shape.loss_head_len, reference_model=shape.holds_reference,
+                       frozen_text=shape.freeze_text,
                        vision_step=shape.vision is not None)
     if shape.vision is not None:
         rows = shape.global_batch / (mesh["data"] * mesh["fsdp"] * mesh["expert"])

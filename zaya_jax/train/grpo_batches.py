@@ -6,13 +6,17 @@ S = Q + T - 1 positions (Q = grpo.max_prompt_length, T = grpo.max_completion_len
 of grpo_rollout: each prompt right-aligned at column Q, its completion after it).
 
   generation g (one every grpo.num_iterations steps):
-    prompts     the next P of grpo.prompts, in an order shuffled per epoch by (train.seed, epoch)
+    prompts     the next k * P of grpo.prompts (k = grpo.oversample_prompts, default 1), in an order
+                shuffled per epoch by (train.seed, epoch)
     sample      G completions of each from the policy's weights now (grpo_rollout.sample_groups,
                 seeded by (train.seed, g); stops: eos and the chat template's end of turn),
                 decoded up to their stop
     rewards     grpo_rewards.combine_rewards(reward functions, weights, prompts, completions, the
-                prompts' columns) [N]
-    advantages  grpo_loss.group_advantages(rewards, G, grpo.scale_rewards) [N], along each row [N, S]
+                prompts' columns) [k * N]
+    trained     P of the k * P groups (trained_groups): those whose rewards differ first, in prompt
+                order (with k > 1, DAPO's dynamic sampling at a fixed batch: the all-equal groups,
+                whose advantages are 0, make way for groups the step learns from)
+    advantages  grpo_loss.group_advantages(their rewards, G, grpo.scale_rewards) [N], along each row [N, S]
     old_logp    with num_iterations > 1: the sampling weights' per-token log-probs [N, S]
   each of the num_iterations steps of g trains on the same rows (this process's share).
 
@@ -23,7 +27,8 @@ start it and its seed.
 
 `stats` (logged with every train record): reward (mean) and reward_std (each group's, averaged),
 each reward function's mean (rewards/NAME), frac_reward_zero_std (groups whose rewards are all
-equal: no signal), completion_length (mean, min, max), clipped_completion_ratio (completions that
+equal: no signal), all over the k * P sampled groups, frac_trained_zero_std (the same share among
+the P trained: below frac_reward_zero_std when k > 1 finds enough groups that differ), completion_length (mean, min, max), clipped_completion_ratio (completions that
 reached T without a stop). `generation_seconds` adds up the time spent sampling and scoring.
 """
 
@@ -120,8 +125,9 @@ class GRPOBatches(grain.DatasetIterator):
         return np.random.default_rng([self._seed, epoch]).permutation(len(self._prompts.ids))
 
     def prompt_indices(self, generation: int) -> list[int]:
-        """The prompts of generation `generation`: the next prompts_per_step of the shuffled epochs."""
-        n, per = len(self._prompts.ids), self._grpo.prompts_per_step
+        """The prompts generation `generation` samples: the next oversample_prompts * prompts_per_step
+        of the shuffled epochs."""
+        n, per = len(self._prompts.ids), self._grpo.oversample_prompts * self._grpo.prompts_per_step
         return [int(self._epoch_order(k // n)[k % n]) for k in range(generation * per, (generation + 1) * per)]
 
     def sample_seed(self, generation: int) -> int:
@@ -138,8 +144,11 @@ class GRPOBatches(grain.DatasetIterator):
                                 stop_ids=self._stop_ids, mesh=self._mesh, width=g.max_prompt_length)
         texts = self.decode(rollout.completions, rollout.lengths)
         rewards, per_reward = self.score([i for i in chosen for _ in range(g.num_generations)], self._prompts, texts)
-        advantages, zero_std = group_advantages(rewards, g.num_generations, g.scale_rewards)
-        rows = dict(rollout.rows)
+        _, zero_std = group_advantages(rewards, g.num_generations, g.scale_rewards)
+        kept = np.repeat(trained_groups(rewards, g.num_generations, g.prompts_per_step) * g.num_generations, g.num_generations
+                         ) + np.tile(np.arange(g.num_generations), g.prompts_per_step)
+        advantages, trained_zero_std = group_advantages(rewards[kept], g.num_generations, g.scale_rewards)
+        rows = {k: v[kept] for k, v in rollout.rows.items()}
         rows["advantages"] = np.repeat(np.asarray(advantages, np.float32)[:, None], rows["inputs"].shape[1], axis=1)
         if g.num_iterations > 1:
             rows["old_logp"] = np.asarray(self._old_logps(rows), np.float32)
@@ -148,7 +157,7 @@ class GRPOBatches(grain.DatasetIterator):
         self.stats = {"reward": float(rewards.mean()),
                       "reward_std": float(rewards.reshape(-1, g.num_generations).std(axis=1, ddof=1).mean()),
                       **{f"rewards/{reward_name(r)}": float(v.mean()) for r, v in zip(self._rewards, per_reward)},
-                      "frac_reward_zero_std": float(zero_std),
+                      "frac_reward_zero_std": float(zero_std), "frac_trained_zero_std": float(trained_zero_std),
                       "completion_length": float(rollout.lengths.mean()),
                       "completion_length_min": int(rollout.lengths.min()),
                       "completion_length_max": int(rollout.lengths.max()),
@@ -184,6 +193,14 @@ class GRPOBatches(grain.DatasetIterator):
                 **{reward_name(r): float(v.mean()) for r, v in zip(self._rewards, per_reward)}}
 
 
+def trained_groups(rewards: np.ndarray, group_size: int, keep: int) -> np.ndarray:
+    """rewards [K * G] of K groups (consecutive) -> the `keep` groups a step trains on, ascending:
+    every group whose rewards are not all equal (in order) before any whose are, the first `keep`."""
+    groups = np.asarray(rewards).reshape(-1, group_size)
+    differ = groups.max(axis=1) > groups.min(axis=1)
+    return np.sort(np.argsort(~differ, kind="stable")[:keep])
+
+
 def open_grpo_data(config, settings: Settings) -> GRPOBatches:
     """A GRPO run's batches: its tokenizer (data.tokenizer), chat template, prompts and reward
     functions, each checked here (ConfigError naming the field) before anything compiles."""
@@ -202,9 +219,10 @@ def open_grpo_data(config, settings: Settings) -> GRPOBatches:
     rewards, weights = resolve_rewards(g.reward_funcs, g.reward_weights)
     demo = config.data.demo.to_dict() if "demo" in config.data else {}
     prompts = load_prompts(g.prompts, "grpo.prompts", tokenizer, template, g.max_prompt_length, demo)
-    if len(prompts.ids) < g.prompts_per_step:
-        raise ConfigError(f"grpo.prompts: {g.prompts} holds {len(prompts.ids)} prompts, fewer than "
-                          f"grpo.prompts_per_step={g.prompts_per_step}")
+    if len(prompts.ids) < g.oversample_prompts * g.prompts_per_step:
+        raise ConfigError(f"grpo.prompts: {g.prompts} holds {len(prompts.ids)} prompts, fewer than the "
+                          f"{g.oversample_prompts * g.prompts_per_step} a generation samples (grpo.oversample_prompts="
+                          f"{g.oversample_prompts} x grpo.prompts_per_step={g.prompts_per_step})")
     eval_prompts = (load_prompts(g.eval_prompts, "grpo.eval_prompts", tokenizer, template, g.max_prompt_length, demo)
                     if g.eval_prompts else None)
     return GRPOBatches(settings, prompts, eval_prompts, tokenizer, template, rewards, weights)

@@ -320,8 +320,8 @@ class Trainer:
 
     def compiled_step(self, phase=None) -> jax.stages.Compiled:
         """The train step compiled for `phase`'s batch shape and RoPE base (default: the first
-        phase; its cost_analysis() is what tests/test_plan_flops.py checks the planner's FLOP count
-        against). A later run of that phase reuses the compilation."""
+        phase; benchmarks/planner_flops_vs_xla.py compiles the same program from shapes alone for
+        the planner's FLOP check). A later run of that phase reuses the compilation."""
         phase = phase or self.phases[0]
         batch = abstract_batch(phase.global_batch_size, phase.seq_len, image_shape(self.settings),
                                self.objective.extra_batch_keys)

@@ -27,6 +27,9 @@ micro-batches give exactly the loss and gradient of one big batch).
             value, sums = GRPOLoss.sums(-nll, old_logp, -reference nll (beta > 0), advantages,
             loss_mask); count: completion tokens (dapo), completions (grpo) or rows * T (dr_grpo)
             reported: loss, kl (k3 per completion token), clip_ratio (tokens whose ratio was clipped)
+            Only columns from scored_from = grpo.max_prompt_length - 1 on can hold a completion's
+            target (grpo_rollout's layout): the loss head computes logits there alone (TRL's
+            logits_to_keep), and the nll of the prompt's columns is 0
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class TokenObjective:
     name: str = "lm"
     needs_reference = False
     extra_batch_keys = ()  # [B,S] arrays a batch carries beyond state.BATCH_KEYS
+    scored_from = 0  # the first column whose target the objective can score (the loss head starts there)
     linear_in_nll = True  # value = sum(nll * token_weights): the step fuses the loss head's gradient
     sum_keys = ("nll", "tokens")
     count_key = "tokens"
@@ -85,6 +89,7 @@ class DPOObjective:
     name: str = "dpo"
     needs_reference = True
     extra_batch_keys = ()
+    scored_from = 0
     linear_in_nll = False
     sum_keys = ("loss", "chosen_reward", "rejected_reward", "correct", "pairs")
     count_key = "pairs"
@@ -126,6 +131,7 @@ class GRPOObjective:
     """GRPO's clipped policy-ratio loss on sampled completions (grpo_loss.GRPOLoss)."""
     loss: GRPOLoss = GRPOLoss()
     multi_step: bool = False  # grpo.num_iterations > 1: the batch carries the sampling weights' old_logp
+    scored_from: int = 0  # Q - 1: a completion's first target column (the columns before hold the prompt's)
     name: str = "grpo"
     linear_in_nll = False
     sum_keys = ("value", "count", "tokens", "kl", "clipped_low", "clipped_high")
@@ -183,7 +189,8 @@ def make_objective(settings):
     if settings.train.objective == "grpo":
         g = settings.grpo
         return GRPOObjective(GRPOLoss(g.loss_type, g.epsilon, g.epsilon_high or g.epsilon, g.beta,
-                                      g.max_completion_length), multi_step=g.num_iterations > 1)
+                                      g.max_completion_length), multi_step=g.num_iterations > 1,
+                             scored_from=g.max_prompt_length - 1)
     return TokenObjective(name=settings.train.objective)
 
 

@@ -65,7 +65,7 @@ def build_program(s: Settings, mesh: Mesh) -> TrainProgram:
         gradient_reduce=reduce, frozen=frozen, **static)
     eval_step = jit_eval_step(shardings.params, shardings.biases, mesh, shardings.reference, **static)
     token_logps = jit_token_logps(shardings.params, shardings.biases, mesh, parts=parts,
-                                  loss_chunk=s.train.loss_chunk_size)
+                                  loss_chunk=s.train.loss_chunk_size, scored_from=objective.scored_from)
     return TrainProgram(parts, tx, controller, lr_schedule, abstract_state, shardings, train_step, eval_step,
                         token_logps, objective)
 

@@ -29,7 +29,9 @@ below, and every error names the offending `section.field`):
               eval_prompts (scored by greedy generation at each evaluation; '' none), chat_template
               (a .jinja file; '': the starting checkpoint's, else plain.jinja), num_generations (G >= 2
               completions per prompt), prompts_per_step (the global batch is prompts_per_step * G
-              rows), max_prompt_length, max_completion_length (T), temperature, top_k (0: off),
+              rows), oversample_prompts (k >= 1: each generation samples k * prompts_per_step prompts
+              and trains on prompts_per_step of their groups, those whose rewards differ first: DAPO's
+              dynamic sampling at a fixed batch), max_prompt_length, max_completion_length (T), temperature, top_k (0: off),
               top_p, num_iterations (optimizer steps per generation batch), loss_type ('grpo' |
               'dapo' | 'dr_grpo'), epsilon, epsilon_high (0: epsilon), beta (KL to the starting
               weights; 0: none, no reference model), scale_rewards ('group' | 'batch' | 'none'),
@@ -107,6 +109,7 @@ class GRPOSettings:
     chat_template: str = ""
     num_generations: int = 8
     prompts_per_step: int = 8
+    oversample_prompts: int = 1
     max_prompt_length: int = 64
     max_completion_length: int = 16
     temperature: float = 1.0
@@ -223,7 +226,8 @@ POSITIVE = {("train", "steps"), ("train", "microbatches"), ("train", "loss_chunk
             ("train", "log_every_steps"), ("optimizer", "learning_rate"), ("optimizer", "eps"),
             ("optimizer", "muon_ns_steps"), ("optimizer", "muon_rms_scale"), ("balancing", "rate"),
             ("checkpoint", "max_to_keep"), ("monitor", "profile_steps"), ("dpo", "beta"),
-            ("eval", "harness_batch_size"), ("grpo", "prompts_per_step"), ("grpo", "max_prompt_length"),
+            ("eval", "harness_batch_size"), ("grpo", "prompts_per_step"), ("grpo", "oversample_prompts"),
+            ("grpo", "max_prompt_length"),
             ("grpo", "max_completion_length"), ("grpo", "num_iterations"), ("grpo", "epsilon")}
 FRACTIONS = {("optimizer", "b1"), ("optimizer", "b2"), ("optimizer", "muon_momentum"), ("balancing", "b1"),
              ("balancing", "b2"), ("optimizer", "decay_fraction"), ("optimizer", "min_lr_ratio")}

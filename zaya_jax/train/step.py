@@ -8,7 +8,9 @@ B global batch, M micro-batches, S seq, L layers, E experts (+1 skip).
       lm, sft: value = sum(nll * token weights), the loss head's gradient computed with its
                forward (loss.weighted_nll_sum); value, sums = objective.weighted_sums(value, micro-batch)
       dpo, grpo: nll = per-token nll of the policy [b,S] and of the frozen reference (stop_gradient;
-               GRPO's only with a KL); value, sums = objective.micro_sums(nll, reference nll, micro-batch)
+               GRPO's only with a KL; GRPO's loss head runs on its completions' columns alone, from
+               objective.scored_from on: the nll before is 0); value, sums = objective.micro_sums(nll,
+               reference nll, micro-batch)
                (a GRPO batch also carries advantages [B,S] and, with num_iterations > 1, old_logp [B,S])
       grads += d value / d params; sums += sums; counts += expert_counts
   with mesh.gradient_reduce_dtype != 'float32' and data > 1: the scan runs on each data rank's own
@@ -79,19 +81,24 @@ def stop_frozen(params: dict, frozen: Callable[[str], bool] | None) -> dict:
 
 
 def batch_nll(parts: ModelParts, params: dict, biases: jax.Array, batch: dict, rope_theta: float,
-              loss_chunk: int):
-    """-> (per-token nll [b, S], MoEStats with [L] leading axes) for one batch of [b, S] arrays."""
+              loss_chunk: int, scored_from: int = 0):
+    """-> (per-token nll [b, S], MoEStats with [L] leading axes) for one batch of [b, S] arrays; the
+    loss head runs on columns [scored_from, S) only (the nll of the columns before is 0)."""
     model, hidden, stats = batch_hidden(parts, params, biases, batch, rope_theta)
     with jax.named_scope("loss_head"):
-        return chunked_token_nll(model.logits, hidden, batch["targets"], loss_chunk), stats
+        nll = chunked_token_nll(model.logits, hidden[:, scored_from:], batch["targets"][:, scored_from:], loss_chunk)
+        return jnp.pad(nll, ((0, 0), (scored_from, 0))), stats
 
 
-def reference_nll(parts: ModelParts, reference: dict | None, batch: dict, rope_theta: float, loss_chunk: int):
-    """The frozen reference model's per-token nll [b, S] (no gradient), or None without a reference."""
+def reference_nll(parts: ModelParts, reference: dict | None, batch: dict, rope_theta: float, loss_chunk: int,
+                  scored_from: int = 0):
+    """The frozen reference model's per-token nll [b, S] (no gradient; 0 before column scored_from),
+    or None without a reference."""
     if reference is None:
         return None
     with jax.named_scope("reference_model"):
-        nll, _ = batch_nll(parts, reference["params"], reference["biases"], batch, rope_theta, loss_chunk)
+        nll, _ = batch_nll(parts, reference["params"], reference["biases"], batch, rope_theta, loss_chunk,
+                           scored_from)
         return jax.lax.stop_gradient(nll)
 
 
@@ -105,8 +112,8 @@ def objective_value(parts: ModelParts, objective, params: dict, biases: jax.Arra
                                      model.embed[...], batch["targets"], objective.token_weights(batch), loss_chunk)
         value, sums = objective.weighted_sums(value, batch)
         return value, (sums, stats)
-    ref_nll = reference_nll(parts, reference, batch, rope_theta, loss_chunk)
-    nll, stats = batch_nll(parts, params, biases, batch, rope_theta, loss_chunk)
+    ref_nll = reference_nll(parts, reference, batch, rope_theta, loss_chunk, objective.scored_from)
+    nll, stats = batch_nll(parts, params, biases, batch, rope_theta, loss_chunk, objective.scored_from)
     value, sums = objective.micro_sums(nll, ref_nll, batch)
     return value, (sums, stats)
 
@@ -231,11 +238,11 @@ def jit_train_step(state_shardings: TrainState, mesh: Mesh, **static) -> Callabl
 
 
 def jit_token_logps(params_shardings: dict, biases_sharding: NamedSharding, mesh: Mesh, *, parts: ModelParts,
-                    loss_chunk: int) -> Callable:
+                    loss_chunk: int, scored_from: int = 0) -> Callable:
     """(params, biases, batch {BATCH_KEYS: [B,S]}, rope_theta) -> per-token log-probs of the targets
-    [B,S] (GRPO's sampling weights' old_logp: train/grpo_batches.py)."""
+    [B,S], 0 before column scored_from (GRPO's sampling weights' old_logp: train/grpo_batches.py)."""
     def run_token_logps(params, biases, batch, rope_theta):
-        nll, _ = batch_nll(parts, params, biases, batch, rope_theta, loss_chunk)
+        nll, _ = batch_nll(parts, params, biases, batch, rope_theta, loss_chunk, scored_from)
         return -nll
     return jax.jit(run_token_logps, in_shardings=(params_shardings, biases_sharding, batch_shardings(mesh, parts)),
                    out_shardings=NamedSharding(mesh, batch_spec(mesh)), static_argnums=3)
