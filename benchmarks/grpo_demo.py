@@ -7,7 +7,10 @@ Runs the README's commands as a user would, each in its own process: the pretrai
 demos (configs/demo.py, configs/demo_sft.py; or reuses --sft, a finished run of the latter), then
 configs/demo_grpo.py from it, and `python -m zaya_jax.evaluate_tasks` (exact match by greedy
 generation on the 500 held-out generated questions, none of which GRPO samples) on the SFT and
-the GRPO checkpoints. Reports the accuracies overall and per kind, the wall time, the trainer's
+the GRPO checkpoints. Reports the accuracies overall and per kind, the paired comparison on the
+same questions (how many GRPO answers right that SFT got wrong, and the reverse, with the exact
+two-sided sign test's p-value of that split: the chance of one at least as lopsided if GRPO
+changed nothing but noise), the wall time, the trainer's
 own held-out evaluations during the run (eval/prompts/exact_answer), the first and last logged
 generation statistics (reward, reward_std, frac_reward_zero_std, completion lengths, KL, clip
 ratio) and how the run's time split between generation and update, with the load average at
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -30,6 +34,17 @@ from zaya_jax.train.monitor import read_metrics  # noqa: E402
 
 LOGGED = ("reward", "reward_std", "frac_reward_zero_std", "completion_length", "clipped_completion_ratio", "kl",
           "clip_ratio", "loss", "grad_norm")
+
+
+def paired(before: str, after: str) -> dict:
+    """Two checkpoints' per-question results ("1" right, "0" wrong, same questions) -> the questions
+    only the second answers right (gained), only the first (lost), and the exact two-sided sign
+    test's p-value of that split (binomial, n = gained + lost, p = 1/2)."""
+    gained = sum(b == "0" and a == "1" for b, a in zip(before, after, strict=True))
+    lost = sum(b == "1" and a == "0" for b, a in zip(before, after, strict=True))
+    n, k = gained + lost, min(gained, lost)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n if n else 1.0
+    return {"gained": gained, "lost": lost, "sign_test_p": min(1.0, 2 * tail)}
 
 
 def main():
@@ -58,6 +73,7 @@ def main():
         "accuracy": {"after_sft": before["accuracy"], "after_grpo": after["accuracy"]},
         "accuracy_by_kind": {"after_sft": before["accuracy_by_kind"], "after_grpo": after["accuracy_by_kind"]},
         "heldout_questions": after["questions"],
+        "paired": paired(before["correct"], after["correct"]),
         "steps": {"sft": before["step"], "grpo": after["step"]},
         "grpo_wall_s_including_compile": wall,
         "trainer_heldout_exact_answer": {str(r["step"]): round(r["eval/prompts/exact_answer"], 4) for r in evals},

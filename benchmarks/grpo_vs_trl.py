@@ -45,6 +45,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from benchmarks.posttrain_demo import run  # noqa: E402
+from zaya_jax.config_files import load_config_file  # noqa: E402
 from zaya_jax.train.monitor import read_metrics  # noqa: E402
 
 PROMPTS_PER_STEP, G, T = 16, 8, 8  # the measured step's shape: configs/demo_grpo.py with these overrides
@@ -170,6 +171,7 @@ def main():
     after = zaya_jax_steps(args.sft, os.path.join(workdir, "zaya_jax_after"), args.steps)
     load.append(os.getloadavg()[0])
     first, records = before[0], before[1:] + after[1:]
+    prompt_width = load_config_file(os.path.join(REPO, "configs", "demo_grpo.py")).grpo.max_prompt_length
 
     ours_step = [r["generation_s"] + r["update_s"] for r in records]
     ours_gen = [r["generation_s"] for r in records]
@@ -184,8 +186,7 @@ def main():
         "sft": args.sft, "steps_run": args.steps, "runs": {"zaya_jax": 2, "trl": 1},
         "steps_measured": {"zaya_jax": len(ours_step), "trl": len(trl_step)},
         "shapes": {"prompts_per_step": PROMPTS_PER_STEP, "num_generations": G, "completions_per_step": PROMPTS_PER_STEP * G, "max_completion_length": T,
-                   "zaya_jax_row_width": grpo.grpo.max_prompt_length + T - 1,
-                   "zaya_jax_max_prompt_length": grpo.grpo.max_prompt_length,
+                   "zaya_jax_row_width": prompt_width + T - 1, "zaya_jax_max_prompt_length": prompt_width,
                    "trl_padded_prompt_completion_rows": theirs["widths"][1:]},
         "model": {k: hf[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                                      "num_key_value_heads", "head_dim", "num_experts", "moe_intermediate_size")},
@@ -193,7 +194,7 @@ def main():
                      "step_s_before_after_trl": [median(ours_step[:args.steps - 1]), median(ours_step[args.steps - 1:])],
                      "steps_s": [round(x, 3) for x in ours_step], "generation_steps_s": [round(x, 3) for x in ours_gen],
                      "first_step_s": round(first["generation_s"] + first["update_s"], 3), "reward": [round(r["reward"], 4) for r in records],
-                     "optimizer": f"{grpo.optimizer.name} (configs/demo_grpo.py)"},
+                     "optimizer": f"muon + adamw at {LEARNING_RATE} (configs/demo_grpo.py's overridden)"},
         "trl": {"step_s": trl_s, "generation_s": median(trl_gen),
                 "update_s": median(s - g for s, g in zip(trl_step, trl_gen)),
                 "steps_s": [round(x, 3) for x in trl_step], "generation_steps_s": [round(x, 3) for x in trl_gen],

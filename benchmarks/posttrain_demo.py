@@ -61,7 +61,8 @@ def accuracy(workdir: str) -> dict:
     stdout, wall = run(["zaya_jax.evaluate_tasks", "--checkpoint", workdir])
     result = json_output(stdout)
     return {"accuracy": result["accuracy"], "accuracy_by_kind": result["accuracy_by_kind"],
-            "questions": result["questions"], "step": result["step"], "wall_s": round(wall, 1)}
+            "questions": result["questions"], "correct": result["correct"], "step": result["step"],
+            "wall_s": round(wall, 1)}
 
 
 def final_metrics(workdir: str) -> dict:

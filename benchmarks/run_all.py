@@ -42,6 +42,7 @@ RUNS: dict[str, list[str]] = {
     "planner_predictions": ["planner_predictions.py"],
     "posttrain_demo_cpu": ["posttrain_demo.py"],
     "grpo_demo_cpu": ["grpo_demo.py"],  # trains the pretraining and SFT demos first (or --sft)
+    "grpo_settings_cpu": ["grpo_settings.py"],  # runs/demo_sft's GRPO variants (reuses runs/grpo_settings/*)
     "grpo_vs_trl_cpu": ["grpo_vs_trl.py"],  # needs the bench extra (TRL) and runs/demo_sft (configs/demo_sft.py)
     "vl_demo_cpu": ["vl_demo.py"],
     "xla_cpu_flags_cpu": ["xla_cpu_flags.py"],

@@ -74,6 +74,6 @@ def test_score_counts_per_kind():
     tasks = [instruction_tasks.Task("add", "q1", "1", "2"), instruction_tasks.Task("add", "q2", "3", "4"),
              instruction_tasks.Task("max", "q3", "5", "6")]
     result = score(tasks, [" 1", " 4", "5\n"])
-    assert result["accuracy"] == round(2 / 3, 4) and result["questions"] == 3
+    assert result["accuracy"] == round(2 / 3, 4) and result["questions"] == 3 and result["correct"] == "101"
     assert result["accuracy_by_kind"] == {"add": 0.5, "max": 1.0}
     assert [e["correct"] for e in result["examples"]["add"]] == [True, False]

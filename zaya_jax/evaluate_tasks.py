@@ -10,8 +10,9 @@ the checkpoint's model generates greedily (zaya_jax.infer.generate) until eos or
 compared exactly with the task's answer. The tokenizer is the one the run was trained with
 (--tokenizer overrides), the chat template the one it recorded (a run on chat or preference data),
 else plain.jinja (--chat_template overrides); generation also stops at the template's end of turn
-(chat_template.end_of_turn_ids). The JSON gives the accuracy overall and per kind and the first
-completions of each kind.
+(chat_template.end_of_turn_ids). The JSON gives the accuracy overall and per kind, each
+question's result in order ("correct": "1" or "0" per question, to compare two checkpoints on the
+same questions) and the first completions of each kind.
 """
 
 from __future__ import annotations
@@ -79,10 +80,14 @@ def generate_completions(model, tokenizer, prompts: list[np.ndarray], max_new_to
 
 
 def score(tasks: list[instruction_tasks.Task], completions: list[str]) -> dict:
-    """Accuracy overall and per kind, and the first EXAMPLES_PER_KIND completions of each kind."""
+    """Accuracy overall and per kind, each question's result in task order (`correct`: "1" right,
+    "0" wrong, for paired comparisons of two checkpoints), and the first EXAMPLES_PER_KIND
+    completions of each kind."""
     right, total, examples = collections.Counter(), collections.Counter(), collections.defaultdict(list)
+    each = []
     for task, completion in zip(tasks, completions, strict=True):
         correct = instruction_tasks.is_correct(task, completion)
+        each.append("1" if correct else "0")
         right[task.kind] += correct
         total[task.kind] += 1
         if len(examples[task.kind]) < EXAMPLES_PER_KIND:
@@ -90,7 +95,7 @@ def score(tasks: list[instruction_tasks.Task], completions: list[str]) -> dict:
                                         "completion": completion, "correct": correct})
     return {"accuracy": round(sum(right.values()) / sum(total.values()), 4),
             "accuracy_by_kind": {k: round(right[k] / total[k], 4) for k in total},
-            "questions": sum(total.values()), "examples": dict(examples)}
+            "questions": sum(total.values()), "correct": "".join(each), "examples": dict(examples)}
 
 
 def load_checkpoint(checkpoint: str, step: int | None, tokenizer_path: str | None = None):
