@@ -67,7 +67,8 @@ def main():
         evals = {r["step"]: r for r in read_metrics(path, kind="eval") if r["step"] <= steps}
         variants[name] = {
             "steps": steps, "overrides": list(overrides), "reused": reused, "wall_s_including_compile": wall,
-            "heldout_exact_answer": {str(s): round(r["eval/prompts/exact_answer"], 4) for s, r in sorted(evals.items())},
+            "heldout_exact_answer": {str(step): round(record["eval/prompts/exact_answer"], 4)
+                                     for step, record in sorted(evals.items())},
             "sampled_reward_first_last": [round(records[0]["reward"], 4), round(records[-1]["reward"], 4)],
             "generation_s": round(sum(r["generation_s"] for r in records), 1),
             "update_s": round(sum(r["update_s"] for r in records), 1)}

@@ -28,8 +28,9 @@ start it and its seed.
 `stats` (logged with every train record): reward (mean) and reward_std (each group's, averaged),
 each reward function's mean (rewards/NAME), frac_reward_zero_std (groups whose rewards are all
 equal: no signal), all over the k * P sampled groups, frac_trained_zero_std (the same share among
-the P trained: below frac_reward_zero_std when k > 1 finds enough groups that differ), completion_length (mean, min, max), clipped_completion_ratio (completions that
-reached T without a stop). `generation_seconds` adds up the time spent sampling and scoring.
+the P trained: below frac_reward_zero_std when k > 1 finds groups that differ), completion_length
+(mean, min, max), clipped_completion_ratio (completions that reached T without a stop).
+`generation_seconds` adds up the time spent sampling and scoring.
 """
 
 from __future__ import annotations
@@ -145,8 +146,8 @@ class GRPOBatches(grain.DatasetIterator):
         texts = self.decode(rollout.completions, rollout.lengths)
         rewards, per_reward = self.score([i for i in chosen for _ in range(g.num_generations)], self._prompts, texts)
         _, zero_std = group_advantages(rewards, g.num_generations, g.scale_rewards)
-        kept = np.repeat(trained_groups(rewards, g.num_generations, g.prompts_per_step) * g.num_generations, g.num_generations
-                         ) + np.tile(np.arange(g.num_generations), g.prompts_per_step)
+        groups = trained_groups(rewards, g.num_generations, g.prompts_per_step)
+        kept = (groups[:, None] * g.num_generations + np.arange(g.num_generations)).reshape(-1)  # their rows
         advantages, trained_zero_std = group_advantages(rewards[kept], g.num_generations, g.scale_rewards)
         rows = {k: v[kept] for k, v in rollout.rows.items()}
         rows["advantages"] = np.repeat(np.asarray(advantages, np.float32)[:, None], rows["inputs"].shape[1], axis=1)
