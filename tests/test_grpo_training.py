@@ -344,6 +344,8 @@ def test_oversampled_prompts_train_the_groups_whose_rewards_differ(run, cache):
     ("prompts", "/nonexistent/prompts.jsonl", "grpo.prompts: '/nonexistent/prompts.jsonl' is not a file"),
     ("max_prompt_length", 8, "grpo.prompts: prompt 1 of demo:tasks has"),
     ("num_generations", 1, "grpo.num_generations must be >= 2"),
+    ("oversample_prompts", 0, "grpo.oversample_prompts must be > 0, got 0"),
+    ("oversample_prompts", 1000, "grpo.prompts: demo:tasks holds 95 prompts, fewer than the 2000 a generation samples"),
     ("eval_prompts", "", "eval.every_steps > 0 scores grpo.eval_prompts, which is empty"),
     ("loss_type", "ppo", "grpo.loss_type='ppo' does not exist"),
 ])
