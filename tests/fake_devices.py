@@ -15,8 +15,8 @@ compile at the default level (the bf16 reduction test's 60 demo steps took 360 s
 jax 0.10's XLA:CPU still has the loop emitters that came before its MLIR fusion emitters
 (`--xla_cpu_use_fusion_emitters=false`); they compile faster
 (benchmarks/results/suite_compile_level_cpu.json, docs/testing.md). Like -O0 they change code
-generation only, after every HLO pass. jax 0.11's XLA has no other emitters (the flag is gone), so the 3.12 stack compiles
-with the fusion emitters, and the suite tests both.
+generation only, after every HLO pass. jax 0.11's XLA has no other emitters (the flag is gone), so
+the 3.12 stack compiles with the fusion emitters, and the suite tests both.
 """
 
 import functools

@@ -32,8 +32,8 @@ below, and every error names the offending `section.field`):
               rows), oversample_prompts (k >= 1: each generation samples k * prompts_per_step prompts
               and trains on prompts_per_step of their groups, those whose rewards differ first: DAPO's
               dynamic sampling at a fixed batch), max_prompt_length, max_completion_length (T),
-              temperature, top_k (0: off), top_p, num_iterations (optimizer steps per generation batch), loss_type ('grpo' |
-              'dapo' | 'dr_grpo'), epsilon, epsilon_high (0: epsilon), beta (KL to the starting
+              temperature, top_k (0: off), top_p, num_iterations (optimizer steps per generation
+              batch), loss_type ('grpo' | 'dapo' | 'dr_grpo'), epsilon, epsilon_high (0: epsilon), beta (KL to the starting
               weights; 0: none, no reference model), scale_rewards ('group' | 'batch' | 'none'),
               reward_funcs (comma-separated: built-in names of zaya_jax.train.grpo_rewards or
               'module:function'), reward_weights (comma-separated floats; '': 1 each)
