@@ -5,9 +5,24 @@ from __future__ import annotations
 import functools
 import json
 import os
+import platform
 import statistics
 import time
 from typing import Callable
+
+
+def stack() -> dict:
+    """The Python and jax a result was measured with: the demos' corpus (and so their figures)
+    differs between the two stacks the project supports (its code source is that Python's
+    standard library)."""
+    import jax
+    return {"python": platform.python_version(), "jax": jax.__version__}
+
+
+def stack_suffix() -> str:
+    """'py311' or 'py312': the suffix of a results file measured on this interpreter's stack."""
+    major, minor = platform.python_version_tuple()[:2]
+    return f"py{major}{minor}"
 
 
 def wall_time(fn: Callable[[], object]) -> float:

@@ -5,7 +5,9 @@
 Runs the Trainer on configs/demo.py in a temporary workdir (the demo corpus cache is the usual
 one: a first run also builds it) and reports the wall time including compilation, the first and
 last logged training loss and router entropy, the phases seen and the final held-out loss per
-source, with the load average at start and end (the CPU may be shared).
+source, with the load average at start and end (the CPU may be shared), and the stack (Python, jax):
+the demo corpus, and so the losses, differ between Python 3.11 and 3.12 (its code source is that
+Python's standard library; run_all writes demo_run_cpu_py311.json and _py312.json).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from absl import flags  # noqa: E402
 if not flags.FLAGS.is_parsed():  # Grain reads absl flags
     flags.FLAGS.mark_as_parsed()
 
+from benchmarks.common import stack  # noqa: E402
 from zaya_jax.config_files import load_config_file  # noqa: E402
 from zaya_jax.train.loop import Trainer  # noqa: E402
 from zaya_jax.train.monitor import read_metrics  # noqa: E402
@@ -51,7 +54,7 @@ def main():
         evals = read_metrics(os.path.join(workdir, "metrics.jsonl"), kind="eval")
     final_eval = {k.split("/")[1]: round(v, 3) for k, v in evals[-1].items() if k.endswith("/loss")}
     print(json.dumps({
-        "config": "demo.py", "steps": train[-1]["step"], "wall_s_including_compile": round(wall, 1),
+        "stack": stack(), "config": "demo.py", "steps": train[-1]["step"], "wall_s_including_compile": round(wall, 1),
         "first_logged": {"step": train[0]["step"], "loss": round(train[0]["loss"], 3),
                          "router_entropy": round(train[0]["router_entropy"], 3)},
         "last_logged": {"step": train[-1]["step"], "loss": round(train[-1]["loss"], 3),

@@ -7,7 +7,10 @@ The command is read from the README (its bash line that trains configs/demo.py) 
 timed parts: everything before `python -m zaya_jax.train` (the venv and `pip install`, from the
 package index pip is configured with) and the train command (the corpus build, compilation and
 the 260 steps), each with the 1-minute load average at its start and end, since the CPU may be
-shared. Takes as long as a newcomer waits (343 s on 2 idle cores: results/newcomer_run_cpu.json).
+shared. The venv is made by the Python running this script in place of the line's `python3`
+(the line a newcomer whose python3 is that version runs), so the Python 3.11 and 3.12 stacks are
+each measured by running the script under them (run_all: newcomer_run_cpu_py311.json, _py312.json);
+the demo corpus, and so the final loss, differs between the two. Takes as long as a newcomer waits.
 """
 
 from __future__ import annotations
@@ -23,15 +26,17 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.common import stack  # noqa: E402
 from zaya_jax.train.monitor import read_metrics  # noqa: E402
 
 TRAIN = " && python -m zaya_jax.train "
+VENV = "python3 -m venv "
 
 
 def readme_main_job(readme: str) -> str:
     """The README's one bash line that installs and trains configs/demo.py."""
     lines = [line for line in readme.splitlines() if TRAIN.strip() in line and "configs/demo.py" in line
-             and line.startswith("python3 -m venv")]
+             and line.startswith(VENV)]
     if len(lines) != 1:
         raise SystemExit(f"the README has {len(lines)} lines that install and train configs/demo.py; expected 1")
     return lines[0]
@@ -64,11 +69,12 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
         env.update(ZAYA_JAX_CACHE=os.path.join(root, "cache"), PATH=os.pathsep.join(
             p for p in env["PATH"].split(os.pathsep) if not p.startswith(REPO)))
-        installed = timed(install, clone, env)
+        base_python = getattr(sys, "_base_executable", sys.executable)  # the interpreter under this venv
+        installed = timed(install.replace(VENV, f"{base_python} -m venv ", 1), clone, env)
         trained = timed(f". .venv/bin/activate{TRAIN}{train}", clone, env)
         workdir = re.search(r"--workdir (\S+)", train)[1]
         loss = last_logged_loss(os.path.join(clone, workdir))
-    print(json.dumps({"commit": head, "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+    print(json.dumps({"commit": head, "cpu_count": os.cpu_count(), "stack": stack(), "readme_line": install,
                       "install": installed, "train": trained, "last_logged": loss,
                       "total_s": round(installed["wall_s"] + trained["wall_s"], 1)}, indent=2))
 

@@ -12,7 +12,9 @@ a first run, building the demo data), the accuracies overall and per kind, the p
 final held-out SFT loss and the DPO metrics (loss, reward margin and preference accuracy, train
 and on the validation pairs), and the same for configs/demo_dpo.py with dpo.rpo_alpha=0 (DPO's
 loss alone, the ablation), with the load average at start and end: the 2 CPU cores may be
-shared with other jobs.
+shared with other jobs. The stack (Python, jax) is recorded: the demo corpus, and so every figure,
+differs between Python 3.11 and 3.12 (run_all writes posttrain_demo_cpu_py311.json and _py312.json,
+and keeps the runs under runs/posttrain_demo_py3NN for grpo_demo.py to start from the same SFT run).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.common import stack  # noqa: E402
 from benchmarks.run_all import json_output  # noqa: E402
 from zaya_jax.train.monitor import read_metrics  # noqa: E402
 
@@ -102,6 +105,7 @@ def main():
                     "dpo_final": final_metrics(without_rpo)}
         sft_metrics, dpo_metrics = final_metrics(runs["demo_sft"]), final_metrics(runs["demo_dpo"])
     print(json.dumps({
+        "stack": stack(),
         "accuracy": {"before_sft": before["accuracy"], "after_sft": after_sft["accuracy"],
                      "after_dpo": after_dpo["accuracy"]},
         "accuracy_by_kind": {"before_sft": before["accuracy_by_kind"], "after_sft": after_sft["accuracy_by_kind"],

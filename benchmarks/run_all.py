@@ -28,8 +28,10 @@ RUNS: dict[str, list[str]] = {
     "blocks_vs_hf_cpu": ["blocks_vs_hf.py"],
     "checkpoint_save_cpu": ["checkpoint_save.py"],
     "data_pipeline_cpu": ["data_pipeline.py"],
-    "demo_run_cpu": ["demo_run.py"],
-    "newcomer_run_cpu": ["newcomer_run.py"],  # the README's install-and-train line on a clean clone
+    "demo_run_cpu_py311": ["demo_run.py"],
+    "demo_run_cpu_py312": ["demo_run.py"],
+    "newcomer_run_cpu_py311": ["newcomer_run.py"],  # the README's install-and-train line on a clean clone
+    "newcomer_run_cpu_py312": ["newcomer_run.py"],
     "decode_cpu_torch2threads": ["decode.py", "--torch-threads", "2"],
     "decode_cpu_torch1thread": ["decode.py", "--torch-threads", "1"],
     "moe_layer_cpu": ["moe_layer.py"],
@@ -40,8 +42,13 @@ RUNS: dict[str, list[str]] = {
     "compiled_collectives_cpu": ["compiled_collectives.py"],
     "planner_flops_vs_xla_cpu": ["planner_flops_vs_xla.py"],
     "planner_predictions": ["planner_predictions.py"],
-    "posttrain_demo_cpu": ["posttrain_demo.py"],
-    "grpo_demo_cpu": ["grpo_demo.py"],  # trains the pretraining and SFT demos first (or --sft)
+    # the demos' figures differ by stack (the demo corpus holds that Python's standard library): each
+    # runs under its own interpreter (STACK_SUFFIXES); GRPO starts from the SFT run of the same stack's
+    # post-training demo, so the README's two tables share their baseline
+    "posttrain_demo_cpu_py311": ["posttrain_demo.py", "--workdir", "runs/posttrain_demo_py311"],
+    "posttrain_demo_cpu_py312": ["posttrain_demo.py", "--workdir", "runs/posttrain_demo_py312"],
+    "grpo_demo_cpu_py311": ["grpo_demo.py", "--sft", "runs/posttrain_demo_py311/demo_sft", "--seeds", "0,1,2"],
+    "grpo_demo_cpu_py312": ["grpo_demo.py", "--sft", "runs/posttrain_demo_py312/demo_sft", "--seeds", "0,1,2"],
     "grpo_settings_cpu": ["grpo_settings.py"],  # runs/demo_sft's GRPO variants (reuses runs/grpo_settings/*)
     "grpo_vs_trl_cpu": ["grpo_vs_trl.py"],  # needs the bench extra (TRL) and runs/demo_sft (configs/demo_sft.py)
     "vl_demo_cpu": ["vl_demo.py"],
@@ -59,6 +66,7 @@ RUNS: dict[str, list[str]] = {
     "suite_profile_cpu": ["suite_profile.py"],  # every test's time, by size and module
 }
 NEEDS_NATIVE = {name for name in RUNS if name.endswith("_native")}
+STACK_SUFFIXES = ("_py311", "_py312")  # a results name ending so is measured by that Python only
 WRITES_ITS_OWN_FILE = {"chaos_cpu"}  # prints only a summary; its file holds the whole campaign
 
 
@@ -71,7 +79,19 @@ def json_output(stdout: str) -> dict:
     return json.loads("\n".join(lines[start:]))
 
 
+def wrong_stack(name: str) -> str | None:
+    """Why this interpreter must not write results file `name` (one measured on another stack), or None."""
+    from benchmarks.common import stack_suffix
+    suffix = next((s for s in STACK_SUFFIXES if name.endswith(s)), None)
+    if suffix is None or suffix == "_" + stack_suffix():
+        return None
+    return (f"{name} is measured on Python {suffix[3]}.{suffix[4:]}; run it with that stack's interpreter "
+            f"(e.g. .venv312/bin/python -m benchmarks.run_all --only {name})")
+
+
 def run(name: str) -> dict:
+    if (reason := wrong_stack(name)) is not None:
+        raise RuntimeError(reason)
     if name in NEEDS_NATIVE:
         from zaya_jax.native import grouped_matmul
         if not grouped_matmul.available():
@@ -79,7 +99,7 @@ def run(name: str) -> dict:
     script, *args = RUNS[name]
     env = {**os.environ, "PYTHONPATH": os.path.dirname(BENCHMARKS)}
     done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *args], env=env,
-                          capture_output=True, text=True)
+                          cwd=os.path.dirname(BENCHMARKS), capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"{script} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
     result = json_output(done.stdout)
