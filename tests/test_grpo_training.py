@@ -309,7 +309,7 @@ def test_oversampled_prompts_train_the_groups_whose_rewards_differ(run, cache):
     trainer, _ = run
     config = _config(cache, oversample_prompts=3, num_iterations=1, beta=0.0, reward_weights="",
                      reward_funcs="tests.test_grpo_training:odd_answers_only")
-    data = open_grpo_data(config, settings_from_config(config))
+    data = open_grpo_data(config, settings_from_config(config), tokenizer_path(config.data))
     model = trainer.current_model(data.phase.rope_theta)
     data.attach(lambda: model, None, trainer.mesh)
     next(data)
@@ -352,7 +352,7 @@ def test_oversampled_prompts_train_the_groups_whose_rewards_differ(run, cache):
 def test_a_bad_grpo_setting_is_named_before_anything_compiles(cache, field, value, message):
     config = _config(cache, **{field: value})
     with pytest.raises(ConfigError, match=re.escape(message)):
-        open_grpo_data(config, settings_from_config(config))
+        open_grpo_data(config, settings_from_config(config), tokenizer_path(config.data))
 
 
 def test_prompt_files_take_text_and_conversations_with_their_columns(cache, tmp_path):
@@ -360,7 +360,7 @@ def test_prompt_files_take_text_and_conversations_with_their_columns(cache, tmp_
     path.write_text('{"prompt": "2 + 2 =", "answer": "4"}\n'
                     '{"prompt": [{"role": "user", "content": "What is 3 + 4?"}], "answer": "7"}\n')
     config = _config(cache, prompts=str(path))
-    data = open_grpo_data(config, settings_from_config(config))
+    data = open_grpo_data(config, settings_from_config(config), tokenizer_path(config.data))
     prompts = data._prompts
     tok = Tokenizer(tokenizer_path(config.data), bos_id=2, eos_id=1, pad_id=0)
     template = chat_template.ChatTemplate.load(chat_template.PLAIN)
@@ -370,4 +370,4 @@ def test_prompt_files_take_text_and_conversations_with_their_columns(cache, tmp_
     assert prompts.columns == {"answer": ["4", "7"]}
     path.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
     with pytest.raises(ConfigError, match="line 2 has the fields"):
-        open_grpo_data(config, settings_from_config(config))
+        open_grpo_data(config, settings_from_config(config), tokenizer_path(config.data))

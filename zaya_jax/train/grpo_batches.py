@@ -111,6 +111,10 @@ class GRPOBatches(grain.DatasetIterator):
             state["rows"] = {k: {"dtype": v.dtype.name, "values": v.tolist()} for k, v in self._batch.items()}
         return state
 
+    def state_problem(self, state: dict[str, Any]) -> str | None:
+        """Why this iterator cannot continue from `state` (a saved get_state()), or None."""
+        return None if "grpo_generation" in state else foreign_state(state, "GRPO run's batches")
+
     def set_state(self, state: dict[str, Any]) -> None:
         self._generation, self._iteration = state["grpo_generation"], state["grpo_iteration"]
         self._batch = None
@@ -202,20 +206,19 @@ def trained_groups(rewards: np.ndarray, group_size: int, keep: int) -> np.ndarra
     return np.sort(np.argsort(~differ, kind="stable")[:keep])
 
 
-def open_grpo_data(config, settings: Settings) -> GRPOBatches:
-    """A GRPO run's batches: its tokenizer (data.tokenizer), chat template, prompts and reward
+def open_grpo_data(config, settings: Settings, tokenizer_file: str | None) -> GRPOBatches:
+    """A GRPO run's batches: its tokenizer (`tokenizer_file`: data.tokenizer as the trainer resolved
+    and checked it against the checkpoint it starts from), chat template, prompts and reward
     functions, each checked here (ConfigError naming the field) before anything compiles."""
-    from zaya_jax.data.sources import tokenizer_path
     g = settings.grpo
     if jax.process_count() > 1:
         raise ConfigError("train.objective='grpo' runs in one process (its samples are scored on the host); "
                           "run it on one host's devices")
-    if "data" not in config or not config.data.get("tokenizer"):
+    if tokenizer_file is None:
         raise ConfigError("train.objective='grpo' decodes completions for its rewards with data.tokenizer: set it "
                           "(a tokenizer.json, or 'demo:tokenizer')")
     cfg = settings.model
-    tokenizer = Tokenizer(tokenizer_path(config.data), bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id,
-                          pad_id=cfg.pad_token_id)
+    tokenizer = Tokenizer(tokenizer_file, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
     template = chat_template.ChatTemplate.load(g.chat_template or chat_template.PLAIN)
     rewards, weights = resolve_rewards(g.reward_funcs, g.reward_weights)
     demo = config.data.demo.to_dict() if "demo" in config.data else {}
