@@ -120,19 +120,26 @@ def test_a_refused_resume_names_each_step_and_what_was_checked_on_lines_of_its_o
     assert sorted(os.listdir(run / "checkpoints")) == ["2", "4"]
 
 
-def test_a_resume_with_another_objective_is_one_line_and_writes_nothing(reference, tmp_path):
-    """Resuming a run with a config of another objective (here its synthetic rows would even fit) is
-    refused before anything is opened: its `error:` line is all of stderr and the workdir is as it was."""
+@pytest.mark.parametrize("override, refusal", [
+    ("--config.train.objective=sft",
+     "its checkpoints were written by a train.objective='lm' run on synthetic data, and this config is a "
+     "train.objective='sft' run on synthetic data: resume it with the config it was trained with, or train this "
+     "config in a new --workdir (a post-training config starts from its source run through "
+     "train.init_from_checkpoint)"),
+    ("--config.optimizer.name=muon",
+     "its optimizer state was saved with optimizer.name='adamw', and this config says 'muon': resume it with the "
+     "config it was trained with, or train this config in a new --workdir"),
+])
+def test_a_resume_with_another_objective_or_optimizer_is_one_line_and_writes_nothing(reference, tmp_path, override,
+                                                                                     refusal):
+    """Resuming a run with a config of another objective (here its synthetic rows would even fit) or
+    optimizer (a traceback of Orbax's tree-structure mismatch) is refused before anything is
+    opened: its `error:` line is all of stderr and the workdir is as it was."""
     run = _copy(reference[0], tmp_path / "run")
     before = sorted(run.rglob("*"))
-    result = run_train(run, *SHORT, "--config.train.steps=6", "--config.train.objective=sft",
-                       "--config.monitor.tensorboard=True")
+    result = run_train(run, *SHORT, "--config.train.steps=6", override, "--config.monitor.tensorboard=True")
     assert result.returncode == EXIT_USER_ERROR, result.stderr[-3000:]
-    assert result.stderr.strip() == (
-        f"error: resuming {run / 'checkpoints'} step 4: its checkpoints were written by a train.objective='lm' run "
-        "on synthetic data, and this config is a train.objective='sft' run on synthetic data: resume it with the "
-        "config it was trained with, or train this config in a new --workdir (a post-training config starts from "
-        "its source run through train.init_from_checkpoint)")
+    assert result.stderr.strip() == f"error: resuming {run / 'checkpoints'} step 4: {refusal}"
     assert sorted(run.rglob("*")) == before and result.stdout == ""
 
 

@@ -11,8 +11,8 @@
   check_resumable(point, config, settings)
                                           the run that wrote the checkpoints is this config's: the
                                           same kind of model (text or vision-language), objective,
-                                          data (synthetic, the curriculum pipeline, GRPO's prompts)
-                                          and architecture
+                                          data (synthetic, the curriculum pipeline, GRPO's prompts),
+                                          optimizer (its state's structure) and architecture
   check_data_state(point, iterator)       its saved data iterator state is one this config's
                                           iterator can continue from (state_problem)
   run_tokenizer(config, settings, point, init_checkpoint)
@@ -21,8 +21,8 @@
                                           or initial checkpoint carries (carried_tokenizer.py)
 
 A resume with another config would otherwise fail deep inside Orbax's restore (a data iterator
-state of another pipeline, a GRPO generation counter a supervised run never saved, an optimizer
-state of another shape), after the model was restored. Each refusal is one ConfigError naming
+state of another pipeline, a GRPO generation counter a supervised run never saved, the state of
+another optimizer), after the model was restored. Each refusal is one ConfigError naming
 the workdir, the run that wrote it and the fix.
 """
 
@@ -146,6 +146,10 @@ def check_resumable(point: ResumePoint, config, settings) -> None:
                 " (a post-training config starts from its source run through train.init_from_checkpoint)")
         raise ConfigError(f"{point.name}: its checkpoints were written by {describe_run(point.config)}, and this "
                           f"config is {describe_run(config)}: {RESUME_FIX}{hint}")
+    saved_optimizer = (point.config.get("optimizer") or {}).get("name")
+    if point.kind == "training" and saved_optimizer != settings.optimizer.name:
+        raise ConfigError(f"{point.name}: its optimizer state was saved with optimizer.name={saved_optimizer!r}, and "
+                          f"this config says {settings.optimizer.name!r}: {RESUME_FIX}")
     try:
         check_same_architecture(model_config(point.config), settings.model, point.name, ignore=("rope_theta",))
     except ConfigError as err:
