@@ -290,8 +290,8 @@ def test_a_resume_or_a_run_started_from_the_checkpoint_refuses_another_tokenizer
         assert started.returncode == 2, started.stderr[-3000:]
         assert started.stderr.strip() == (
             f"error: train.init_from_checkpoint: {workdir / 'checkpoints'} step 4 was trained with another tokenizer: "
-            f"{both.replace(str(copy), str(workdir))}; start from a checkpoint trained with this run's tokenizer, or "
-            "prepare this run's data.sources with the carried file and set --config.data.tokenizer to a copy of it")
+            f"{both.replace(str(copy), str(workdir))}; set --config.data.tokenizer to a copy of the carried file (and "
+            "prepare data.sources with it), or start from a checkpoint trained with this run's tokenizer")
     assert sorted(train_losses(copy)) == [1, 2, 3, 4] and not (tmp_path / "next" / "checkpoints").exists()
 
 

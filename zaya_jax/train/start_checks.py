@@ -197,6 +197,6 @@ def run_tokenizer(config, settings, point: ResumePoint | None,
         directory, step = init_checkpoint
         _, found = carried(directory, step)
         return run, check_against(run, found, f"train.init_from_checkpoint: {directory} step {step}", (
-            "start from a checkpoint trained with this run's tokenizer, or prepare this run's data.sources with "
-            "the carried file and set --config.data.tokenizer to a copy of it"))
+            "set --config.data.tokenizer to a copy of the carried file (and prepare data.sources with it), or start "
+            "from a checkpoint trained with this run's tokenizer"))
     return run, None
