@@ -39,7 +39,7 @@ from zaya_jax.train.metrics import expert_load, flops_per_token, peak_flops, rou
 from zaya_jax.train.monitor import HEATMAP_FILE, METRICS_FILE, Monitor
 from zaya_jax.train.profiling import StepProfiler
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
-from zaya_jax.train.program import abstract_batch, build_program, image_shape
+from zaya_jax.train.program import abstract_batch, build_program, check_mesh_divides_model, image_shape
 from zaya_jax.train.state import (ModelParts, TrainState, initial_state, merged, with_shardings,
                                   without_vision_lora)
 from zaya_jax.train.workdir_lock import WorkdirLock
@@ -114,6 +114,7 @@ class Trainer:
             check_batch_layout(p.global_batch_size, p.seq_len, s.train.microbatches, mesh_shape,
                                f"phase {p.name!r}" if s.train.data == "pipeline" else "train.global_batch_size")
         check_platform_support(mesh_shape, s.model.expert_parallel)
+        check_mesh_divides_model(s, mesh_shape)
         if s.train.init_from_hf and not os.path.isdir(s.train.init_from_hf):
             raise ConfigError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory (an HF checkpoint "
                               "directory: config.json + safetensors)")
