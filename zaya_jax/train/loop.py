@@ -9,7 +9,7 @@
                                train.init_from_hf  >  fresh init (a DPO run's frozen reference
                                model is a copy of the weights it starts from)
                              on_log(record) sees every record written to metrics.jsonl (train,
-                             eval, rollback), as it is written: a live plot's hook
+                             eval, rollback, warning), as it is written: a live plot's hook
   Trainer.run()              steps until train.steps (or the data ends), then saves, waits for
                              the checkpoint and draws the expert-load heatmap
 """
@@ -279,6 +279,7 @@ class Trainer:
                                      "--config.train.steps beyond the curriculum extends its last phase")
                     break
                 phase = self._announce_phase(step, phase, self.data.phase)
+                self._log_grpo_warning(step + 1)
                 self.state, metrics = self._train_step(self.state, distributed.global_batch(local, self.mesh),
                                                        phase.rope_theta)
                 step += 1
@@ -471,6 +472,15 @@ class Trainer:
         generation = self.data.generation_seconds - self._generation_seconds
         self._generation_seconds = self.data.generation_seconds
         return {**self.data.stats, "generation_s": generation, "update_s": elapsed - generation}
+
+    def _log_grpo_warning(self, step: int) -> None:
+        """A GRPO generation's warning (grpo_batches.GRPOBatches.take_warning: its groups all had equal
+        rewards), once, at the first step it trains: logged, and written to metrics.jsonl as
+        {"kind": "warning", "step", "message"}."""
+        message = self.data.take_warning() if self.objective.name == "grpo" else None
+        if message:
+            self.monitor.log(f"warning: step {step}: {message}")
+            self._write({"kind": "warning", "step": step, "message": message})
 
     def _log_train(self, step: int, m: dict, tokens_per_sec: float, phase, elapsed: float) -> None:
         flops = self._flops_per_token[phase.seq_len] * tokens_per_sec
