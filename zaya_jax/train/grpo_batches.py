@@ -30,7 +30,9 @@ each reward function's mean (rewards/NAME), frac_reward_zero_std (groups whose r
 equal: no signal), all over the k * P sampled groups, frac_trained_zero_std (the same share among
 the P trained: below frac_reward_zero_std when k > 1 finds groups that differ), completion_length
 (mean, min, max), clipped_completion_ratio (completions that reached T without a stop).
-`generation_seconds` adds up the time spent sampling and scoring.
+`generation_seconds` adds up the time spent sampling and scoring. A generation whose groups all have
+equal rewards (frac_reward_zero_std 1: nothing to learn) leaves a warning, which the trainer logs
+and writes to metrics.jsonl once (`take_warning`).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from zaya_jax.infer.generate import stop_tokens
 from zaya_jax.parallel.distributed import local_batch_rows
 from zaya_jax.train.grpo_loss import group_advantages
 from zaya_jax.train.grpo_prompts import PromptSet, load_prompts
-from zaya_jax.train.grpo_rewards import combine_rewards, resolve_rewards, reward_name
+from zaya_jax.train.grpo_rewards import check_reward_columns, combine_rewards, resolve_rewards, reward_name
 from zaya_jax.train.grpo_rollout import sample_groups
 from zaya_jax.train.settings import Settings
 
@@ -85,6 +87,7 @@ class GRPOBatches(grain.DatasetIterator):
         self._generation, self._iteration, self._batch = 0, 0, None
         self.stats: dict[str, float] = {}
         self.generation_seconds = 0.0
+        self._warning: str | None = None
 
     def attach(self, policy: Callable, old_logps: Callable, mesh: jax.sharding.Mesh | None) -> None:
         """policy() -> the model at the current weights; old_logps(rows {k: [N, S]}) -> their per-token
@@ -104,6 +107,12 @@ class GRPOBatches(grain.DatasetIterator):
         if self._iteration == self._grpo.num_iterations:
             self._generation, self._iteration = self._generation + 1, 0
         return batch
+
+    def take_warning(self) -> str | None:
+        """What the last generation sampled warns of, once (then None): every one of its groups had
+        equal rewards (no_spread_warning)."""
+        warning, self._warning = self._warning, None
+        return warning
 
     def get_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"grpo_generation": self._generation, "grpo_iteration": self._iteration}
@@ -158,6 +167,7 @@ class GRPOBatches(grain.DatasetIterator):
         if g.num_iterations > 1:
             rows["old_logp"] = np.asarray(self._old_logps(rows), np.float32)
         self.generation_seconds += time.perf_counter() - started
+        self._warning = no_spread_warning(generation, rewards, g.num_generations) if zero_std == 1 else None
         stopped = np.asarray([self._ends_in_stop(row, n) for row, n in zip(rollout.completions, rollout.lengths)])
         self.stats = {"reward": float(rewards.mean()),
                       "reward_std": float(rewards.reshape(-1, g.num_generations).std(axis=1, ddof=1).mean()),
@@ -198,6 +208,16 @@ class GRPOBatches(grain.DatasetIterator):
                 **{reward_name(r): float(v.mean()) for r, v in zip(self._rewards, per_reward)}}
 
 
+def no_spread_warning(generation: int, rewards: np.ndarray, group_size: int) -> str:
+    """The warning for a generation whose groups (rewards [K * G]) each scored their G completions alike."""
+    groups = len(rewards) // group_size
+    return (f"generation {generation}: every one of its {groups} groups scored its {group_size} completions "
+            f"alike (zero reward spread; mean reward {float(np.mean(rewards)):.3f}): every advantage is 0, so its "
+            "steps learn nothing from the rewards. If it persists, the prompts are too hard or too easy for the "
+            "model, or its samples too alike: raise grpo.temperature, or sample more prompts to choose from "
+            "(grpo.oversample_prompts)")
+
+
 def trained_groups(rewards: np.ndarray, group_size: int, keep: int) -> np.ndarray:
     """rewards [K * G] of K groups (consecutive) -> the `keep` groups a step trains on, ascending:
     every group whose rewards are not all equal (in order) before any whose are, the first `keep`."""
@@ -223,10 +243,13 @@ def open_grpo_data(config, settings: Settings, tokenizer_file: str | None) -> GR
     rewards, weights = resolve_rewards(g.reward_funcs, g.reward_weights)
     demo = config.data.demo.to_dict() if "demo" in config.data else {}
     prompts = load_prompts(g.prompts, "grpo.prompts", tokenizer, template, g.max_prompt_length, demo)
+    check_reward_columns(rewards, list(prompts.columns), g.prompts, "grpo.prompts")
     if len(prompts.ids) < g.oversample_prompts * g.prompts_per_step:
         raise ConfigError(f"grpo.prompts: {g.prompts} holds {len(prompts.ids)} prompts, fewer than the "
                           f"{g.oversample_prompts * g.prompts_per_step} a generation samples (grpo.oversample_prompts="
                           f"{g.oversample_prompts} x grpo.prompts_per_step={g.prompts_per_step})")
     eval_prompts = (load_prompts(g.eval_prompts, "grpo.eval_prompts", tokenizer, template, g.max_prompt_length, demo)
                     if g.eval_prompts else None)
+    if eval_prompts is not None:
+        check_reward_columns(rewards, list(eval_prompts.columns), g.eval_prompts, "grpo.eval_prompts")
     return GRPOBatches(settings, prompts, eval_prompts, tokenizer, template, rewards, weights)

@@ -12,7 +12,7 @@
                                train.init_from_hf  >  fresh init (a DPO run's frozen reference
                                model is a copy of the weights it starts from)
                              on_log(record) sees every record written to metrics.jsonl (train,
-                             eval, rollback), as it is written: a live plot's hook
+                             eval, rollback, warning), as it is written: a live plot's hook
   Trainer.run()              steps until train.steps (or the data ends), then saves, waits for
                              the checkpoint and draws the expert-load heatmap
 """
@@ -46,7 +46,7 @@ from zaya_jax.train.settings import check_batch_layout, settings_from_config
 from zaya_jax.train.start_checks import (ResumePoint, check_data_state, check_resumable, check_same_architecture,
                                          check_start_rope_theta, checkpoint_to_start_from, load_hf_matching,
                                          run_tokenizer)
-from zaya_jax.train.program import abstract_batch, build_program, image_shape
+from zaya_jax.train.program import abstract_batch, build_program, check_mesh_divides_model, image_shape
 from zaya_jax.train.state import (ModelParts, TrainState, initial_state, merged, with_shardings,
                                   without_vision_lora)
 from zaya_jax.train.workdir_lock import WorkdirLock
@@ -73,6 +73,7 @@ class Trainer:
             check_batch_layout(p.global_batch_size, p.seq_len, s.train.microbatches, mesh_shape,
                                f"phase {p.name!r}" if s.train.data == "pipeline" else "train.global_batch_size")
         check_platform_support(mesh_shape, s.model.expert_parallel)
+        check_mesh_divides_model(s, mesh_shape)
         if s.train.init_from_hf and not os.path.isdir(s.train.init_from_hf):
             raise ConfigError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory (an HF checkpoint "
                               "directory: config.json + safetensors)")
@@ -238,6 +239,7 @@ class Trainer:
                                      "--config.train.steps beyond the curriculum extends its last phase")
                     break
                 phase = self._announce_phase(step, phase, self.data.phase)
+                self._log_grpo_warning(step + 1)
                 self.state, metrics = self._train_step(self.state, distributed.global_batch(local, self.mesh),
                                                        phase.rope_theta)
                 step += 1
@@ -433,6 +435,15 @@ class Trainer:
         generation = self.data.generation_seconds - self._generation_seconds
         self._generation_seconds = self.data.generation_seconds
         return {**self.data.stats, "generation_s": generation, "update_s": elapsed - generation}
+
+    def _log_grpo_warning(self, step: int) -> None:
+        """A GRPO generation's warning (grpo_batches.GRPOBatches.take_warning: its groups all had equal
+        rewards), once, at the first step it trains: logged, and written to metrics.jsonl as
+        {"kind": "warning", "step", "message"}."""
+        message = self.data.take_warning() if self.objective.name == "grpo" else None
+        if message:
+            self.monitor.log(f"warning: step {step}: {message}")
+            self._write({"kind": "warning", "step": step, "message": message})
 
     def _log_train(self, step: int, m: dict, tokens_per_sec: float, phase, elapsed: float) -> None:
         flops = self._flops_per_token[phase.seq_len] * tokens_per_sec
