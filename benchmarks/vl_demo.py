@@ -56,7 +56,7 @@ def main():
     from zaya_jax.config_files import image_processor
     from zaya_jax.data import build_eval_batches, chat_template, demo_data_config
     from zaya_jax.data.tokenizer import Tokenizer
-    from zaya_jax.infer.loading import checkpoint_tokenizer_path
+    from zaya_jax.train.carried_tokenizer import checkpoint_tokenizer
     from zaya_jax.train.checkpoint import load_checkpoint_model, read_config, checkpoint_dir
     from zaya_jax.vision.demo_images import digit_conversations
     from zaya_jax.vision.digit_accuracy import digit_accuracy
@@ -71,7 +71,7 @@ def main():
         vl, vl_step = load_checkpoint_model(vl_run)
         text, _ = load_checkpoint_model(text_run)
         cfg = vl.text.config
-        tokenizer = Tokenizer(checkpoint_tokenizer_path(vl_run)[0], bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id,
+        tokenizer = Tokenizer(checkpoint_tokenizer(vl_run)[0], bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id,
                               pad_id=cfg.pad_token_id)
         processor = image_processor(read_config(checkpoint_dir(vl_run)))
         template = chat_template.ChatTemplate.load(chat_template.PLAIN)

@@ -28,6 +28,7 @@ def get_config():
     config = demo_posttrain.stage_config(
         load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.py")), "preference", STEPS,
         objective="dpo", init_from="runs/demo_sft", learning_rate=3e-4, path="runs/demo_sft_pairs",
-        made_by="python -m zaya_jax.train --config configs/demo_sft.py --workdir {}")
+        made_by="python -m zaya_jax.train --config configs/demo_sft.py --workdir {}",
+        path_made_by="python -m zaya_jax.preference_pairs --checkpoint runs/demo_sft --output {}")
     config.dpo.update(beta=0.1, label_smoothing=0.0, rpo_alpha=1.0)
     return config

@@ -37,13 +37,19 @@ def has_legacy_emitters() -> bool:
     return (major, minor) < (0, 11)
 
 
-def xla_flags(devices: int, cheap_compile: bool = True) -> str:
-    """XLA_FLAGS for a test process with `devices` fake CPU devices (unless not cheap_compile: LLVM at -O0,
-    and the legacy emitters where jaxlib has them)."""
-    flags = f"--xla_force_host_platform_device_count={devices} --xla_cpu_collective_call_terminate_timeout_seconds=300"
+def compile_flags(cheap_compile: bool = True) -> str:
+    """The XLA_FLAGS of a test process but its device count: patient collectives, and unless not
+    cheap_compile LLVM at -O0 and the legacy emitters where jaxlib has them (launch/local.sh's
+    processes take these: the script adds the device count; tests/test_suite_flags.py checks them)."""
+    flags = "--xla_cpu_collective_call_terminate_timeout_seconds=300"
     if not cheap_compile:
         return flags
     return f"{flags} {CHEAP_COMPILE}" + (f" {LEGACY_EMITTERS}" if has_legacy_emitters() else "")
+
+
+def xla_flags(devices: int, cheap_compile: bool = True) -> str:
+    """XLA_FLAGS for a test process with `devices` fake CPU devices (compile_flags)."""
+    return f"--xla_force_host_platform_device_count={devices} {compile_flags(cheap_compile)}"
 
 
 FAKE_DEVICES = xla_flags(8)

@@ -45,6 +45,8 @@ def test_help_exits_zero_and_shows_the_usage(module):
      ("--config.train.stepz", "no field 'stepz'", "did you mean 'steps'")),
     (("--config", TINY, "--config.train.steps=abc"), ("--config.train.steps=abc",)),
     (("--config", TINY, "--config.mesh.data=3"), ("mesh:", "!= 8 devices", "--config.mesh.data=-1")),
+    (("--config", TINY, "--config.mesh.data=1", "--config.mesh.tensor=8"),
+     ("error: mesh: tensor=8 does not divide qk_heads = 6", "so tensor must be 1 or 2", "fix: --config.mesh.tensor=2")),
     (("--config", TINY, "--config.train.steps=5"), ("optimizer.warmup_steps (10) must be below train.steps (5)",
                                                     "--config.optimizer.warmup_steps")),
     (("--config.train.steps=50",), ("--config.train.steps=50: overrides a field of a config file, but no --config "

@@ -6,6 +6,7 @@ two batches) through its three phases: the last trains at rope_theta 1e5, the co
 section says 1e4.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -68,8 +69,9 @@ def test_generate_from_the_checkpoint_needs_no_tokenizer_flag(demo_run):
     done = cli("zaya_jax.generate", "--checkpoint", workdir, "--prompt", "ROMEO:", "--max_new_tokens", 4,
                "--ignore_eos")
     assert done.returncode == 0, done.stderr[-3000:]
-    corpus_tokenizer = next((workdir.parent / "corpus").glob("*/tokenizer.json"))
-    assert f"[tokenizer: {corpus_tokenizer}, the run's data.tokenizer 'demo:tokenizer']" in done.stderr
+    carried = workdir / "checkpoints" / "4" / "tokenizer" / "tokenizer.json"
+    assert f"[tokenizer: {carried}, carried by checkpoint 4 (sha256 " in done.stderr
+    assert "the run's data.tokenizer 'demo:tokenizer')]" in done.stderr
     assert "4 tokens in" in done.stderr
 
 
@@ -181,3 +183,185 @@ def test_train_steps_alone_extends_a_finished_run_in_its_last_phase(demo_run, tm
     compile_included = tokens / records[5]["tokens_per_sec"]  # step 5's window holds the compile
     assert compile_included > 3 * max(step_seconds)  # (what the bar would show otherwise)
     assert bar_seconds_per_step < 3 * max(step_seconds), (last, step_seconds)
+
+
+# -- the tokenizer a checkpoint carries ---------------------------------------------------------------
+
+PROBE_TEXT = "ROMEO: def parse(x): return 17 + 25"
+
+
+def corpus_tokenizer(workdir):
+    """The file the run's data.tokenizer ('demo:tokenizer') names: its demo corpus's tokenizer.json."""
+    return next((workdir.parent / "corpus").glob("*/tokenizer.json"))
+
+
+@contextlib.contextmanager
+def tokenizer_replaced(path, scratch):
+    """`path` holds another tokenizer (a BPE of other text, the same special ids) inside the block, as
+    the demo corpus's file does on another Python; its own bytes are put back after."""
+    from zaya_jax.data.tokenizer import train_bpe
+    original = path.read_bytes()
+    other = train_bpe([f"{i} * {i} = {i * i}; ROMEO and JULIET {i}" for i in range(400)], scratch / "other.json",
+                      vocab_size=400)
+    try:
+        shutil.copyfile(other, path)
+        yield other
+    finally:
+        path.write_bytes(original)
+
+
+def test_a_checkpoint_carries_its_tokenizer_inside_the_step(demo_run):
+    from zaya_jax.data.tokenizer import file_sha256
+    from zaya_jax.train import integrity
+    workdir, _ = demo_run
+    step_dir = workdir / "checkpoints" / "4"
+    carried = step_dir / "tokenizer" / "tokenizer.json"
+    assert carried.read_bytes() == corpus_tokenizer(workdir).read_bytes()
+    manifest = integrity.read_manifest(str(step_dir))
+    assert "tokenizer" in manifest["items"] and os.path.join("tokenizer", "tokenizer.json") in manifest["files"]
+    record = read_config(checkpoint_dir(str(workdir))).tokenizer
+    assert record.to_dict() == {"file": "tokenizer/tokenizer.json", "sha256": file_sha256(carried),
+                                "source": str(corpus_tokenizer(workdir)), "setting": "demo:tokenizer"}
+
+
+def test_every_reader_keeps_the_tokenizer_the_run_trained_with_when_its_file_changes(demo_run, demo_export,
+                                                                                     tmp_path):
+    """The file data.tokenizer names is replaced after training (as the demo corpus is another
+    tokenizer on another Python): every reader of the checkpoint gives what it gave before, from the
+    copy the checkpoint carries; one told to use the new file refuses it, naming both files."""
+    from zaya_jax.convert.__main__ import export_tokenizer
+    from zaya_jax.data.tokenizer import file_sha256
+    from zaya_jax.errors import UserError
+    from zaya_jax.evaluate_tasks import load_checkpoint
+    from zaya_jax.harness.loading import load_tokenizer
+    workdir, _ = demo_run
+    carried = workdir / "checkpoints" / "4" / "tokenizer" / "tokenizer.json"
+    model, _, before = load_checkpoint(str(workdir), None)
+    cfg = model.config
+    harness_before = load_tokenizer(str(workdir), None, None, None, cfg)[0].encode(PROBE_TEXT).ids
+    generate = ("zaya_jax.generate", "--checkpoint", workdir, "--prompt", "ROMEO:", "--max_new_tokens", 6, "--ignore_eos")
+    generated = cli(*generate)
+    assert generated.returncode == 0, generated.stderr[-3000:]
+    with tokenizer_replaced(corpus_tokenizer(workdir), tmp_path) as other:
+        from zaya_jax.data.tokenizer import Tokenizer
+        assert Tokenizer(other, bos_id=2, eos_id=1, pad_id=0).encode(PROBE_TEXT) != before.encode(PROBE_TEXT)
+        _, _, after = load_checkpoint(str(workdir), None)  # evaluate_tasks and preference_pairs
+        assert after.encode(PROBE_TEXT) == before.encode(PROBE_TEXT) and after.path == str(carried)
+        assert load_tokenizer(str(workdir), None, None, None, cfg)[0].encode(PROBE_TEXT).ids == harness_before
+        files, _ = export_tokenizer(str(workdir), None, cfg, None)  # convert to_hf
+        assert json.loads(files["tokenizer.json"]) == json.loads((demo_export[0] / "tokenizer.json").read_text())
+        again = cli(*generate)
+        assert again.returncode == 0 and again.stdout == generated.stdout, again.stderr[-3000:]
+        refusal = (f"--tokenizer {other} (sha256 {file_sha256(other)[:12]}) is not the tokenizer {workdir} was "
+                   f"trained with: checkpoint 4 carries {carried} (sha256 {file_sha256(carried)[:12]}, copied from "
+                   f"{corpus_tokenizer(workdir)}); drop --tokenizer to use it")
+        for read in (lambda: load_checkpoint(str(workdir), None, str(other)),
+                     lambda: load_tokenizer(str(workdir), None, None, str(other), cfg),
+                     lambda: export_tokenizer(str(workdir), None, cfg, str(other))):
+            with pytest.raises(UserError) as refused:
+                read()
+            assert str(refused.value) == refusal
+        told = cli(*generate, "--tokenizer", other)
+        assert told.returncode == 2 and told.stderr.strip() == f"error: {refusal}", told.stderr[-3000:]
+
+
+def test_a_resume_or_a_run_started_from_the_checkpoint_refuses_another_tokenizer(demo_run, tmp_path):
+    """In one `error:` line, before anything compiles: the file data.tokenizer names now, and the one
+    the checkpoint carries, each with its sha256."""
+    from zaya_jax.data.tokenizer import file_sha256
+    workdir, _ = demo_run
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy)
+    source = corpus_tokenizer(workdir)
+    settings = [f"--config.data.demo.cache_dir={workdir.parent / 'corpus'}",
+                *(a for a in SMALL_DEMO if not a.startswith("--config.train.steps")), "--config.train.steps=5"]
+    with tokenizer_replaced(source, tmp_path) as other:
+        carried = copy / "checkpoints" / "4" / "tokenizer" / "tokenizer.json"
+        both = (f"it carries {carried} (sha256 {file_sha256(carried)[:12]}, copied from {source}), but this run's "
+                f"data.tokenizer 'demo:tokenizer' = {source} (sha256 {file_sha256(other)[:12]})")
+        resumed = run_train(copy, *settings, config="configs/demo.py")
+        assert resumed.returncode == 2, resumed.stderr[-3000:]
+        assert resumed.stderr.strip() == (
+            f"error: resuming {copy / 'checkpoints'} step 4: the checkpoint was trained with another tokenizer: "
+            f"{both}; resume where data.tokenizer is the file that run was trained with (and data.sources were "
+            "prepared with it), or train this config in a new --workdir")
+        started = run_train(tmp_path / "next", *settings, f"--config.train.init_from_checkpoint={workdir}",
+                            "--config.data.phases[0].rope_theta=100000.0", config="configs/demo.py")
+        assert started.returncode == 2, started.stderr[-3000:]
+        assert started.stderr.strip() == (
+            f"error: train.init_from_checkpoint: {workdir / 'checkpoints'} step 4 was trained with another tokenizer: "
+            f"{both.replace(str(copy), str(workdir))}; set --config.data.tokenizer to a copy of the carried file (and "
+            "prepare data.sources with it), or start from a checkpoint trained with this run's tokenizer")
+    assert sorted(train_losses(copy)) == [1, 2, 3, 4] and not (tmp_path / "next" / "checkpoints").exists()
+
+
+def test_evaluate_refuses_held_out_data_prepared_with_another_tokenizer(demo_run, tmp_path):
+    """A corpus of other documents has another tokenizer (as the demo corpus does on another Python):
+    its held-out loss under this checkpoint would be noise."""
+    from zaya_jax.data.tokenizer import file_sha256
+    workdir, _ = demo_run
+    carried = workdir / "checkpoints" / "4" / "tokenizer" / "tokenizer.json"
+    done = cli("zaya_jax.evaluate", "--checkpoint", workdir, "--config", "configs/demo.py", *SMALL_DEMO,
+               "--config.data.demo.max_docs=30", f"--config.data.demo.cache_dir={tmp_path / 'other'}")
+    other = next((tmp_path / "other").glob("*/tokenizer.json"))
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: data.sources were prepared with the tokenizer {other} (sha256 {file_sha256(other)[:12]}), but "
+        f"{workdir} was trained with another: checkpoint 4 carries {carried} (sha256 {file_sha256(carried)[:12]}, "
+        f"copied from {corpus_tokenizer(workdir)}); evaluate it on sources prepared with that file "
+        "(python -m zaya_jax.data.prepare --tokenizer FILE), given with --config")
+
+
+def test_a_checkpoint_that_carries_no_tokenizer_resolves_its_setting_and_says_it_is_unverified(demo_run, tmp_path):
+    """Checkpoints saved before checkpoints carried their tokenizer still load, as they did."""
+    from zaya_jax.train.carried_tokenizer import UNVERIFIED, checkpoint_tokenizer
+    from zaya_jax.train.checkpoint import save_model
+    from zaya_jax.train.state import ModelParts
+    workdir, _ = demo_run
+    model, _ = load_checkpoint_model(str(workdir))
+    source = str(corpus_tokenizer(workdir))
+    save_model(str(tmp_path / "old"), *ModelParts.arrays(model),
+               {"model": read_config(checkpoint_dir(str(workdir))).model.to_dict(), "data": {"tokenizer": source}})
+    assert checkpoint_tokenizer(tmp_path / "old") == (
+        source, f"[tokenizer: {source}, the run's data.tokenizer {source!r}; checkpoint 0 {UNVERIFIED}]")
+
+
+# -- a resume with another config -------------------------------------------------------------------
+
+@pytest.mark.parametrize("config, written_by, this", [
+    ("configs/demo_sft.py", "a train.objective='lm' run on text data (data.sources code, math, prose)",
+     "a train.objective='sft' run on chat data (data.sources chat)"),
+    ("configs/demo_grpo.py", "a train.objective='lm' run on text data (data.sources code, math, prose)",
+     "a train.objective='grpo' run on the prompts demo:tasks (grpo.prompts)"),
+])
+def test_resuming_a_run_with_a_post_training_config_is_one_line(demo_run, tmp_path, config, written_by, this):
+    """Resuming a finished pretraining run with a post-training config (the README's next command,
+    with the wrong --workdir): one `error:` line naming the run that wrote it and the fix, before the
+    data is opened or anything compiles; no log, tensorboard or thread is left (on Python 3.12
+    tensorboardX's writer, once started, printed 18 lines at exit)."""
+    workdir, _ = demo_run
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy)
+    before = sorted(copy.rglob("*"))
+    done = run_train(copy, config=config)
+    assert done.returncode == 2, done.stderr[-3000:]
+    source = "runs/demo" if config.endswith("sft.py") else "runs/demo_sft"
+    assert done.stderr.strip() == (
+        f"error: resuming {copy / 'checkpoints'} step 4: its checkpoints were written by {written_by}, and this "
+        f"config is {this}: resume it with the config it was trained with, or train this config in a new --workdir "
+        f"(it starts from {source} through train.init_from_checkpoint)")
+    assert sorted(copy.rglob("*")) == before and done.stdout == ""
+
+
+def test_resuming_with_another_data_pipeline_is_one_line(demo_run, tmp_path):
+    """The same objective and data kind, but a pipeline whose saved iterator state does not fit."""
+    workdir, _ = demo_run
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy)
+    done = run_train(copy, *SMALL_DEMO, f"--config.data.demo.cache_dir={workdir.parent / 'corpus'}",
+                     "--config.data.packing_bins=4", config="configs/demo.py")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip() == (
+        f"error: resuming {copy / 'checkpoints'} step 4: its data iterator state was saved by a different pipeline "
+        "(packing_bins 8 there, 4 here): resume it with the config it was trained with, or train this config in a "
+        "new --workdir")

@@ -11,6 +11,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +20,7 @@ import numpy as np
 import optax
 import pytest
 
-from tests.train_helpers import REPO
+from tests.train_helpers import REPO, cli_env
 from zaya_jax.config import ConfigError
 from zaya_jax.config_files import load_config_file
 from zaya_jax.data import chat_template, instruction_tasks
@@ -26,9 +28,10 @@ from zaya_jax.data.sources import tokenizer_path
 from zaya_jax.data.tokenizer import Tokenizer
 from zaya_jax.evaluate_tasks import answer_tasks
 from zaya_jax.train.checkpoint import load_checkpoint_model
+from zaya_jax.train import grpo_batches
 from zaya_jax.train.grpo_batches import open_grpo_data
 from zaya_jax.train.grpo_rewards import RewardError, exact_answer
-from zaya_jax.train.grpo_rollout import sample_groups
+from zaya_jax.train.grpo_rollout import Rollout, completion_rows, sample_groups
 from zaya_jax.train.loop import Trainer
 from zaya_jax.train.monitor import METRICS_FILE
 from zaya_jax.train.settings import settings_from_config
@@ -53,6 +56,24 @@ def odd_answers_only(prompts, completions, answer, **columns):
 
 def raising_reward(prompts, completions, **columns):
     raise ValueError("the grader is down")
+
+
+def same_for_all(prompts, completions, **columns):
+    """Every completion scores alike: no group has reward spread."""
+    return [1.0] * len(completions)
+
+
+def documented_seed(train_seed, generation):
+    """Generation `generation`'s sampling seed by the documented rule (docs/posttraining.md)."""
+    return int(np.random.SeedSequence([train_seed, generation]).generate_state(1)[0])
+
+
+def documented_prompts(train_seed, count, generation, per_generation):
+    """The prompt indices generation `generation` samples by the documented rule: epoch e's order is
+    numpy's default_rng([train.seed, e]).permutation(count), taken per_generation at a time."""
+    end = (generation + 1) * per_generation
+    order = np.concatenate([np.random.default_rng([train_seed, e]).permutation(count) for e in range(end // count + 1)])
+    return order[generation * per_generation:end].tolist()
 
 
 def _config(cache, **grpo):
@@ -131,7 +152,7 @@ def test_advantages_are_the_group_normalised_rewards_of_the_decoded_completions(
     stops = {tok.eos_id, *chat_template.end_of_turn_ids(chat_template.ChatTemplate.load(chat_template.PLAIN), tok)}
     texts = [tok.decode([t for t, m in zip(targets, mask) if m and t not in stops])
              for targets, mask in zip(rows["targets"], rows["loss_mask"])]
-    chosen = trainer.data.prompt_indices(0)
+    chosen = documented_prompts(trainer.settings.train.seed, len(trainer.data._prompts.ids), 0, PROMPTS)
     answers = [trainer.data._prompts.columns["answer"][i] for i in chosen for _ in range(G)]
     rewards = (0.5 * np.asarray([len(t) for t in texts], np.float64)
                + np.asarray(exact_answer(None, texts, answers))).reshape(PROMPTS, G)
@@ -172,16 +193,18 @@ def test_the_first_step_is_the_policy_gradient_by_hand(run):
 
 
 def test_each_generation_samples_the_weights_of_its_step(run):
-    """Generation 1 starts at step 3: its completions are the step-2 model's samples and its
+    """Generation 1 starts at step 3: its completions are the step-2 model's samples on one device, of
+    the prompts and with the seed the documented rules give generation 1 (not generation 0's), and its
     old_logp that model's log-probs, not the weights of step 1 (stale by one step)."""
     trainer, _ = run
     rows = trainer.rows[3]
     assert trainer.rows[4] is rows and trainer.rows[2] is trainer.rows[1] and rows is not trainer.rows[1]
-    prompts = [trainer.data._prompts.ids[i] for i in trainer.data.prompt_indices(1)]
+    seed, count = trainer.settings.train.seed, len(trainer.data._prompts.ids)
+    prompts = [trainer.data._prompts.ids[i] for i in documented_prompts(seed, count, 1, PROMPTS)]
     template = chat_template.ChatTemplate.load(chat_template.PLAIN)
     stop_ids = chat_template.end_of_turn_ids(template, _tokenizer(trainer))
     model = trainer.parts.merge(*trainer.weights[2])
-    expected = sample_groups(model, prompts, G, T, temperature=1.0, seed=trainer.data.sample_seed(1), stop_ids=stop_ids,
+    expected = sample_groups(model, prompts, G, T, temperature=1.0, seed=documented_seed(seed, 1), stop_ids=stop_ids,
                              width=trainer.settings.grpo.max_prompt_length)
     for key, value in expected.rows.items():
         np.testing.assert_array_equal(rows[key], value, err_msg=key)
@@ -236,6 +259,58 @@ def test_kl_and_clipping_are_logged_from_the_reference_and_the_sampling_weights(
         assert r["completion_length_min"] <= r["completion_length"] <= r["completion_length_max"] <= T
         assert 0 <= r["frac_reward_zero_std"] <= 1 and r["generation_s"] >= 0 and r["update_s"] > 0
     assert records[0]["generation_s"] > 0 and records[1]["generation_s"] == 0  # one generation per 2 steps
+
+
+def test_a_generation_without_reward_spread_is_warned_of_once(run, cache, tmp_path, capsys):
+    """Rewards that score every completion alike (as a temperature near 0 would make them): the one
+    generation of a 2-step run is warned of once, at its first step, in the log and in metrics.jsonl;
+    the shared run, whose groups differ, has no warning."""
+    _, workdir = run
+    assert _metrics(workdir, "warning") == [] and all(r["frac_reward_zero_std"] < 1 for r in _metrics(workdir))
+    capsys.readouterr()
+    config = _config(cache, reward_funcs="tests.test_grpo_training:same_for_all", reward_weights="")
+    config.train.steps = 2  # generation 0 (2 steps)
+    config.eval.every_steps = 0
+    _run(config, tmp_path, Trainer)
+    (warning,) = _metrics(tmp_path, "warning")
+    message = f"generation 0: every one of its {PROMPTS} groups scored its {G} completions alike"
+    assert warning["step"] == 1 and warning["message"].startswith(message)
+    assert "grpo.temperature" in warning["message"] and "grpo.oversample_prompts" in warning["message"]
+    assert [r["frac_reward_zero_std"] for r in _metrics(tmp_path)] == [1.0, 1.0]
+    assert capsys.readouterr().out.count(f"warning: step 1: {message}") == 1
+
+
+def test_generations_take_each_epoch_in_a_new_order_and_each_its_own_seed(cache, tmp_path, monkeypatch):
+    """5 prompts, 2 per generation: generations 0-4 sample two whole epochs (one generation straddles
+    the boundary). What each generation hands to sampling is the documented order's prompts (every
+    prompt once per epoch, the second epoch in another order) with the documented seed of that
+    generation. No model: the sampler is replaced by one that records its prompts and seed."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"question {i}", "answer": str(i)}) + "\n" for i in range(5)))
+    config = _config(cache, prompts=str(path), num_iterations=1, beta=0.0, reward_funcs="exact_answer",
+                     reward_weights="")
+    data = open_grpo_data(config, settings_from_config(config))
+    calls = []
+
+    def recording_sampler(model, prompts, group_size, max_new_tokens, *, seed, width, **options):
+        calls.append(([list(p) for p in prompts], seed))
+        repeated = [list(p) for p in prompts for _ in range(group_size)]
+        completions = np.ones((len(repeated), max_new_tokens), np.int32)  # eos at once: empty answers
+        lengths = np.ones(len(repeated), np.int32)
+        return Rollout(completion_rows(repeated, completions, lengths, width, 0), completions, lengths, width)
+
+    monkeypatch.setattr(grpo_batches, "sample_groups", recording_sampler)
+    data.attach(lambda: None, None, None)
+    for _ in range(5):
+        next(data)
+    ids = [list(p) for p in data._prompts.ids]
+    sampled = [[ids.index(p) for p in prompts] for prompts, _ in calls]
+    seed = config.train.seed
+    assert sampled == [documented_prompts(seed, 5, g, 2) for g in range(5)]
+    first, second = sum(sampled, [])[:5], sum(sampled, [])[5:]
+    assert sorted(first) == sorted(second) == list(range(5)) and first != second
+    seeds = [s for _, s in calls]
+    assert seeds == [documented_seed(seed, g) for g in range(5)] and len(set(seeds)) == 5
 
 
 def test_the_heldout_score_is_the_greedy_answers_evaluate_tasks_gives(run):
@@ -309,16 +384,16 @@ def test_oversampled_prompts_train_the_groups_whose_rewards_differ(run, cache):
     trainer, _ = run
     config = _config(cache, oversample_prompts=3, num_iterations=1, beta=0.0, reward_weights="",
                      reward_funcs="tests.test_grpo_training:odd_answers_only")
-    data = open_grpo_data(config, settings_from_config(config))
+    data = open_grpo_data(config, settings_from_config(config), tokenizer_path(config.data))
     model = trainer.current_model(data.phase.rope_theta)
     data.attach(lambda: model, None, trainer.mesh)
     next(data)
-    chosen = data.prompt_indices(0)
-    assert len(chosen) == 3 * PROMPTS and chosen[:PROMPTS] == trainer.data.prompt_indices(0)
+    chosen = documented_prompts(trainer.settings.train.seed, len(data._prompts.ids), 0, 3 * PROMPTS)
     template = chat_template.ChatTemplate.load(chat_template.PLAIN)
     tok = _tokenizer(trainer)
     every = sample_groups(model, [data._prompts.ids[i] for i in chosen], G, T, temperature=1.0,
-                          seed=data.sample_seed(0), stop_ids=chat_template.end_of_turn_ids(template, tok),
+                          seed=documented_seed(trainer.settings.train.seed, 0),
+                          stop_ids=chat_template.end_of_turn_ids(template, tok),
                           width=trainer.settings.grpo.max_prompt_length)
     texts = data.decode(every.completions, every.lengths)
     answers = [int(data._prompts.columns["answer"][i]) for i in chosen for _ in range(G)]
@@ -338,8 +413,11 @@ def test_oversampled_prompts_train_the_groups_whose_rewards_differ(run, cache):
 
 @pytest.mark.parametrize("field, value, message", [
     ("reward_funcs", "no_such_reward", "grpo.reward_funcs: 'no_such_reward' is neither a built-in reward"),
-    ("reward_funcs", "tests.test_grpo_training:missing", "grpo.reward_funcs: 'tests.test_grpo_training:missing' "
-                                                         "cannot be loaded"),
+    ("reward_funcs", "tests.test_grpo_training:missing", "grpo.reward_funcs: 'tests.test_grpo_training:missing': "
+                                                         "module 'tests.test_grpo_training' ("),
+    ("reward_funcs", "my_rewards:score", "grpo.reward_funcs: 'my_rewards:score': no module named 'my_rewards'. A "
+                                         "'module:function' reward is imported from sys.path, as any Python import: "
+                                         "the current directory ("),
     ("reward_weights", "1,2,3", "grpo.reward_weights: 3 weights for 2 reward functions"),
     ("prompts", "/nonexistent/prompts.jsonl", "grpo.prompts: '/nonexistent/prompts.jsonl' is not a file"),
     ("max_prompt_length", 8, "grpo.prompts: prompt 1 of demo:tasks has"),
@@ -348,11 +426,29 @@ def test_oversampled_prompts_train_the_groups_whose_rewards_differ(run, cache):
     ("oversample_prompts", 1000, "grpo.prompts: demo:tasks holds 95 prompts, fewer than the 2000 a generation samples"),
     ("eval_prompts", "", "eval.every_steps > 0 scores grpo.eval_prompts, which is empty"),
     ("loss_type", "ppo", "grpo.loss_type='ppo' does not exist"),
+    ("temperature", 0.0, "grpo.temperature must be > 0, got 0.0: at 0 a prompt's G completions are all its greedy"),
 ])
 def test_a_bad_grpo_setting_is_named_before_anything_compiles(cache, field, value, message):
     config = _config(cache, **{field: value})
     with pytest.raises(ConfigError, match=re.escape(message)):
-        open_grpo_data(config, settings_from_config(config))
+        open_grpo_data(config, settings_from_config(config), tokenizer_path(config.data))
+
+
+def test_a_prompts_file_without_a_rewards_column_is_named_before_anything_compiles(cache, tmp_path):
+    """exact_answer reads the prompts' `answer` column: a file without it is named, with the column, in
+    one error line of the train CLI (before, the first generation's rewards raised a TypeError)."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "2 + 2 =", "solution": "4"}\n')
+    overrides = [f"--config.grpo.prompts={path}", "--config.train.init_from_checkpoint=",
+                 f"--config.data.demo.cache_dir={cache}", "--config.data.demo.max_docs=40",
+                 *(f"--config.model.{k}={v}" for k, v in TINY_MODEL.items())]
+    done = subprocess.run([sys.executable, "-m", "zaya_jax.train", "--config", "configs/demo_grpo.py",
+                           "--workdir", str(tmp_path / "run"), *overrides], cwd=REPO, env=cli_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1:] == [
+        f"error: grpo.prompts: {path} has no column 'answer', which reward function exact_answer (grpo.reward_funcs) "
+        "takes; its records have prompt, solution: add 'answer' to every record, or choose reward functions that "
+        "read only those"], done.stderr[-3000:]
 
 
 def test_prompt_files_take_text_and_conversations_with_their_columns(cache, tmp_path):
@@ -360,7 +456,7 @@ def test_prompt_files_take_text_and_conversations_with_their_columns(cache, tmp_
     path.write_text('{"prompt": "2 + 2 =", "answer": "4"}\n'
                     '{"prompt": [{"role": "user", "content": "What is 3 + 4?"}], "answer": "7"}\n')
     config = _config(cache, prompts=str(path))
-    data = open_grpo_data(config, settings_from_config(config))
+    data = open_grpo_data(config, settings_from_config(config), tokenizer_path(config.data))
     prompts = data._prompts
     tok = Tokenizer(tokenizer_path(config.data), bos_id=2, eos_id=1, pad_id=0)
     template = chat_template.ChatTemplate.load(chat_template.PLAIN)
@@ -370,4 +466,4 @@ def test_prompt_files_take_text_and_conversations_with_their_columns(cache, tmp_
     assert prompts.columns == {"answer": ["4", "7"]}
     path.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
     with pytest.raises(ConfigError, match="line 2 has the fields"):
-        open_grpo_data(config, settings_from_config(config))
+        open_grpo_data(config, settings_from_config(config), tokenizer_path(config.data))

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.fake_devices import CHEAP_COMPILE, xla_flags
+from tests.fake_devices import compile_flags, xla_flags
 from tests.train_helpers import GLOO_CONNECT_FAILURE, RERUN_IF_OVERLOADED, OverloadedHarness
 from zaya_jax.parallel import distributed
 
@@ -30,7 +30,7 @@ def _losses(cmd, env):
 def test_two_processes_match_one():
     single = _losses(CHECK + ["--mesh", "data=8"], {"XLA_FLAGS": xla_flags(8)})
     multi = _losses(["launch/local.sh", "2", "--devices-per-process", "4"] + CHECK + ["--mesh", "data=2,fsdp=4"],
-                    {"XLA_FLAGS": CHEAP_COMPILE})
+                    {"XLA_FLAGS": compile_flags()})
     assert multi["processes"] == 2 and multi["global_devices"] == 8 and multi["local_devices"] == 4
     assert single["processes"] == 1
     assert multi["losses"] == pytest.approx(single["losses"], rel=1e-5)

@@ -65,6 +65,15 @@ def _assert_user_error(done, *fragments):
     (("--config", "configs/demo.py", "--mesh", "data=2", "--grad_accum", "3"),
      ("--grad_accum 3", "do not divide the global batch of 8 rows", "--grad_accum 2 or --grad_accum 4")),
     (("--config", "configs/demo.py", "--mesh", "data=two"), ("--mesh", "'data'", "integer")),
+    # a mesh axis that does not divide a parameter dimension it shards (ZAYA1's 8 + 2 q|k heads, 16 experts)
+    (("--config", "configs/zaya1_base.py", "--mesh", "data=2,tensor=3"),
+     ("--mesh data=2,tensor=3: tensor=3 does not divide qk_heads = 10", "q_heads = 8", "so tensor must be 1 or 2",
+      "fix: --mesh data=2,tensor=2")),
+    (("--config", "configs/zaya1_base.py", "--mesh", "data=2,tensor=32"),
+     ("--mesh data=2,tensor=32: tensor=32 does not divide", "so tensor must be 1 or 2", "fix: --mesh data=2,tensor=2")),
+    (("--config", "configs/zaya1_base.py", "--mesh", "expert=32"),
+     ("--mesh expert=32: expert=32 does not divide experts = 16", "so expert must be 1, 2, 4, 8 or 16",
+      "fix: --mesh expert=16")),
 ])
 def test_plan_cli_mesh_that_does_not_split_the_step(args, fragments):
     _assert_user_error(_plan_cli(*args), *fragments)

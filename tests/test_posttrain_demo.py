@@ -112,6 +112,16 @@ def test_missing_start_checkpoint_names_the_command_that_makes_it(tmp_path):
         "python -m zaya_jax.train --config configs/demo_sft.py --workdir runs/demo_sft")
 
 
+def test_missing_preference_pairs_name_the_command_that_makes_them(tmp_path):
+    """demo_dpo's pairs are made by zaya_jax.preference_pairs from the SFT run, not by data.prepare."""
+    done = _run(["zaya_jax.train", "--config", os.path.join(REPO, "configs", "demo_dpo.py"),
+                 "--workdir", str(tmp_path / "dpo"), "--config.train.init_from_checkpoint="], tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: data.sources.preference: data directory 'runs/demo_sft_pairs' does not exist; make it first: "
+        "python -m zaya_jax.preference_pairs --checkpoint runs/demo_sft --output runs/demo_sft_pairs")
+
+
 def _check_pairs_cli_and_write_pairs(tmp_path, pairs, cache):
     """The pairs CLI on the 2-step SFT model, whose answers are all blank (its turn is only newlines),
     so it makes no pair and says so; then `pairs` written by its library half from given answers."""

@@ -98,11 +98,14 @@ def test_resume_refuses_a_workdir_whose_every_checkpoint_is_damaged(reference, t
 
 
 def test_a_refused_resume_names_each_step_and_what_was_checked_on_lines_of_its_own(reference, tmp_path):
-    """Through the CLI with the progress bar on: the refusal is not printed on the bar's line."""
+    """Through the CLI with the progress bar and TensorBoard on: the refusal is not printed on the bar's
+    line, and it is all of stderr (the refusal comes once the monitor has started: what start-up opened is
+    closed, so no writer thread is left to fail at exit, as tensorboardX's did on Python 3.12)."""
     run = _copy(reference[0], tmp_path / "run")
     flip_model_bytes(str(run / "checkpoints" / "4"))
     os.remove(run / "checkpoints" / "2" / integrity.MANIFEST)  # as an older zaya_jax left a step it was killed sealing
-    result = run_train(run, *SHORT, "--config.train.steps=4", "--config.monitor.progress_bar=True")
+    result = run_train(run, *SHORT, "--config.train.steps=4", "--config.monitor.progress_bar=True",
+                       "--config.monitor.tensorboard=True")
     assert result.returncode == EXIT_USER_ERROR, result.stderr[-3000:]
     lines = result.stderr.split("\n")
     first = next(i for i, line in enumerate(lines) if "no whole checkpoint" in line)
@@ -113,7 +116,31 @@ def test_a_refused_resume_names_each_step_and_what_was_checked_on_lines_of_its_o
             "model, train, data, config); nothing was moved or deleted. Restore steps 4, 2 from a backup") \
         in lines[first + 1]
     assert "step/s" not in result.stderr and "\r" not in "".join(lines[:first + 2])  # no bar drawn before it
+    assert result.stderr.strip().split("\n") == lines[first:first + 2]
     assert sorted(os.listdir(run / "checkpoints")) == ["2", "4"]
+
+
+@pytest.mark.parametrize("override, refusal", [
+    ("--config.train.objective=sft",
+     "its checkpoints were written by a train.objective='lm' run on synthetic data, and this config is a "
+     "train.objective='sft' run on synthetic data: resume it with the config it was trained with, or train this "
+     "config in a new --workdir (a post-training config starts from its source run through "
+     "train.init_from_checkpoint)"),
+    ("--config.optimizer.name=muon",
+     "its optimizer state was saved with optimizer.name='adamw', and this config says 'muon': resume it with the "
+     "config it was trained with, or train this config in a new --workdir"),
+])
+def test_a_resume_with_another_objective_or_optimizer_is_one_line_and_writes_nothing(reference, tmp_path, override,
+                                                                                     refusal):
+    """Resuming a run with a config of another objective (here its synthetic rows would even fit) or
+    optimizer (a traceback of Orbax's tree-structure mismatch) is refused before anything is
+    opened: its `error:` line is all of stderr and the workdir is as it was."""
+    run = _copy(reference[0], tmp_path / "run")
+    before = sorted(run.rglob("*"))
+    result = run_train(run, *SHORT, "--config.train.steps=6", override, "--config.monitor.tensorboard=True")
+    assert result.returncode == EXIT_USER_ERROR, result.stderr[-3000:]
+    assert result.stderr.strip() == f"error: resuming {run / 'checkpoints'} step 4: {refusal}"
+    assert sorted(run.rglob("*")) == before and result.stdout == ""
 
 
 def test_rollback_budget_ends_the_run_and_skipped_saves_are_logged(tmp_path):

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -331,8 +332,9 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
     with pytest.raises(UserError, match="--quantize: .* holds a vision-language model"):
         load_checkpoint(run_dir, quantize="int8")
     text_config = _text_config()
-    with pytest.raises(ConfigError, match="its checkpoints are a vision-language run's but this config is a text "
-                                          "run's"):
+    with pytest.raises(ConfigError, match=re.escape(
+            "its checkpoints were written by a vision-language train.objective='sft' run on image_chat data "
+            "(data.sources digits), and this config is a train.objective='lm' run on synthetic data: resume it")):
         Trainer(text_config, run_dir)
 
 

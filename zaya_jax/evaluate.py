@@ -9,8 +9,10 @@ reference model saved in the DPO run's checkpoint).
 without --config it uses the config saved with the checkpoint. The held-out batches are those of
 the training run (zaya_jax.train.data.eval_batches: each source's held-out split, or synthetic
 held-out batches), scored with the RoPE base of the curriculum phase the checkpoint's step was in
-(--rope_theta overrides; for --hf the model config's). A vision-language run's checkpoint is
-scored on its held-out image_chat rows (the tower on their images). Prints one JSON object.
+(--rope_theta overrides; for --hf the model config's). Held-out data prepared with another tokenizer
+than the one the checkpoint carries (the file its run was trained with) is refused. A
+vision-language run's checkpoint is scored on its held-out image_chat rows (the tower on their
+images). Prints one JSON object.
 
 The weights are restored onto this process's mesh whatever mesh wrote them. Without --config,
 when the saved config's mesh does not fit this process's device count (a checkpoint trained on
@@ -20,6 +22,7 @@ when the saved config's mesh does not fit this process's device count (a checkpo
 from __future__ import annotations
 
 import json
+import sys
 
 import jax
 from absl import app, flags, logging
@@ -62,7 +65,8 @@ def main(argv):
     from zaya_jax.parallel.mesh import make_mesh
     from zaya_jax.train.checkpoint import checkpoint_dir, model_target, read_config, restore_model
     from zaya_jax.train.data import eval_batches, phase_at_step, phases_of
-    from zaya_jax.train.loop import evaluate_params, load_hf_matching
+    from zaya_jax.train.loop import evaluate_params
+    from zaya_jax.train.start_checks import load_hf_matching
     from zaya_jax.train.objectives import make_objective
     from zaya_jax.train.settings import settings_from_config
     from zaya_jax.train.state import ModelParts, to_shardings
@@ -83,6 +87,11 @@ def main(argv):
     if settings.vision is not None and _HF.value:
         raise UserError("--hf with a config that has a vision section: evaluate a vision-language run's "
                         "--checkpoint (HF zaya1_vl weights: convert to_orbax them first)")
+    if _CHECKPOINT.value and settings.train.data != "synthetic" and settings.train.objective != "grpo":
+        from zaya_jax.train.carried_tokenizer import check_prepared_sources
+        note = check_prepared_sources(_CHECKPOINT.value, _STEP.value, config.data)
+        if note:
+            print(note, file=sys.stderr)
     mesh = make_mesh(evaluation_mesh_sizes(settings.mesh.sizes, from_checkpoint=_CONFIG.value is None))
     abstract = nnx.eval_shape(lambda: build_model(settings.model, settings.vision, rngs=nnx.Rngs(0)))  # or a ZayaVL
     parts = ModelParts(abstract)

@@ -7,12 +7,12 @@ which the demo's SFT or DPO data contains) are rendered as a user turn with the 
 and its generation prompt (chat_template.encode_prompt, the tokens a chat user would send), then
 the checkpoint's model generates greedily (zaya_jax.infer.generate) until eos or
 `--max_new_tokens`. The completion's first line is its answer (instruction_tasks.extract_answer),
-compared exactly with the task's answer. The tokenizer is the one the run was trained with
-(--tokenizer overrides), the chat template the one it recorded (a run on chat or preference data),
-else plain.jinja (--chat_template overrides); generation also stops at the template's end of turn
-(chat_template.end_of_turn_ids). The JSON gives the accuracy overall and per kind, each
-question's result in order ("correct": "1" or "0" per question, to compare two checkpoints on the
-same questions) and the first completions of each kind.
+compared exactly with the task's answer. The tokenizer is the one the checkpoint carries (the file
+its run was trained with; a --tokenizer that is another file is refused), the chat template the one
+it recorded (a run on chat or preference data), else plain.jinja (--chat_template overrides);
+generation also stops at the template's end of turn (chat_template.end_of_turn_ids). The JSON gives
+the accuracy overall and per kind, each question's result in order ("correct": "1" or "0" per
+question, to compare two checkpoints on the same questions) and the first completions of each kind.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def define_answering_flags(*, per_kind: int, per_kind_help: str, batch_size: int
     zaya_jax.preference_pairs), with their defaults of per_kind and batch_size."""
     flags.DEFINE_string("checkpoint", None, "Training run WORKDIR or its checkpoints/ directory.", required=True)
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest whole one).")
-    flags.DEFINE_string("tokenizer", None, "tokenizer.json (default: the one the run was trained with).")
+    flags.DEFINE_string("tokenizer", None, "tokenizer.json (default: the one the checkpoint carries; for a "
+                                           "checkpoint that carries none, its run's data.tokenizer).")
     flags.DEFINE_string("chat_template", None,
                         "Chat template: a .jinja file or a tokenizer_config.json with chat_template (default: the "
                         "one the run recorded, else zaya_jax/data/chat_templates/plain.jinja).")
@@ -99,10 +100,10 @@ def score(tasks: list[instruction_tasks.Task], completions: list[str]) -> dict:
 
 
 def load_checkpoint(checkpoint: str, step: int | None, tokenizer_path: str | None = None):
-    """(model, step, tokenizer) of a training run's checkpoint; the tokenizer is the one the run was
-    trained with unless `tokenizer_path` is given."""
+    """(model, step, tokenizer) of a training run's checkpoint; the tokenizer is the one the step
+    carries (the file its run was trained with; a `tokenizer_path` that is another file is refused)."""
     from zaya_jax.data.tokenizer import Tokenizer
-    from zaya_jax.infer.loading import checkpoint_tokenizer_path
+    from zaya_jax.train.carried_tokenizer import checkpoint_tokenizer
     from zaya_jax.train.checkpoint import load_checkpoint_model
 
     from zaya_jax.vision.model import ZayaVL
@@ -111,8 +112,9 @@ def load_checkpoint(checkpoint: str, step: int | None, tokenizer_path: str | Non
         raise UserError(f"--checkpoint {checkpoint} holds a vision-language model: this command answers text "
                         "questions with a text model (benchmarks/vl_demo.py scores the digits demo's)")
     cfg = model.config
-    tokenizer = Tokenizer(tokenizer_path or checkpoint_tokenizer_path(checkpoint)[0],
-                          bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
+    path, told = checkpoint_tokenizer(checkpoint, step, tokenizer_path)
+    print(told, file=sys.stderr)
+    tokenizer = Tokenizer(path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
     return model, step, tokenizer
 
 

@@ -12,8 +12,8 @@
 --checkpoint reads a training run (its WORKDIR or checkpoints/ directory, or a `convert to_orbax`
 output; default: the latest step) onto this process's first device, whatever mesh wrote it, as
 the model it was at that step (the saved config's layout and the RoPE base of its curriculum
-phase); --prompt then uses the tokenizer the run was trained with (the saved config's
-data.tokenizer; `demo:tokenizer` is the demo corpus's tokenizer.json) unless --tokenizer is given.
+phase); --prompt then uses the tokenizer the checkpoint carries (a copy of the file its run was
+trained with: zaya_jax.train.carried_tokenizer); a --tokenizer that is another file is refused.
 --step N reads that step instead of the latest. --hf reads an HF ZAYA checkpoint
 (zaya_jax.load_hf); --prompt then uses DIR/tokenizer.json (what `convert to_hf` writes) unless
 --tokenizer is given. Timing goes to stderr, generated text or ids to stdout. Prompt ids outside
@@ -53,7 +53,7 @@ from zaya_jax.errors import UserError
 from zaya_jax.data.chat_template import IMAGE
 from zaya_jax.infer.chat import chat_template_for, read_messages
 from zaya_jax.infer.generate import generate, stop_tokens, text_model
-from zaya_jax.infer.loading import checkpoint_tokenizer_path, load_checkpoint, load_hf
+from zaya_jax.infer.loading import load_checkpoint, load_hf
 from zaya_jax.infer.quantize import MODES
 from zaya_jax.vision.model import ZayaVL
 from zaya_jax.vision.processor import ImageProcessor, read_image
@@ -71,8 +71,9 @@ _CHAT_TEMPLATE = flags.DEFINE_string("chat_template", None, "Chat template for -
                                                             "or a tokenizer_config.json (default: the run's).")
 _STEP = flags.DEFINE_integer("step", None, "With --checkpoint: the step to read (default: the newest whole one).",
                              lower_bound=0)
-_TOKENIZER = flags.DEFINE_string("tokenizer", None, "tokenizer.json (default for --checkpoint: the one the run "
-                                                    "was trained with; for --hf: DIR/tokenizer.json).")
+_TOKENIZER = flags.DEFINE_string("tokenizer", None, "tokenizer.json (default for --checkpoint: the copy it carries "
+                                                    "of the one its run was trained with; for --hf: "
+                                                    "DIR/tokenizer.json).")
 _NO_BOS = flags.DEFINE_bool("no_bos", False, "Do not prepend the model's bos id to an encoded --prompt.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate.", lower_bound=1)
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy.", lower_bound=0.0)
@@ -133,19 +134,20 @@ def image_processor_of(model: ZayaVL) -> ImageProcessor:
 
 
 def tokenizer_file() -> str:
-    """--tokenizer, else the tokenizer the checkpoint's run was trained with (its data.tokenizer), else
-    (--hf) the export's DIR/tokenizer.json."""
+    """--checkpoint: the tokenizer the checkpoint carries (the file its run was trained with; a
+    --tokenizer that is another file is refused). --hf: --tokenizer, else the export's DIR/tokenizer.json."""
+    if _CHECKPOINT.value is not None:
+        from zaya_jax.train.carried_tokenizer import checkpoint_tokenizer
+        path, told = checkpoint_tokenizer(_CHECKPOINT.value, _STEP.value, _TOKENIZER.value)
+        print(told, file=sys.stderr)
+        return path
     if _TOKENIZER.value is not None:
         return _TOKENIZER.value
-    if _CHECKPOINT.value is None:
-        read_hf_config(_HF.value)  # a directory that is no HF export is named before its tokenizer
-        path = os.path.join(_HF.value, "tokenizer.json")
-        if not os.path.isfile(path):
-            raise UserError(f"--hf {_HF.value} holds no tokenizer.json: pass --tokenizer FILE (or --prompt_ids)")
-        print(f"[tokenizer: {path}]", file=sys.stderr)
-        return path
-    path, saved = checkpoint_tokenizer_path(_CHECKPOINT.value, _STEP.value)
-    print(f"[tokenizer: {path}, the run's data.tokenizer {saved!r}]", file=sys.stderr)
+    read_hf_config(_HF.value)  # a directory that is no HF export is named before its tokenizer
+    path = os.path.join(_HF.value, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise UserError(f"--hf {_HF.value} holds no tokenizer.json: pass --tokenizer FILE (or --prompt_ids)")
+    print(f"[tokenizer: {path}]", file=sys.stderr)
     return path
 
 

@@ -16,11 +16,13 @@ compared with the checkpoint's on a probe batch before the directory appears. A 
 model (skip slot passes p * x; transformers outputs 0 there) is written as native only when no
 token can reach its skip slot; otherwise to_hf refuses and says why. `--schema original` writes
 Zyphra's ZAYA1-base names instead (zaya_jax.load_hf reads them; transformers cannot).
-Beside the weights, to_hf writes the run's tokenizer (its data.tokenizer, or --tokenizer FILE) as
-tokenizer.json + tokenizer_config.json, with the chat template a chat or preference run recorded
-(zaya_jax.convert.hf_tokenizer), so that transformers' AutoTokenizer encodes and renders chats as
-the run did; a run without one (synthetic data, a to_orbax output) or with a SentencePiece model
-exports the weights alone and says so.
+Beside the weights, to_hf writes the run's tokenizer (the copy the checkpoint carries of the file
+its run was trained with, zaya_jax.train.carried_tokenizer; a --tokenizer that is another file is
+refused; a checkpoint saved before checkpoints carried one: --tokenizer FILE, else its
+data.tokenizer, said to be unverified) as tokenizer.json + tokenizer_config.json, with the chat
+template a chat or preference run recorded (zaya_jax.convert.hf_tokenizer), so that transformers'
+AutoTokenizer encodes and renders chats as the run did; a run without one (synthetic data, a
+to_orbax output) or with a SentencePiece model exports the weights alone and says so.
 """
 
 from __future__ import annotations
@@ -76,18 +78,20 @@ def vision_values(model) -> dict:
     return vision_section(**tower, **dict(zip(VISION_ID_FIELDS, model.ids))).to_dict()
 
 
-def export_tokenizer(checkpoint: str, cfg, tokenizer_path: str | None) -> tuple[dict[str, str], str]:
+def export_tokenizer(checkpoint: str, step: int | None, cfg, tokenizer_path: str | None) -> tuple[dict[str, str], str]:
     """-> (the tokenizer files to write beside the weights, a line saying what they are or why
-    there are none)."""
+    there are none). The tokenizer is the one checkpoint `step` carries (carried_tokenizer; a
+    --tokenizer that is another file is refused), for a checkpoint without one --tokenizer or its
+    run's data.tokenizer."""
     from zaya_jax.convert.hf_tokenizer import tokenizer_files
     from zaya_jax.data.tokenizer import Tokenizer
     from zaya_jax.infer.chat import checkpoint_chat_template
-    from zaya_jax.infer.loading import checkpoint_tokenizer_path
-    if tokenizer_path is None:
-        try:
-            tokenizer_path, _ = checkpoint_tokenizer_path(checkpoint)
-        except UserError as err:
-            return {}, f"note: no tokenizer written ({err})"
+    from zaya_jax.train.carried_tokenizer import NoTokenizer, checkpoint_tokenizer
+    try:
+        tokenizer_path, told = checkpoint_tokenizer(checkpoint, step, tokenizer_path)
+    except NoTokenizer as err:
+        return {}, f"note: no tokenizer written ({err})"
+    print(told, file=sys.stderr)
     tokenizer = Tokenizer(tokenizer_path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
     if tokenizer.kind != "hf":
         return {}, (f"note: no tokenizer written: {tokenizer_path} is a SentencePiece model; copy it with the "
@@ -105,7 +109,7 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
     from zaya_jax.vision.model import ZayaVL
     model, _ = load_checkpoint_model(checkpoint, step, dtype="float32")
     if isinstance(model, ZayaVL):
-        return vl_to_hf(checkpoint, model, out_dir, schema, tokenizer_path)
+        return vl_to_hf(checkpoint, step, model, out_dir, schema, tokenizer_path)
     if schema is None:
         problem = schema_problem(model, "native")
         if problem:
@@ -113,7 +117,7 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
                             "--config.model.layout=native, or pass --schema original for Zyphra's original names "
                             "(zaya_jax.load_hf reads them; transformers cannot).")
         schema = "native"
-    files, told = export_tokenizer(checkpoint, model.config, tokenizer_path)
+    files, told = export_tokenizer(checkpoint, step, model.config, tokenizer_path)
     zaya_jax.save_hf(model, out_dir, schema=schema, extra_files=files,
                      report=lambda line: print(line, file=sys.stderr))
     print(told, file=sys.stderr)
@@ -123,13 +127,14 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
     return out_dir
 
 
-def vl_to_hf(checkpoint: str, model, out_dir: str, schema: str | None, tokenizer_path: str | None) -> str:
+def vl_to_hf(checkpoint: str, step: int | None, model, out_dir: str, schema: str | None,
+             tokenizer_path: str | None) -> str:
     """A vision-language run's checkpoint as a zaya1_vl HF directory (its native names only)."""
     from zaya_jax.convert.hf_vl import save_vl_hf
     if schema not in (None, "native"):
         raise UserError(f"--schema {schema}: --checkpoint {checkpoint} holds a vision-language model, which exports "
                         "as transformers' zaya1_vl (native names) only: drop --schema")
-    files, told = export_tokenizer(checkpoint, model.text.config, tokenizer_path)
+    files, told = export_tokenizer(checkpoint, step, model.text.config, tokenizer_path)
     save_vl_hf(model, out_dir, report=lambda line: print(line, file=sys.stderr), extra_files=files)
     print(told, file=sys.stderr)
     return out_dir

@@ -3,6 +3,8 @@
 Schema (an ml_collections.ConfigDict, usually `config.data`):
 
   sources               {name: path}   prepared dataset dirs, or 'demo:prose' etc. (demo corpus)
+  made_by               {name: command} optional: the command that writes source `name` ('{}'
+                                       standing for its path), named when the source is missing
   tokenizer             path           the tokenizer file the sources were prepared with
                                        ('demo:tokenizer' for the demo corpus); for decoding
   phases                tuple of       each: name, token_budget (tokens of global batches,
@@ -107,6 +109,9 @@ def parse_phases(data_config, *, global_batch_size: int | None = None,
     for name in sources:
         if not isinstance(data_config.sources[name], str) or not data_config.sources[name]:
             raise ConfigError(f"data.sources.{name} must be a path string, got {data_config.sources[name]!r}")
+    unknown = sorted(set(data_config.get("made_by") or {}) - set(sources))
+    if unknown:
+        raise ConfigError(f"data.made_by names unknown source {unknown[0]!r} (data.sources has {sources})")
     if not data_config.phases:
         raise ConfigError("data.phases must list at least one phase")
     phases = tuple(_phase(p, i, sources, global_batch_size) for i, p in enumerate(data_config.phases))

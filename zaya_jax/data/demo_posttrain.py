@@ -109,12 +109,15 @@ def data_config(source: str, steps: int, *, path: str = "", batch: int = 16, seq
 
 
 def stage_config(config, source: str, steps: int, *, objective: str, init_from: str, made_by: str,
-                 learning_rate: float, path: str = ""):
+                 learning_rate: float, path: str = "", path_made_by: str = ""):
     """A full config (configs/demo.py's model and trainer) turned into one post-training stage:
-    `steps` batches of `source` (data_config, at `path`) with `objective`, starting from the run
-    `init_from` (trained by the command `made_by`, '{}' its path) with a fresh cosine schedule
-    peaking at `learning_rate`; one checkpoint at the end, two evaluations on all held-out data."""
+    `steps` batches of `source` (data_config, at `path`, written by the command `path_made_by`, '{}'
+    its path) with `objective`, starting from the run `init_from` (trained by the command `made_by`)
+    with a fresh cosine schedule peaking at `learning_rate`; one checkpoint at the end, two
+    evaluations on all held-out data."""
     config.data = data_config(source, steps, path=path)
+    if path_made_by:
+        config.data.made_by = ml_collections.ConfigDict({source: path_made_by})
     config.train.update(steps=steps, objective=objective, init_from_checkpoint=init_from,
                         init_from_checkpoint_made_by=made_by)
     config.optimizer.update(learning_rate=learning_rate, schedule="cosine", warmup_steps=10, min_lr_ratio=0.1)

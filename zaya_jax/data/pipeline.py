@@ -144,6 +144,11 @@ def _close_iterator(holder: list[grain.DatasetIterator]) -> None:
     holder.pop().close()
 
 
+def foreign_state(state: dict[str, Any], kind: str) -> str:
+    """A state_problem: `state` is not one a `kind` iterator saves."""
+    return f"is not a {kind}'s (it holds {', '.join(sorted(state)) or 'nothing'})"
+
+
 class DataPipeline(grain.DatasetIterator):
     """Batches through the curriculum; `next(pipeline)` -> dict of numpy [B/n, L_phase] arrays.
 
@@ -204,10 +209,22 @@ class DataPipeline(grain.DatasetIterator):
                 "batches_in_phase": self._batches, "returned_phase": self._returned,
                 "phase_state": self._iter[0].get_state() if self._iter else None}
 
+    def state_problem(self, state: dict[str, Any]) -> str | None:
+        """Why this pipeline cannot continue from `state` (a saved get_state()), or None: a state of
+        another iterator, or of a pipeline with another layout (phases, processes, seed, workers)."""
+        if "layout" not in state:
+            return foreign_state(state, "data pipeline")
+        if state.get("version") != STATE_VERSION:
+            return f"is of format {state.get('version')}, this pipeline's is {STATE_VERSION}"
+        for key, value in self._layout.items():
+            if state["layout"].get(key) != value:
+                return f"was saved by a different pipeline ({key} {state['layout'].get(key)} there, {value} here)"
+        return None
+
     def set_state(self, state: dict[str, Any]) -> None:
-        if state.get("version") != STATE_VERSION or state.get("layout") != self._layout:
-            raise ValueError(f"data iterator state was saved by a different pipeline: saved layout "
-                             f"{state.get('layout')}, this pipeline {self._layout}")
+        problem = self.state_problem(state)
+        if problem:
+            raise ValueError(f"data iterator state {problem}")
         self._close_phase()
         self._index, self._batches = state["phase_index"], state["batches_in_phase"]
         self._returned = state["returned_phase"]

@@ -81,9 +81,13 @@ def heldout_count(num_documents: int, fraction: float) -> int:
     return min(num_documents - 1, max(1, round(num_documents * fraction)))
 
 
-def load_manifest(path: str, field: str) -> dict:
-    """Reads and checks `path`/manifest.json; errors name the config `field` and the path."""
+def load_manifest(path: str, field: str, made_by: str = "") -> dict:
+    """Reads and checks `path`/manifest.json; errors name the config `field` and the path (a missing
+    directory also the command `made_by` that writes it, '{}' standing for the path, else data.prepare)."""
     if not os.path.isdir(path):
+        if made_by:
+            raise MissingInputError(f"{field}: data directory {path!r} does not exist; make it first: "
+                                    f"{made_by.format(path)}")
         raise MissingInputError(f"{field}: data directory {path!r} does not exist (prepare one with "
                                 f"`python -m zaya_jax.data.prepare` and set {field} to it)")
     manifest_path = os.path.join(path, MANIFEST)
@@ -129,8 +133,8 @@ def check_shard(shard_path: str, documents: int | None, field: str) -> None:
                                            f"re-run `python -m zaya_jax.data.prepare` for {field}")
 
 
-def open_source(name: str, path: str, heldout_fraction: float, field: str) -> PreparedSource:
-    manifest = load_manifest(path, field)
+def open_source(name: str, path: str, heldout_fraction: float, field: str, made_by: str = "") -> PreparedSource:
+    manifest = load_manifest(path, field, made_by)
     shard_paths = [os.path.join(path, s["file"]) for s in manifest["shards"]]
     n = manifest["num_documents"]
     split = n - heldout_count(n, heldout_fraction)
@@ -149,8 +153,9 @@ def open_sources(data_config, names: list[str] | None = None) -> dict[str, Prepa
     paths: Mapping[str, str] = dict(data_config.sources)
     names = list(paths) if names is None else names
     demo_names = [n for n in names if str(paths[n]).startswith(DEMO_PREFIX)]
+    made_by = dict(data_config.get("made_by") or {})
     opened = {n: open_source(n, os.path.expanduser(str(paths[n])), float(data_config.heldout_fraction),
-                             f"data.sources.{n}") for n in names if n not in demo_names}
+                             f"data.sources.{n}", made_by.get(n, "")) for n in names if n not in demo_names}
     if demo_names:
         from zaya_jax.data import demo_posttrain  # pylint: disable=g-import-not-at-top
         for n in demo_names:

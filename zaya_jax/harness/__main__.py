@@ -53,7 +53,8 @@ _BOOTSTRAP = flags.DEFINE_integer("bootstrap_iters", 100000, "Bootstrap iteratio
 _MAX_LENGTH = flags.DEFINE_integer("max_length", None, "Context window (default: max_position_embeddings).",
                                    lower_bound=2)
 _MAX_GEN = flags.DEFINE_integer("max_gen_toks", 256, "Default cap of generated tokens.", lower_bound=1)
-_TOKENIZER = flags.DEFINE_string("tokenizer", None, "tokenizer.json (default: the run's or DIR/tokenizer.json).")
+_TOKENIZER = flags.DEFINE_string("tokenizer", None, "tokenizer.json (default: the one the checkpoint carries, or "
+                                                    "DIR/tokenizer.json).")
 _CHAT_TEMPLATE = flags.DEFINE_string("chat_template", None, "A .jinja or tokenizer_config.json (default: the "
                                                             "run's recorded template or DIR's).")
 _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Compute dtype (default: the model's).")

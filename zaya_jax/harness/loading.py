@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from zaya_jax.errors import UserError
 
@@ -47,18 +48,20 @@ def load_model(checkpoint: str | None, hf: str | None, step: int | None, dtype: 
 def load_tokenizer(checkpoint: str | None, hf: str | None, step: int | None, path: str | None, cfg):
     """-> (a `tokenizers.Tokenizer` that puts bos first as `convert to_hf`'s export does, its file).
 
-    path: a tokenizer.json, else the run's (--checkpoint) or DIR/tokenizer.json (--hf)."""
+    path: a tokenizer.json (for a checkpoint: only the file it carries, carried_tokenizer), else
+    the one the checkpoint carries (--checkpoint) or DIR/tokenizer.json (--hf)."""
     import tokenizers
 
     from zaya_jax.convert.hf_tokenizer import with_bos_first
     from zaya_jax.data.tokenizer import Tokenizer
-    from zaya_jax.infer.loading import checkpoint_tokenizer_path
-    if path is None and hf is not None:
+    if checkpoint is not None:
+        from zaya_jax.train.carried_tokenizer import checkpoint_tokenizer
+        path, told = checkpoint_tokenizer(checkpoint, step, path)
+        print(told, file=sys.stderr)
+    elif path is None:
         path = os.path.join(hf, "tokenizer.json")
         if not os.path.isfile(path):
             raise UserError(f"--hf {hf} holds no tokenizer.json; pass --tokenizer FILE")
-    elif path is None:
-        path, _ = checkpoint_tokenizer_path(checkpoint, step)
     tokenizer = Tokenizer(path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
     if tokenizer.kind != "hf":
         raise UserError(f"tokenizer {path}: the harness needs an HF tokenizer.json (a SentencePiece model has no "

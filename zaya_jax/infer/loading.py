@@ -54,20 +54,3 @@ def load_checkpoint(directory: str | os.PathLike, *, step: int | None = None, qu
         raise UserError(f"--quantize: {os.fspath(directory)} holds a vision-language model; quantization is for "
                         "text models")
     return _maybe_quantize(model, quantize, group_size)
-
-
-def checkpoint_tokenizer_path(checkpoint: str | os.PathLike, step: int | None = None) -> tuple[str, str]:
-    """(the tokenizer file a training run was trained with, its saved data.tokenizer setting).
-
-    `demo:tokenizer` resolves to the demo corpus's file (built if needed). Raises UserError
-    naming --checkpoint when the run's config names none (synthetic data) or the file is gone."""
-    from zaya_jax.data.sources import tokenizer_path
-    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
-    config = read_config(checkpoint_dir(os.fspath(checkpoint)), step)
-    if "data" not in config or not config.data.get("tokenizer"):
-        raise UserError(f"--checkpoint {checkpoint}: its config names no tokenizer (synthetic data); "
-                        "pass --tokenizer FILE")
-    try:
-        return tokenizer_path(config.data), config.data.tokenizer
-    except FileNotFoundError as err:
-        raise UserError(f"--checkpoint {checkpoint}: {err}; pass --tokenizer FILE") from err

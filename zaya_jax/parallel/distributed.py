@@ -176,7 +176,8 @@ def barrier(name: str, timeout_s: int | None = None) -> None:
 
     The wait goes through jax.distributed's coordination service, whose timeout is ours to choose
     (ZAYA_BARRIER_TIMEOUT_S, default an hour), not through a device collective: on CPU those are gloo's,
-    which give up after about 30 s. Processes reach a program's first collective far apart when their
+    whose first collective on a group of devices waits 30 s for its peers, a limit no setting of jax
+    0.10 or 0.11 changes (launch/README.md). Processes reach a program's first collective far apart when their
     compile times differ, and they do: jax writes the persistent compilation cache from process 0 only,
     so every other process compiles from scratch on every start while process 0 loads its programs from
     the cache (a host with a cold cache on a cluster does the same).

@@ -8,11 +8,13 @@ drop out of every spec.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from zaya_jax.config import ConfigError
 
 RULES: dict[str, tuple[str, ...]] = {
     # activations
@@ -47,20 +49,56 @@ def mesh_axes_for(logical: str | None, mesh_shape: dict[str, int], used: set[str
     return tuple(a for a in RULES[logical] if mesh_shape.get(a, 1) > 1 and a not in used)
 
 
+def sharded_dims(logical: Sequence[str | None], shape: Sequence[int], mesh_shape: dict[str, int]):
+    """(dim, logical name, size, mesh axes) of each dimension of an array: the axes of size > 1 its rule
+    puts it on (a mesh axis shards one dimension of an array: the first that names it)."""
+    used: set[str] = set()
+    for dim, (name, size) in enumerate(zip(logical, shape)):
+        axes = mesh_axes_for(name, mesh_shape, used)
+        used.update(axes)
+        yield dim, name, size, axes
+
+
 def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh_shape: dict[str, int],
                     where: str) -> P:
     """Logical names of each dim -> PartitionSpec, checking that each dim divides its mesh axes."""
-    used: set[str] = set()
     spec = []
-    for dim, (name, size) in enumerate(zip(logical, shape)):
-        axes = mesh_axes_for(name, mesh_shape, used)
+    for dim, name, size, axes in sharded_dims(logical, shape, mesh_shape):
         n = math.prod(mesh_shape[a] for a in axes)
         if size % n:
             raise ValueError(f"{where}: dimension {dim} ({name}, size {size}) is not divisible by mesh axis "
                              f"{'x'.join(axes)} of size {n}")
-        used.update(axes)
         spec.append(axes[0] if len(axes) == 1 else (axes or None))
     return P(*spec)
+
+
+def _logical_names(var) -> tuple:
+    return var.get_metadata().get("out_sharding") or (None,) * len(var.shape)
+
+
+def check_axes_divide(states: Sequence[nnx.State], mesh_shape: dict[str, int], where: str,
+                      fix: Callable[[str, int], str]) -> None:
+    """Every mesh axis must divide each parameter dimension the rules shard over it (each parameter rule
+    names one axis). Otherwise a ConfigError (before anything is built): `where` (how the mesh was
+    given), the axis and the first dimension it does not divide, every dimension that axis shards
+    and the sizes of it that divide them all, and `fix(axis, the largest such size below the given one)`."""
+    dims: dict[str, dict[str, tuple[int, str]]] = {}  # axis -> logical name -> (size, a parameter's path)
+    for state in states:
+        for path, var in nnx.to_flat_state(state):
+            for _, name, size, axes in sharded_dims(_logical_names(var), var.shape, mesh_shape):
+                for axis in axes:
+                    dims.setdefault(axis, {}).setdefault(f"{name} = {size}", (size, "/".join(map(str, path))))
+    for axis, named in dims.items():
+        n = mesh_shape[axis]
+        bad = next(((label, size, path) for label, (size, path) in named.items() if size % n), None)
+        if bad is None:
+            continue
+        label, _, path = bad
+        common = math.gcd(*(size for size, _ in named.values()))
+        fitting = [d for d in range(1, common + 1) if common % d == 0]
+        raise ConfigError(f"{where}: {axis}={n} does not divide {label} ({path}); the {axis} axis shards "
+                          f"{', '.join(named)}, so {axis} must be {', '.join(map(str, fitting[:-1]))} or {fitting[-1]}"
+                          f"\nfix: {fix(axis, max(d for d in fitting if d < n))}")
 
 
 def _mesh_shape(mesh: Mesh | dict[str, int]) -> dict[str, int]:
@@ -75,8 +113,7 @@ def state_specs(state: nnx.State, mesh: Mesh | dict[str, int]) -> nnx.State:
     shape = _mesh_shape(mesh)
 
     def one(path, var):
-        names = var.get_metadata().get("out_sharding") or (None,) * len(var.shape)
-        return var.replace(logical_to_spec(names, var.shape, shape, "/".join(map(str, path))))
+        return var.replace(logical_to_spec(_logical_names(var), var.shape, shape, "/".join(map(str, path))))
     return nnx.map_state(one, state)
 
 

@@ -41,7 +41,8 @@ from zaya_jax.parallel.mesh import parse_mesh_flag, resolve_mesh_shape
 from zaya_jax.planner.mesh_search import VISION_CONTEXT, mesh_name, search
 from zaya_jax.planner.phase_plan import (config_phases, grpo_step_fields, phase_mesh, phase_shape, plan_phase,
                                          run_time)
-from zaya_jax.planner.step_plan import GIB, StepShape, plan
+from zaya_jax.parallel.rules import check_axes_divide
+from zaya_jax.planner.step_plan import GIB, StepShape, parameter_states, plan
 from zaya_jax.planner.step_time import OVERLAP_ASSUMPTIONS
 from zaya_jax.train.settings import settings_from_config
 from zaya_jax.vision.accounting import vl_model_summary
@@ -360,6 +361,8 @@ def main(argv):
     if mesh:
         shape = step_shape(config)
         check_mesh_fits_step(config, mesh, shape)
+        check_axes_divide(list(parameter_states(cfg, shape.vision).values()), mesh, f"--mesh {_MESH.value}",
+                          lambda axis, size: f"--mesh {_mesh_with(mesh, axis, size)}")
         check_mesh(mesh, shape.gradient_reduce_dtype)
         summary["plan"] = plan(cfg, mesh, shape, memory_gb)
         source = _step_source(config)[2]

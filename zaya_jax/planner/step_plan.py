@@ -102,6 +102,11 @@ def _parameter_state(cfg: ModelConfig) -> nnx.State:
     return nnx.state(abstract_model(cfg), nnx.Param)
 
 
+def parameter_states(cfg: ModelConfig, vision: VisionConfig | None = None) -> dict[tuple[str, ...], nnx.State]:
+    """{path prefix: abstract parameters}: the text model's at (), with `vision` the tower's at ('vision',)."""
+    return {(): _parameter_state(cfg), **({("vision",): tower_parameter_state(vision)} if vision else {})}
+
+
 def _parameters(cfg: ModelConfig, mesh: dict[str, int], vision: VisionConfig | None = None
                 ) -> list[tuple[tuple[str, ...], tuple[int, ...], object]]:
     """(path, shape, PartitionSpec) of every parameter of the model; with `vision` the tower's too,
@@ -110,8 +115,7 @@ def _parameters(cfg: ModelConfig, mesh: dict[str, int], vision: VisionConfig | N
         specs = state_specs(state, mesh)
         return [(prefix + tuple(map(str, path)), tuple(var.shape), spec.get_value())
                 for (path, spec), (_, var) in zip(nnx.to_flat_state(specs), nnx.to_flat_state(state))]
-    text = listed(_parameter_state(cfg), ())
-    return text if vision is None else text + listed(tower_parameter_state(vision), ("vision",))
+    return [entry for prefix, state in parameter_states(cfg, vision).items() for entry in listed(state, prefix)]
 
 
 def parameter_memory(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape,

@@ -80,17 +80,20 @@ TRAIN_FIELDS = ("step", "opt_state", "controller_state", "rng", "skipped_steps",
 
 
 def config_json(config: ml_collections.ConfigDict, rope_theta: float | None = None,
-                chat_template: dict | None = None) -> dict:
+                chat_template: dict | None = None, tokenizer: dict | None = None) -> dict:
     """The run config as JSON. `rope_theta` (the RoPE base of the curriculum phase being trained)
     replaces model.rope_theta, so that the saved model section rebuilds the model as it was at
     that step (generate, convert and zaya_jax.infer.load_checkpoint read only that section).
     `chat_template` (ChatTemplate.record() of the template the chat / preference sources were
-    prepared with) is kept as the top-level "chat_template" (what `generate --chat` renders with)."""
+    prepared with) is kept as the top-level "chat_template" (what `generate --chat` renders with),
+    `tokenizer` (RunTokenizer.record() of the file the step carries) as the top-level "tokenizer"."""
     saved = json.loads(config.to_json_best_effort())
     if rope_theta is not None:
         saved["model"]["rope_theta"] = float(rope_theta)
     if chat_template is not None:
         saved["chat_template"] = chat_template
+    if tokenizer is not None:
+        saved["tokenizer"] = tokenizer
     return saved
 
 
@@ -259,9 +262,11 @@ class Checkpointer:
         step = distributed.broadcast_int(-1 if step is None else step)
         return None if step < 0 else step
 
-    def save(self, state: TrainState, data_iterator: grain.DatasetIterator, config: dict) -> int:
+    def save(self, state: TrainState, data_iterator: grain.DatasetIterator, config: dict,
+             files: dict[str, bytes] | None = None) -> int:
         """Starts saving `state` at its step; returns the step. Blocks only for the device-to-host copy
-        (and for the previous save, if it is still being written)."""
+        (and for the previous save, if it is still being written). `files` ({path relative to the
+        step directory: contents}, e.g. the run's tokenizer) are committed with the step (sealing.py)."""
         step = int(jax.device_get(state.step))
         self._finish_save()  # (Orbax would wait for it too); its manifest may still be being written
         problem = unwritable(self.directory)
@@ -273,7 +278,7 @@ class Checkpointer:
             data=grain.checkpoint.CheckpointSave(data_iterator),
             config=ocp.args.JsonSave(config),
             **({} if state.reference is None else {"reference": ocp.args.StandardSave(state.reference)}))
-        self._sealer.starting(step, lambda: self._in_save or self._manager.is_saving_in_progress())
+        self._sealer.starting(step, lambda: self._in_save or self._manager.is_saving_in_progress(), files)
         self._in_save = True
         try:
             self._manager.save(step, args=args, force=True)
@@ -409,6 +414,39 @@ def read_config(directory: str, step: int | None = None) -> ml_collections.Confi
     config = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
     manager.close()
     return ml_collections.ConfigDict(config)
+
+
+class _StateProbe(grain.DatasetIterator):
+    """Receives a saved data iterator state (grain's CheckpointRestore calls set_state) and keeps it."""
+
+    def __init__(self):
+        super().__init__()
+        self.state = None
+
+    def __next__(self):
+        raise StopIteration
+
+    def get_state(self):
+        return self.state
+
+    def set_state(self, state) -> None:
+        self.state = state
+
+
+def saved_data_state(directory: str, step: int) -> dict | None:
+    """This process's data iterator state saved with `step` (a training checkpoint), read without
+    restoring anything; None when its `data` item is not whole or holds no state for this process
+    (a job of another size saved it)."""
+    if integrity.problem(os.path.join(directory, str(step)), ("data",)) is not None:
+        return None
+    probe, manager = _StateProbe(), _reader(directory)
+    try:
+        manager.restore(step, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(probe)))
+    except ValueError:  # grain: "File .../process_i-of-n.json does not exist."
+        return None
+    finally:
+        manager.close()
+    return probe.state
 
 
 def save_model(directory: str, params: dict, biases: Any, config: dict, step: int = 0) -> None:

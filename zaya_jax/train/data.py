@@ -35,6 +35,7 @@ import numpy as np
 
 from zaya_jax.config import ConfigError
 from zaya_jax.data.curriculum import PhaseInfo
+from zaya_jax.data.pipeline import foreign_state
 from zaya_jax.parallel.distributed import local_batch_rows
 from zaya_jax.train.objectives import DATA_KIND
 from zaya_jax.train.settings import Settings
@@ -116,6 +117,10 @@ class SyntheticIterator(grain.DatasetIterator):
     def get_state(self) -> dict[str, Any]:
         return {"synthetic_batch": self._index}
 
+    def state_problem(self, state: dict[str, Any]) -> str | None:
+        """Why this iterator cannot continue from `state` (a saved get_state()), or None."""
+        return None if "synthetic_batch" in state else foreign_state(state, "synthetic data iterator")
+
     def set_state(self, state: dict[str, Any]) -> None:
         self._index = state["synthetic_batch"]
 
@@ -177,11 +182,12 @@ def wanted_kind(settings: Settings) -> str:
     return "image_chat" if settings.vision is not None else DATA_KIND[settings.train.objective]
 
 
-def open_training_data(config, settings: Settings) -> grain.DatasetIterator:
-    """The training iterator; opening a missing source fails naming the field and path."""
+def open_training_data(config, settings: Settings, tokenizer_file: str | None = None) -> grain.DatasetIterator:
+    """The training iterator; opening a missing source fails naming the field and path.
+    `tokenizer_file`: the run's tokenizer (start_checks.run_tokenizer), which GRPO encodes its prompts with."""
     if settings.train.objective == "grpo":
         from zaya_jax.train.grpo_batches import open_grpo_data
-        return open_grpo_data(config, settings)
+        return open_grpo_data(config, settings, tokenizer_file)
     if settings.train.data == "synthetic":
         return SyntheticIterator(synthetic_phase(settings), settings.model.vocab_size, settings.train.seed,
                                  settings.train.objective)

@@ -30,7 +30,9 @@ each reward function's mean (rewards/NAME), frac_reward_zero_std (groups whose r
 equal: no signal), all over the k * P sampled groups, frac_trained_zero_std (the same share among
 the P trained: below frac_reward_zero_std when k > 1 finds groups that differ), completion_length
 (mean, min, max), clipped_completion_ratio (completions that reached T without a stop).
-`generation_seconds` adds up the time spent sampling and scoring.
+`generation_seconds` adds up the time spent sampling and scoring. A generation whose groups all have
+equal rewards (frac_reward_zero_std 1: nothing to learn) leaves a warning, which the trainer logs
+and writes to metrics.jsonl once (`take_warning`).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from zaya_jax.infer.generate import stop_tokens
 from zaya_jax.parallel.distributed import local_batch_rows
 from zaya_jax.train.grpo_loss import group_advantages
 from zaya_jax.train.grpo_prompts import PromptSet, load_prompts
-from zaya_jax.train.grpo_rewards import combine_rewards, resolve_rewards, reward_name
+from zaya_jax.train.grpo_rewards import check_reward_columns, combine_rewards, resolve_rewards, reward_name
 from zaya_jax.train.grpo_rollout import sample_groups
 from zaya_jax.train.settings import Settings
 
@@ -85,6 +87,7 @@ class GRPOBatches(grain.DatasetIterator):
         self._generation, self._iteration, self._batch = 0, 0, None
         self.stats: dict[str, float] = {}
         self.generation_seconds = 0.0
+        self._warning: str | None = None
 
     def attach(self, policy: Callable, old_logps: Callable, mesh: jax.sharding.Mesh | None) -> None:
         """policy() -> the model at the current weights; old_logps(rows {k: [N, S]}) -> their per-token
@@ -105,11 +108,21 @@ class GRPOBatches(grain.DatasetIterator):
             self._generation, self._iteration = self._generation + 1, 0
         return batch
 
+    def take_warning(self) -> str | None:
+        """What the last generation sampled warns of, once (then None): every one of its groups had
+        equal rewards (no_spread_warning)."""
+        warning, self._warning = self._warning, None
+        return warning
+
     def get_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"grpo_generation": self._generation, "grpo_iteration": self._iteration}
         if self._iteration:
             state["rows"] = {k: {"dtype": v.dtype.name, "values": v.tolist()} for k, v in self._batch.items()}
         return state
+
+    def state_problem(self, state: dict[str, Any]) -> str | None:
+        """Why this iterator cannot continue from `state` (a saved get_state()), or None."""
+        return None if "grpo_generation" in state else foreign_state(state, "GRPO run's batches")
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._generation, self._iteration = state["grpo_generation"], state["grpo_iteration"]
@@ -154,6 +167,7 @@ class GRPOBatches(grain.DatasetIterator):
         if g.num_iterations > 1:
             rows["old_logp"] = np.asarray(self._old_logps(rows), np.float32)
         self.generation_seconds += time.perf_counter() - started
+        self._warning = no_spread_warning(generation, rewards, g.num_generations) if zero_std == 1 else None
         stopped = np.asarray([self._ends_in_stop(row, n) for row, n in zip(rollout.completions, rollout.lengths)])
         self.stats = {"reward": float(rewards.mean()),
                       "reward_std": float(rewards.reshape(-1, g.num_generations).std(axis=1, ddof=1).mean()),
@@ -194,6 +208,16 @@ class GRPOBatches(grain.DatasetIterator):
                 **{reward_name(r): float(v.mean()) for r, v in zip(self._rewards, per_reward)}}
 
 
+def no_spread_warning(generation: int, rewards: np.ndarray, group_size: int) -> str:
+    """The warning for a generation whose groups (rewards [K * G]) each scored their G completions alike."""
+    groups = len(rewards) // group_size
+    return (f"generation {generation}: every one of its {groups} groups scored its {group_size} completions "
+            f"alike (zero reward spread; mean reward {float(np.mean(rewards)):.3f}): every advantage is 0, so its "
+            "steps learn nothing from the rewards. If it persists, the prompts are too hard or too easy for the "
+            "model, or its samples too alike: raise grpo.temperature, or sample more prompts to choose from "
+            "(grpo.oversample_prompts)")
+
+
 def trained_groups(rewards: np.ndarray, group_size: int, keep: int) -> np.ndarray:
     """rewards [K * G] of K groups (consecutive) -> the `keep` groups a step trains on, ascending:
     every group whose rewards are not all equal (in order) before any whose are, the first `keep`."""
@@ -202,28 +226,30 @@ def trained_groups(rewards: np.ndarray, group_size: int, keep: int) -> np.ndarra
     return np.sort(np.argsort(~differ, kind="stable")[:keep])
 
 
-def open_grpo_data(config, settings: Settings) -> GRPOBatches:
-    """A GRPO run's batches: its tokenizer (data.tokenizer), chat template, prompts and reward
+def open_grpo_data(config, settings: Settings, tokenizer_file: str | None) -> GRPOBatches:
+    """A GRPO run's batches: its tokenizer (`tokenizer_file`: data.tokenizer as the trainer resolved
+    and checked it against the checkpoint it starts from), chat template, prompts and reward
     functions, each checked here (ConfigError naming the field) before anything compiles."""
-    from zaya_jax.data.sources import tokenizer_path
     g = settings.grpo
     if jax.process_count() > 1:
         raise ConfigError("train.objective='grpo' runs in one process (its samples are scored on the host); "
                           "run it on one host's devices")
-    if "data" not in config or not config.data.get("tokenizer"):
+    if tokenizer_file is None:
         raise ConfigError("train.objective='grpo' decodes completions for its rewards with data.tokenizer: set it "
                           "(a tokenizer.json, or 'demo:tokenizer')")
     cfg = settings.model
-    tokenizer = Tokenizer(tokenizer_path(config.data), bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id,
-                          pad_id=cfg.pad_token_id)
+    tokenizer = Tokenizer(tokenizer_file, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
     template = chat_template.ChatTemplate.load(g.chat_template or chat_template.PLAIN)
     rewards, weights = resolve_rewards(g.reward_funcs, g.reward_weights)
     demo = config.data.demo.to_dict() if "demo" in config.data else {}
     prompts = load_prompts(g.prompts, "grpo.prompts", tokenizer, template, g.max_prompt_length, demo)
+    check_reward_columns(rewards, list(prompts.columns), g.prompts, "grpo.prompts")
     if len(prompts.ids) < g.oversample_prompts * g.prompts_per_step:
         raise ConfigError(f"grpo.prompts: {g.prompts} holds {len(prompts.ids)} prompts, fewer than the "
                           f"{g.oversample_prompts * g.prompts_per_step} a generation samples (grpo.oversample_prompts="
                           f"{g.oversample_prompts} x grpo.prompts_per_step={g.prompts_per_step})")
     eval_prompts = (load_prompts(g.eval_prompts, "grpo.eval_prompts", tokenizer, template, g.max_prompt_length, demo)
                     if g.eval_prompts else None)
+    if eval_prompts is not None:
+        check_reward_columns(rewards, list(eval_prompts.columns), g.eval_prompts, "grpo.eval_prompts")
     return GRPOBatches(settings, prompts, eval_prompts, tokenizer, template, rewards, weights)

@@ -9,7 +9,10 @@ are combined with weights (`combine_rewards`); a reward that raises, returns the
 values or a value that is not a finite number is named in one RewardError (a UserError) line.
 
 A run names its rewards in grpo.reward_funcs (resolve_rewards): built-in names, or
-'package.module:function' for a user's function, with grpo.reward_weights.
+'package.module:function' for a user's function (imported from sys.path, as any import: the
+current directory, PYTHONPATH, the installed packages), with grpo.reward_weights. The columns a
+reward takes by name (`answer` for exact_answer: required_columns) must be columns of the prompts
+(check_reward_columns, before anything samples or compiles).
 
 Built in, for the post-training demo's questions (zaya_jax.data.instruction_tasks):
   exact_answer   1.0 when the completion's answer (its first line, instruction_tasks.extract_answer)
@@ -21,8 +24,11 @@ Built in, for the post-training demo's questions (zaya_jax.data.instruction_task
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
+import os
 import re
+import traceback
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -69,13 +75,7 @@ def resolve_rewards(funcs: str, weights: str) -> tuple[list[Reward], list[float]
         if not module or not attr:
             raise ConfigError(f"grpo.reward_funcs: {name!r} is neither a built-in reward ({', '.join(BUILT_IN)}) "
                               "nor 'package.module:function'")
-        try:
-            reward = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as err:
-            raise ConfigError(f"grpo.reward_funcs: {name!r} cannot be loaded: {err}") from None
-        if not callable(reward):
-            raise ConfigError(f"grpo.reward_funcs: {name!r} is not callable")
-        rewards.append(reward)
+        rewards.append(import_reward(name, module, attr))
     if not weights.strip():
         return rewards, None
     try:
@@ -86,6 +86,59 @@ def resolve_rewards(funcs: str, weights: str) -> tuple[list[Reward], list[float]
         raise ConfigError(f"grpo.reward_weights: {len(values)} weights for {len(rewards)} reward functions "
                           f"(grpo.reward_funcs={funcs!r})")
     return rewards, values
+
+
+def import_reward(name: str, module: str, attr: str) -> Reward:
+    """grpo.reward_funcs' 'module:function' -> the function; ConfigError saying how the module is found
+    (from sys.path, as any import) and what failed."""
+    try:
+        found = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name is not None and (module == err.name or module.startswith(err.name + ".")):
+            path = os.environ.get("PYTHONPATH", "")
+            raise ConfigError(f"grpo.reward_funcs: {name!r}: no module named {err.name!r}. A 'module:function' "
+                              f"reward is imported from sys.path, as any Python import: the current directory "
+                              f"({os.getcwd()}), PYTHONPATH ({path or 'not set'}), the installed packages; run from "
+                              f"the directory that holds {module.replace('.', '/')}.py, or add that directory to "
+                              "PYTHONPATH") from None
+        raise ConfigError(f"grpo.reward_funcs: {name!r}: importing module {module!r} raised ModuleNotFoundError: "
+                          f"{err} (a module it imports is missing: install it)") from None
+    except Exception as err:  # the user's module failed while it ran: what it raised, and where
+        frame = traceback.extract_tb(err.__traceback__)[-1]
+        raise ConfigError(f"grpo.reward_funcs: {name!r}: importing module {module!r} raised {type(err).__name__}: "
+                          f"{err} ({frame.filename}, line {frame.lineno})") from None
+    reward = getattr(found, attr, None)
+    if reward is None:
+        functions = sorted(n for n, v in vars(found).items() if callable(v) and not n.startswith("_"))
+        raise ConfigError(f"grpo.reward_funcs: {name!r}: module {module!r} ({found.__file__}) has no {attr!r}; "
+                          f"it defines {', '.join(functions) or 'no function'}")
+    if not callable(reward):
+        raise ConfigError(f"grpo.reward_funcs: {name!r} is not callable")
+    return reward
+
+
+def required_columns(reward: Reward) -> list[str]:
+    """The keyword arguments `reward` needs beyond (prompts, completions): the prompt columns it must
+    be given (TRL passes every other field of the dataset by name); [] where its signature cannot be read."""
+    try:
+        parameters = list(inspect.signature(reward).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    named = [p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    positional = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in named[:2])
+    return [p.name for p in named[positional:] if p.default is p.empty]
+
+
+def check_reward_columns(rewards: Sequence[Reward], columns: Sequence[str], source: str, field: str) -> None:
+    """Each reward's required_columns must be columns of the prompts `source` (named by `field`), before
+    anything samples or compiles; ConfigError naming the file, the column and the reward otherwise."""
+    for reward in rewards:
+        missing = [c for c in required_columns(reward) if c not in columns]
+        if missing:
+            raise ConfigError(f"{field}: {source} has no column {missing[0]!r}, which reward function "
+                              f"{reward_name(reward)} (grpo.reward_funcs) takes; its records have "
+                              f"{', '.join(['prompt', *columns])}: add {missing[0]!r} to every record, or choose "
+                              "reward functions that read only those")
 
 
 def reward_name(reward: Reward) -> str:

@@ -24,7 +24,8 @@
 kind: "training" (items model, train, data, config: the trainer's checkpoints) or "model"
 (model, config: `convert to_orbax` and `save_model`). A training checkpoint missing its `train`
 item is damaged, never mistaken for a model-only one. A DPO run's checkpoints also hold the
-optional item `reference` (the frozen reference model); the manifest's `items` lists what the
+optional item `reference` (the frozen reference model), and a run with a tokenizer the optional
+`tokenizer` (a copy of its file, carried_tokenizer.py); the manifest's `items` lists what the
 step holds.
 """
 
@@ -39,7 +40,7 @@ MANIFEST = "zaya_manifest.json"
 # (an update of _CHECKPOINT_METADATA) and the commit marker. Not listed (older manifests list them).
 COMMIT_RECORDS = ("_CHECKPOINT_METADATA", "commit_success.txt")
 ITEMS = {"training": ("model", "train", "data", "config"), "model": ("model", "config")}
-OPTIONAL_ITEMS = ("reference",)
+OPTIONAL_ITEMS = ("reference", "tokenizer")
 _CHUNK = 1 << 22
 
 

@@ -2,20 +2,24 @@
 
   Trainer(config, workdir, *, init_model=None, on_log=None)
                              validates every section, checks each phase's batch against the mesh,
-                             opens the data (missing files are named here) -- all before any
-                             compilation -- then builds or restores the state:
+                             checks what it starts from (start_checks: a resume is the run that
+                             wrote the workdir, a checkpoint's tokenizer is this run's), opens the
+                             data (missing files are named here) -- all before any compilation,
+                             and what start-up opened is closed again if it fails -- then builds
+                             or restores the state:
                                latest checkpoint in workdir  >  init_model (a ZayaLM in memory,
                                e.g. from a notebook)  >  train.init_from_checkpoint  >
                                train.init_from_hf  >  fresh init (a DPO run's frozen reference
                                model is a copy of the weights it starts from)
                              on_log(record) sees every record written to metrics.jsonl (train,
-                             eval, rollback), as it is written: a live plot's hook
+                             eval, rollback, warning), as it is written: a live plot's hook
   Trainer.run()              steps until train.steps (or the data ends), then saves, waits for
                              the checkpoint and draws the expert-load heatmap
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -26,72 +30,27 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from zaya_jax.config import RUNTIME_MODEL_FIELDS, VISION_LORA_FIELDS, ConfigError
+from zaya_jax.config import VISION_LORA_FIELDS, ConfigError
 from zaya_jax.errors import UserError
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.parallel import distributed
 from zaya_jax.parallel.mesh import check_declared_platform, check_platform_support, make_mesh
 from zaya_jax.train import checkpoint, faults, integrity
-from zaya_jax.train.checkpoint import Checkpointer, checkpoint_dir, config_json, read_config, restore_model, whole_step
+from zaya_jax.train.checkpoint import Checkpointer, config_json, read_config, restore_model
 from zaya_jax.train.data import curriculum_extension, eval_batches, open_training_data, phases_of
 from zaya_jax.train.objectives import TokenObjective, zero_sums
 from zaya_jax.train.metrics import expert_load, flops_per_token, peak_flops, router_metrics
 from zaya_jax.train.monitor import HEATMAP_FILE, METRICS_FILE, Monitor
 from zaya_jax.train.profiling import StepProfiler
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
-from zaya_jax.train.program import abstract_batch, build_program, image_shape
+from zaya_jax.train.start_checks import (ResumePoint, check_data_state, check_resumable, check_same_architecture,
+                                         check_start_rope_theta, checkpoint_to_start_from, load_hf_matching,
+                                         run_tokenizer)
+from zaya_jax.train.program import abstract_batch, build_program, check_mesh_divides_model, image_shape
 from zaya_jax.train.state import (ModelParts, TrainState, initial_state, merged, with_shardings,
                                   without_vision_lora)
 from zaya_jax.train.workdir_lock import WorkdirLock
 from zaya_jax.vision.model import build_model
-
-
-def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
-    """An HF checkpoint whose architecture must equal `cfg`'s (errors name the first difference).
-
-    Its rope_theta may differ: a RoPE base is the curriculum phase's, not architecture (an export
-    carries the base of the phase it was saved in); the model keeps its own, callers decide."""
-    import zaya_jax
-    model = zaya_jax.load_hf(path, **{f: getattr(cfg, f) for f in RUNTIME_MODEL_FIELDS})
-    check_same_architecture(model, cfg, field=f"{field}: {path}", ignore=("rope_theta",))
-    return model
-
-
-def check_start_rope_theta(saved: float, rope_theta: float, field: str) -> None:
-    """Training from weights trained at RoPE base `saved` must start at it (the first phase's base)."""
-    if saved != rope_theta:
-        raise ConfigError(f"{field} was trained with rope_theta={saved:g} but this run starts with {rope_theta:g}: "
-                          f"set --config.model.rope_theta={saved:g} (or its first curriculum phase's rope_theta)")
-
-
-def check_same_architecture(model: ZayaLM, cfg, field: str, ignore: tuple[str, ...] = ()) -> None:
-    """`model`'s architecture must equal `cfg`'s (runtime fields and `ignore` may differ); names the
-    first difference. `model` may also be a ModelConfig."""
-    for name, value in vars(getattr(model, "config", model)).items():
-        if name not in RUNTIME_MODEL_FIELDS + ignore and value != getattr(cfg, name):
-            raise ConfigError(f"{field}: the model has model.{name}={value!r} "
-                              f"but the config says {getattr(cfg, name)!r}")
-
-
-def checkpoint_to_start_from(path: str, cfg, rope_theta: float, made_by: str = "",
-                             ignore: tuple[str, ...] = ()) -> tuple[str, int]:
-    """train.init_from_checkpoint -> (checkpoint directory, newest whole step), checked before any
-    compilation: its architecture must equal `cfg`'s, and the RoPE base it was trained at (its
-    saved model.rope_theta) the one this run starts with (errors name the field and the fix;
-    a missing checkpoint also the command `made_by` that trains it, '{}' standing for `path`)."""
-    from zaya_jax.config_files import model_config
-    field = "train.init_from_checkpoint"
-    directory = checkpoint_dir(path)
-    try:
-        step = whole_step(directory, ("model", "config"))
-    except UserError as err:
-        if not made_by or os.path.isdir(directory):
-            raise
-        raise UserError(f"{field}: no checkpoint at {path}; train it first: {made_by.format(path)}") from err
-    saved = model_config(read_config(directory, step))
-    check_same_architecture(saved, cfg, f"{field}: {directory} step {step}", ignore=("rope_theta", *ignore))
-    check_start_rope_theta(saved.rope_theta, rope_theta, f"{field}: {directory} step {step}")
-    return directory, step
 
 
 class Trainer:
@@ -114,25 +73,44 @@ class Trainer:
             check_batch_layout(p.global_batch_size, p.seq_len, s.train.microbatches, mesh_shape,
                                f"phase {p.name!r}" if s.train.data == "pipeline" else "train.global_batch_size")
         check_platform_support(mesh_shape, s.model.expert_parallel)
+        check_mesh_divides_model(s, mesh_shape)
         if s.train.init_from_hf and not os.path.isdir(s.train.init_from_hf):
             raise ConfigError(f"train.init_from_hf: {s.train.init_from_hf!r} is not a directory (an HF checkpoint "
                               "directory: config.json + safetensors)")
-        resuming = bool(integrity.steps_in(os.path.join(self.workdir, "checkpoints")))  # the source is not read
+        checkpoints = os.path.join(self.workdir, "checkpoints")
+        resuming = bool(integrity.steps_in(checkpoints))  # the source is not read
+        resumed = ResumePoint.find(checkpoints) if resuming else None
+        if resumed is not None:
+            check_resumable(resumed, config, s)
         self._init_checkpoint = (checkpoint_to_start_from(s.train.init_from_checkpoint, s.model,
                                                           self.phases[0].rope_theta,
                                                           s.train.init_from_checkpoint_made_by,
                                                           VISION_LORA_FIELDS if s.vision else ())
                                  if s.train.init_from_checkpoint and not resuming else None)
+        self.tokenizer, tokenizer_note = run_tokenizer(config, s, resumed, self._init_checkpoint)
         try:
             os.makedirs(self.workdir, exist_ok=True)
         except OSError as e:
             raise UserError(f"workdir {self.workdir} cannot be created: {e.strerror} ({e.filename}); "
                             "choose another --workdir") from None
         self.is_main = jax.process_index() == 0
-        self._lock = WorkdirLock(self.workdir) if self.is_main else None
         self.stopped_by: int | None = None  # the signal that stopped run(), if one did
         self._rollbacks = 0
-        self.data = open_training_data(config, s)
+        with contextlib.ExitStack() as opened:  # closed again if start-up fails: no thread outlives a refusal
+            self._lock = WorkdirLock(self.workdir) if self.is_main else None
+            if self._lock is not None:
+                opened.callback(self._lock.release)
+            self.data = open_training_data(config, s, self.tokenizer and self.tokenizer.path)
+            opened.callback(self.data.close)
+            if resumed is not None:
+                check_data_state(resumed, self.data)
+            self._start_up(config, init_model, resuming, tokenizer_note, opened)
+            opened.pop_all()
+
+    def _start_up(self, config, init_model: ZayaLM | None, resuming: bool, tokenizer_note: str | None,
+                  opened: contextlib.ExitStack) -> None:
+        """The rest of start-up, once the data is open (what it opens is closed by `opened` if it fails)."""
+        s = self.settings
         self.eval_data = eval_batches(config, s) if s.eval.every_steps else {}
         self.harness = None
         if s.eval.harness_tasks:
@@ -151,11 +129,15 @@ class Trainer:
         self.objective = program.objective
         self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), s.checkpoint,
                                          reference=self.objective.needs_reference)
+        opened.push(self._close_checkpointer_unless_stopped)
         self.monitor = Monitor(self.workdir, s.train.steps, progress_bar=s.monitor.progress_bar,
                                tensorboard=s.monitor.tensorboard, enabled=self.is_main)
+        opened.callback(self.monitor.close)
         self.profiler = StepProfiler(os.path.join(self.workdir, "profile"), s.monitor.profile_start_step,
                                      s.monitor.profile_steps)
-        self.monitor.log(f"topology: {distributed.topology()}; mesh {mesh_shape}")
+        self.monitor.log(f"topology: {distributed.topology()}; mesh {dict(self.mesh.shape)}")
+        if tokenizer_note:
+            self.monitor.log(f"note: {tokenizer_note}")
         self._announce_extension(curriculum_extension(config, s))
         self.state, origin = self._initial_state_unless_stopped()
         self.monitor.advance(int(self.state.step))
@@ -183,10 +165,8 @@ class Trainer:
                        out_shardings=self.shardings)(params, biases)
 
     def _initial_state(self) -> tuple[TrainState, str]:
-        point = self.checkpointer.resume_point(self.monitor.log)
+        point = self.checkpointer.resume_point(self.monitor.log)  # its run was checked: start_checks
         step = point[0] if point else None
-        if point is not None:
-            self._check_resumable(step)
         if point is not None and point[1] == "training":
             return self._restore(step), f"restored checkpoint {step}"
         if point is not None:
@@ -224,26 +204,6 @@ class Trainer:
         return jax.jit(init, in_shardings=(text_shardings, self.shardings.biases),
                        out_shardings=self.shardings)(restored["params"], restored["biases"])
 
-    def _check_resumable(self, step: int) -> None:
-        """The workdir's checkpoint `step` must hold this config's architecture (its RoPE base is its
-        curriculum phase's, not architecture): else a ConfigError naming the field, before any restore."""
-        from zaya_jax.config_files import model_config
-        saved_config = read_config(self.checkpointer.directory, step)
-        if ("vision" in saved_config) != (self.settings.vision is not None):
-            kinds = ("a vision-language run", "a text run")
-            saved_kind, this_kind = (kinds if "vision" in saved_config else kinds[::-1])
-            raise ConfigError(f"resuming {self.checkpointer.directory} step {step}: its checkpoints are "
-                              f"{saved_kind}'s but this config is {this_kind}'s (vision section); resume with the "
-                              "config that run was trained with, or train this config in a new --workdir")
-        saved = model_config(saved_config)
-        try:
-            check_same_architecture(saved, self.settings.model, f"resuming {self.checkpointer.directory} step {step}",
-                                    ignore=("rope_theta",))
-        except ConfigError as err:
-            raise ConfigError(f"{str(err).replace('the model has', 'the checkpoint has')}\nresume with the config "
-                              "that run was trained with (its checkpoints are intact), or train this config in a new "
-                              "--workdir") from None
-
     def _restored_model(self, directory: str, step: int) -> tuple[dict, jax.Array]:
         """(params, biases) of the `model` item of `step` in `directory`, on this run's shardings."""
         target = with_shardings({"params": self.abstract_state.params, "biases": self.abstract_state.biases},
@@ -255,8 +215,9 @@ class Trainer:
         return self.checkpointer.restore(step, with_shardings(self.abstract_state, self.shardings), self.data)
 
     def save(self) -> int:
-        return self.checkpointer.save(self.state, self.data, config_json(self.config, self.data.phase.rope_theta,
-                                                                       self.data.chat_template))
+        config = config_json(self.config, self.data.phase.rope_theta, self.data.chat_template,
+                             self.tokenizer and self.tokenizer.record())
+        return self.checkpointer.save(self.state, self.data, config, self.tokenizer and self.tokenizer.files())
 
     # -- loop -------------------------------------------------------------------------------
     def run(self) -> TrainState:
@@ -278,6 +239,7 @@ class Trainer:
                                      "--config.train.steps beyond the curriculum extends its last phase")
                     break
                 phase = self._announce_phase(step, phase, self.data.phase)
+                self._log_grpo_warning(step + 1)
                 self.state, metrics = self._train_step(self.state, distributed.global_batch(local, self.mesh),
                                                        phase.rope_theta)
                 step += 1
@@ -406,7 +368,7 @@ class Trainer:
 
     def _initial_state_unless_stopped(self) -> tuple[TrainState, str]:
         """_initial_state, unless a stop comes while any process builds it (faults.build_unless_stopped):
-        then the stop is logged, what start-up opened is closed, and StoppedDuringStartup raised."""
+        then the stop is logged and StoppedDuringStartup raised (start-up closes what it opened)."""
         def build():
             with jax.set_mesh(self.mesh):
                 return self._initial_state()
@@ -415,11 +377,14 @@ class Trainer:
         except faults.StoppedDuringStartup as stop:
             self.stopped_by = stop.signum
             self._log_on_every_process(str(stop))
-            self.monitor.close()
-            self.data.close()
-            if self._lock is not None:
-                self._lock.release()
             raise
+
+    def _close_checkpointer_unless_stopped(self, kind, error, traceback) -> None:
+        """Start-up failed: the checkpointer's threads end, unless a stop came while the state was being
+        built (the build may still be restoring in its thread; the process exits at once)."""
+        del error, traceback
+        if kind is not faults.StoppedDuringStartup:
+            self.checkpointer.close()
 
     def _save_unless_nonfinite(self, streak: int, last_saved: int | None) -> int | None:
         """Saves the state unless its last step was non-finite (a rollback must never find such a state)."""
@@ -470,6 +435,15 @@ class Trainer:
         generation = self.data.generation_seconds - self._generation_seconds
         self._generation_seconds = self.data.generation_seconds
         return {**self.data.stats, "generation_s": generation, "update_s": elapsed - generation}
+
+    def _log_grpo_warning(self, step: int) -> None:
+        """A GRPO generation's warning (grpo_batches.GRPOBatches.take_warning: its groups all had equal
+        rewards), once, at the first step it trains: logged, and written to metrics.jsonl as
+        {"kind": "warning", "step", "message"}."""
+        message = self.data.take_warning() if self.objective.name == "grpo" else None
+        if message:
+            self.monitor.log(f"warning: step {step}: {message}")
+            self._write({"kind": "warning", "step": step, "message": message})
 
     def _log_train(self, step: int, m: dict, tokens_per_sec: float, phase, elapsed: float) -> None:
         flops = self._flops_per_token[phase.seq_len] * tokens_per_sec

@@ -4,7 +4,9 @@
                             "tokens_per_sec", "mfu", "lr", "grad_norm", "router_entropy",
                             "expert_load_min", "expert_load_max", "drop_rate", "skip_rate",
                             "skipped_steps", "expert_load": [L][E+1], ...}) and per evaluation
-                            ({"kind": "eval", "step", "eval/<source>/loss", ".../perplexity"})
+                            ({"kind": "eval", "step", "eval/<source>/loss", ".../perplexity"}) and per
+                            warning ({"kind": "warning", "step", "message"}: a GRPO generation whose
+                            groups all had equal rewards)
   DIR/tensorboard/          event files (tensorboardX): every scalar above
   DIR/expert_load.png       expert load per layer over training (rows: layer x expert slot,
                             columns: logged steps), redrawn from metrics.jsonl, so it survives

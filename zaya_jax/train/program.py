@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 
 from zaya_jax.vision.model import build_model
 from zaya_jax.parallel.gradient_reduce import GradientReduce, check_mesh, summed_by_hand
+from zaya_jax.parallel.rules import check_axes_divide
 from zaya_jax.train import balancing
 from zaya_jax.train.objectives import make_objective
 from zaya_jax.train.optimizer import make_optimizer, schedule, text_weight
@@ -40,12 +41,24 @@ class TrainProgram:
     objective: object            # objectives.TokenObjective | DPOObjective | GRPOObjective
 
 
+def model_shapes(s: Settings) -> nnx.Module:
+    """The model `s` describes, as shapes (nnx.eval_shape: nothing allocated)."""
+    return nnx.eval_shape(lambda: build_model(s.model, s.vision, rngs=nnx.Rngs(s.train.seed)))
+
+
+def check_mesh_divides_model(s: Settings, mesh_shape: dict[str, int]) -> None:
+    """Each mesh axis divides the parameter dimensions it shards (rules.check_axes_divide: a ConfigError
+    naming the config's mesh field and the sizes that divide)."""
+    check_axes_divide([nnx.state(model_shapes(s))], mesh_shape, "mesh",
+                      lambda axis, size: f"--config.mesh.{axis}={size}")
+
+
 def build_program(s: Settings, mesh: Mesh) -> TrainProgram:
     frozen = text_weight if s.train.freeze_text else None
     tx = make_optimizer(s.optimizer, s.train.steps, frozen)
     controller = balancing.make_controller(s.balancing)
     lr_schedule = schedule(s.optimizer, s.train.steps, s.optimizer.learning_rate)
-    abstract_model = nnx.eval_shape(lambda: build_model(s.model, s.vision, rngs=nnx.Rngs(s.train.seed)))
+    abstract_model = model_shapes(s)
     parts = ModelParts(abstract_model)
     params_abs, biases_abs = ModelParts.arrays(abstract_model)
     objective = make_objective(s)

@@ -11,6 +11,9 @@ directory. So at every instant of a save:
     nothing, and the next start resumes from that step.
 The two files Orbax writes while committing, after the manifest (the commit timestamp in
 `_CHECKPOINT_METADATA`, `commit_success.txt`), are not listed in it (integrity.COMMIT_RECORDS).
+Files that are no Orbax item (`files` of `starting`: the run's tokenizer, carried_tokenizer.py)
+are written into the temporary directory just before the manifest, so they are listed in it and
+committed by the same rename: a step holds them whole or does not exist.
 
 Checksumming is shared by the processes of a job, each reading about 1/P of the bytes: process 0
 (in Orbax's commit thread) posts the temporary directory and its file sizes on jax.distributed's
@@ -21,7 +24,8 @@ their process is over).
 
   sealer = Sealer(directory, kind)                # kind: "training" or "model" (integrity.ITEMS)
   ocp.CheckpointManagerOptions(temporary_path_class=sealer.path_class, ...)
-  sealer.starting(step, in_progress)              # every process, before each save of `step`
+  sealer.starting(step, in_progress, files)       # every process, before each save of `step`;
+                                                  # files: {relative path: bytes} to add (process 0's)
   sealer.errors()                                 # the checksum threads' errors so far (and wait=True)
 """
 
@@ -42,6 +46,17 @@ from zaya_jax.train import integrity
 _POLL_S = 1  # how often a waiting process checks that its own save is still under way
 
 
+def write_files(step_dir: str, files: dict[str, bytes]) -> None:
+    """Writes each of `files` ({path relative to `step_dir`: contents}) to disk (fsynced)."""
+    for relative, contents in files.items():
+        path = os.path.join(step_dir, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(contents)
+            f.flush()
+            os.fsync(f.fileno())
+
+
 class Sealer:
     """Writes the manifest of every step saved into `directory` before Orbax commits the step."""
 
@@ -49,6 +64,7 @@ class Sealer:
         self.directory, self.kind = os.path.abspath(directory), kind
         self._saves = 0  # saves started: the same count on every process, so a board name per save
         self._boards: dict[int, str] = {}  # step -> the board of its save, until process 0 seals it
+        self._files: dict[int, dict[str, bytes]] = {}  # step -> the files to add to it, until it is sealed
         self._helpers = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="manifest")
         self._shares: list[concurrent.futures.Future] = []  # this process's checksumming, per save
         self.path_class = self._make_path_class()
@@ -68,12 +84,15 @@ class Sealer:
 
         return SealedRename
 
-    def starting(self, step: int, in_progress: Callable[[], bool]) -> None:
+    def starting(self, step: int, in_progress: Callable[[], bool], files: dict[str, bytes] | None = None) -> None:
         """Every process, before Orbax starts saving `step`; `in_progress()`: whether that save is
-        still under way on this process (the checksum thread stops waiting once it is not)."""
+        still under way on this process (the checksum thread stops waiting once it is not); `files`
+        ({path relative to the step directory: contents}): what process 0 writes into the step
+        beside Orbax's items before sealing it."""
         self._saves += 1
         board = f"zaya_manifest_{self._saves}"
         self._boards[step] = board
+        self._files[step] = files or {}
         if jax.process_index() != 0:
             self._shares.append(self._helpers.submit(self._post_share, board, in_progress))
 
@@ -81,6 +100,7 @@ class Sealer:
         """Process 0, in Orbax's commit thread: writes the manifest of `step_dir` (the temporary directory
         of `step`, every item final) from every process's checksums."""
         board, count = self._boards.pop(step), jax.process_count()
+        write_files(step_dir, self._files.pop(step))
         if count == 1:
             integrity.write_manifest(step_dir, self.kind)
             return

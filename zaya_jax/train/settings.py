@@ -32,9 +32,10 @@ below, and every error names the offending `section.field`):
               rows), oversample_prompts (k >= 1: each generation samples k * prompts_per_step prompts
               and trains on prompts_per_step of their groups, those whose rewards differ first: DAPO's
               dynamic sampling at a fixed batch), max_prompt_length, max_completion_length (T),
-              temperature, top_k (0: off), top_p, num_iterations (optimizer steps per generation
-              batch), loss_type ('grpo' | 'dapo' | 'dr_grpo'), epsilon, epsilon_high (0: epsilon), beta (KL to the starting
-              weights; 0: none, no reference model), scale_rewards ('group' | 'batch' | 'none'),
+              temperature (> 0: at 0 the G completions of a prompt would be equal), top_k (0: off), top_p,
+              num_iterations (optimizer steps per generation batch), loss_type ('grpo' | 'dapo' |
+              'dr_grpo'), epsilon, epsilon_high (0: epsilon), beta (KL to the starting weights; 0: none,
+              no reference model), scale_rewards ('group' | 'batch' | 'none'),
               reward_funcs (comma-separated: built-in names of zaya_jax.train.grpo_rewards or
               'module:function'), reward_weights (comma-separated floats; '': 1 each)
   optimizer   name ('muon' | 'adamw'), learning_rate, adam_learning_rate (0: learning_rate),
@@ -332,6 +333,9 @@ def check_grpo_run(s: Settings) -> None:
     g = s.grpo
     wrong = [(g.num_generations < 2, f"grpo.num_generations must be >= 2 (a group's rewards are compared), "
                                      f"got {g.num_generations}"),
+             (not g.temperature > 0, f"grpo.temperature must be > 0, got {g.temperature!r}: at 0 a prompt's "
+                                     "G completions are all its greedy one, so every group's rewards are equal and "
+                                     "the advantages, loss and gradient 0 (TRL's default and the demo's: 1.0)"),
              (not 0 < g.top_p <= 1, f"grpo.top_p must lie in (0, 1], got {g.top_p!r}"),
              (not g.prompts, "grpo.prompts is empty: name the prompts to sample ('demo:tasks' or a JSONL file)"),
              (s.eval.every_steps > 0 and not g.eval_prompts,
