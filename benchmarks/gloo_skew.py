@@ -1,6 +1,6 @@
 """How far apart the 2 processes of a CPU job (gloo collectives) may reach a collective.
 
-  python benchmarks/gloo_skew.py [--delays 25,40] [--timeout_flag 600] [--jax 0.10]
+  python benchmarks/gloo_skew.py [--delays 25,40] [--timeout_flag 600]
 
 Each case starts 2 processes of one jax.distributed job on this machine (1 CPU device each,
 started by zaya_jax.parallel.distributed.initialize from the environment launch/local.sh sets),
@@ -13,9 +13,9 @@ With --timeout_flag S every case also runs with XLA_FLAGS=--xla_cpu_collective_t
 (XLA:CPU's limit on one collective operation, 30 minutes by default).
 Prints one JSON object: per case, each process's exit code, how long each waited in the
 collective process 1 was late for, and the error it raised there (a failed process then exits).
-Measured on both stacks: benchmarks/results/gloo_skew_cpu_jax010.json (Python 3.11, jax 0.10.2)
-and gloo_skew_cpu_jax011.json (Python 3.12, jax 0.11.2), this script's output (launch/README.md);
-`--jax 0.10` (or 0.11) stops a run under another jax, so that run_all writes each file from its stack.
+Measured on both stacks: run_all writes benchmarks/results/gloo_skew_cpu_py311.json (Python 3.11,
+jax 0.10.2) and gloo_skew_cpu_py312.json (Python 3.12, jax 0.11.2), each from its own interpreter
+(launch/README.md quotes them).
 """
 
 from __future__ import annotations
@@ -91,7 +91,6 @@ def main() -> None:
     parser.add_argument("--delays", default="25,40", help="comma-separated seconds process 1 sleeps")
     parser.add_argument("--timeout_flag", type=int, default=600,
                         help="also run each case with --xla_cpu_collective_timeout_seconds=S (0: not)")
-    parser.add_argument("--jax", default="", help="the jax version (major.minor) this run must measure")
     parser.add_argument("--worker", choices=PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--delay", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -99,8 +98,6 @@ def main() -> None:
         worker(args.worker, args.delay)
         return
     import jax
-    if args.jax and not jax.__version__.startswith(args.jax + "."):
-        sys.exit(f"--jax {args.jax}: this interpreter runs jax {jax.__version__}; run the script with that stack's")
     flags = [None] + ([args.timeout_flag] if args.timeout_flag else [])
     cases = [run_case(phase, float(delay), flag) for flag in flags for phase in PHASES
              for delay in args.delays.split(",")]

@@ -54,8 +54,8 @@ RUNS: dict[str, list[str]] = {
     "vl_demo_cpu": ["vl_demo.py"],
     "xla_cpu_flags_cpu": ["xla_cpu_flags.py"],
     # 2 CPU processes, one late at a collective; each file from its stack's interpreter (the script checks)
-    "gloo_skew_cpu_jax010": ["gloo_skew.py", "--jax", "0.10"],
-    "gloo_skew_cpu_jax011": ["gloo_skew.py", "--jax", "0.11"],
+    "gloo_skew_cpu_py311": ["gloo_skew.py"],
+    "gloo_skew_cpu_py312": ["gloo_skew.py"],
     # model.moe_backend=auto picks the native CPU grouped matmul where the install built it
     # (zaya_jax.native); these files hold such runs and are only regenerated there
     "decode_cpu_torch1thread_native": ["decode.py", "--torch-threads", "1"],
