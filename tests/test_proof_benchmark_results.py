@@ -83,72 +83,137 @@ def test_data_pipeline_figures_are_the_results_file():
     assert f"{100 * by_workers[0]['fill']:.1f}% filled" in text
 
 
-def test_demo_run_figures_are_the_results_file():
-    run = _load("demo_run_cpu")
-    text = " ".join(_doc("training.md").split())
+STACKS = {"py311": "Python 3.11", "py312": "Python 3.12"}  # the demos' figures, measured on each stack
+
+
+def _readme():
+    with open(os.path.join(REPO, "README.md")) as f:
+        return f.read()
+
+
+def _flat(text):
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_demo_run_figures_are_the_results_file(stack):
+    run = _load(f"demo_run_cpu_{stack}")
+    assert STACKS[stack] == f"Python {run['stack']['python'].rsplit('.', 1)[0]}"
+    text = _flat(_doc("training.md"))
     first, last, evals = run["first_logged"], run["last_logged"], run["final_eval_loss"]
-    assert (f"logged loss {first['loss']:.2f} at step {first['step']} -> {last['loss']:.2f} at step "
-            f"{last['step']}") in text
+    assert (f"{STACKS[stack]} / jax {run['stack']['jax']}: {run['wall_s_including_compile']:.0f} s at load average "
+            f"{run['load_average_1m_start_end'][0]:.1f}-{run['load_average_1m_start_end'][1]:.1f}, logged loss "
+            f"{first['loss']:.2f} at step {first['step']} -> {last['loss']:.2f} at step {last['step']}") in text
     assert f"code {evals['code']:.2f} / math {evals['math']:.2f} / prose {evals['prose']:.2f}" in text
-    assert f"{run['wall_s_including_compile']:.0f} s" in text
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = " ".join(f.read().split())
-    assert f"from about {first['loss']:.1f} to {last['loss']:.1f}" in readme
+    readme = _flat(_readme())
+    assert f"to {last['loss']:.1f} on {STACKS[stack]}" in readme and f"from about {first['loss']:.1f}" in readme
 
 
-def test_newcomer_figures_are_the_results_file():
-    """The README's wait for a newcomer is newcomer_run.py's measurement of the README's own line."""
+@pytest.mark.parametrize("stack", STACKS)
+def test_newcomer_figures_are_the_results_file(stack):
+    """The README's wait for a newcomer is newcomer_run.py's measurement of the README's own line,
+    run by each stack's interpreter."""
     from benchmarks.newcomer_run import TRAIN, readme_main_job
-    run = _load("newcomer_run_cpu")
-    with open(os.path.join(REPO, "README.md")) as f:
-        text = f.read()
+    run = _load(f"newcomer_run_cpu_{stack}")
+    assert STACKS[stack] == f"Python {run['stack']['python'].rsplit('.', 1)[0]}"
+    text = _readme()
     install, train = readme_main_job(text).split(TRAIN)
-    assert run["install"]["command"] == install and run["train"]["command"].endswith(train)
-    readme = " ".join(text.split())
-    assert f"{run['install']['wall_s']:.0f} s for the venv and install, then {run['train']['wall_s']:.0f} s" in readme
+    assert run["readme_line"] == install and run["train"]["command"].endswith(train)
     low, high = run["install"]["load_average_1m_start_end"][0], run["train"]["load_average_1m_start_end"][1]
-    assert f"load of {low:.1f} to {high:.1f}" in readme
+    assert (f"{STACKS[stack]}: {run['install']['wall_s']:.0f} s for the venv and install, then "
+            f"{run['train']['wall_s']:.0f} s for the train command, at a 1-minute load of {low:.1f} to {high:.1f}"
+            ) in _flat(text)
 
 
-def test_posttrain_demo_figures_are_the_results_file():
-    run = _load("posttrain_demo_cpu")
+def _posttrain_row(label, steps, seconds, accuracy, by_kind=None):
+    kinds = "" if by_kind is None else " | " + " | ".join(f"{100 * v:.0f}%" for v in by_kind.values())
+    return f"| {label} | {steps} | {seconds:.0f} s | {100 * accuracy:.1f}%{kinds} |"
+
+
+def _posttrain_stages(run):
+    """(label, steps, wall seconds, accuracy, accuracy by kind) of each row of the demo's tables."""
     wall, ablation = run["wall_s_including_compile"], run["dpo_without_rpo"]
-    row = lambda label, steps, seconds, accuracy, by_kind: (
-        f"| {label} | {steps} | {seconds:.0f} s | {100 * accuracy:.1f}% | "
-        + " | ".join(f"{100 * v:.0f}%" for v in by_kind.values()) + " |")
-    rows = [row(label, run["steps"][steps], wall[steps], run["accuracy"][stage], run["accuracy_by_kind"][stage])
-            for label, stage, steps in (("pretrained (`runs/demo`)", "before_sft", "pretrain"),
-                                        ("after SFT (`runs/demo_sft`)", "after_sft", "sft"),
-                                        ("after DPO (`runs/demo_dpo`)", "after_dpo", "dpo"))]
-    rows.append(row("DPO without RPO (`dpo.rpo_alpha=0`)", ablation["dpo_final"]["train"]["step"], ablation["wall_s"],
-                    ablation["accuracy"], ablation["accuracy_by_kind"]))
+    stages = [(label, run["steps"][steps], wall[steps], run["accuracy"][stage], run["accuracy_by_kind"][stage])
+              for label, stage, steps in (("pretrained (`runs/demo`)", "before_sft", "pretrain"),
+                                          ("after SFT (`runs/demo_sft`)", "after_sft", "sft"),
+                                          ("after DPO (`runs/demo_dpo`)", "after_dpo", "dpo"))]
+    return stages + [("DPO without RPO (`dpo.rpo_alpha=0`)", ablation["dpo_final"]["train"]["step"], ablation["wall_s"],
+                      ablation["accuracy"], ablation["accuracy_by_kind"])]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_posttrain_demo_figures_are_the_results_file(stack):
+    run = _load(f"posttrain_demo_cpu_{stack}")
+    label = STACKS[stack]
+    assert label == f"Python {run['stack']['python'].rsplit('.', 1)[0]}"
+    doc, flat = _doc("posttraining.md"), _flat(_doc("posttraining.md"))
     header = "| model | steps | wall time | exact match | " + " | ".join(run["accuracy_by_kind"]["before_sft"]) + " |"
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = f.read()
-    doc = _doc("posttraining.md")
-    for text in (readme, doc):
-        assert header in text and all(row in text for row in rows), rows
-        assert f"{run['heldout_questions']} held-out" in text
-    flat = " ".join(doc.split())
-    reported = lambda m: (f"preference accuracy {100 * m['eval/preference/reward_accuracy']:.1f}%, reward margin "
+    rows = [_posttrain_row(f"{label}: {name}", *rest) for name, *rest in _posttrain_stages(run)]
+    assert header in doc and all(row in doc for row in rows), rows
+    assert f"{run['heldout_questions']} held-out" in _readme() and f"{run['heldout_questions']} held-out" in doc
+    reported = lambda m: (f"preference accuracy {100 * m['eval/preference/reward_accuracy']:.1f}%, reward margin "  # noqa: E731
                           f"{m['eval/preference/reward_margin']:.3f} (chosen reward "
                           f"{m['eval/preference/chosen_reward']:.3f}, rejected reward "
                           f"{m['eval/preference/rejected_reward']:.3f})")
-    dpo = run["dpo_final"]["eval"]
-    assert f"validation pairs at step {dpo['step']}: {reported(dpo)}; without RPO: " \
-           f"{reported(ablation['dpo_final']['eval'])}" in flat
-    assert f"held-out loss on the answers: {run['sft_final']['eval']['eval/chat/loss']:.3f}" in flat
-    pairs = run["dpo_pairs"]
+    dpo, pairs = run["dpo_final"]["eval"], run["dpo_pairs"]
     wrong = sum(pairs["wrong_by_kind"].values())
-    assert (f"answered {100 * pairs['train_accuracy']:.1f}% of the {pairs['questions']} training questions right; "
-            f"its {wrong} wrong answers and {pairs['pairs'] - wrong} near misses made {pairs['pairs']} pairs in "
-            f"{wall['pairs']:.0f} s") in flat
-    drop, drop_alone = (100 * (run["accuracy"]["after_sft"] - a) for a in (run["accuracy"]["after_dpo"],
-                                                                         ablation["accuracy"]))
-    assert f"with RPO it lowered exact match by {drop:.1f} points" in flat
-    assert f"DPO's loss alone lowered it by {drop_alone:.1f} points" in flat
-    assert f"preference accuracy of {100 * dpo['eval/preference/reward_accuracy']:.1f}% (reward margin " \
-           f"{dpo['eval/preference/reward_margin']:.3f})" in " ".join(readme.split())
+    assert (f"{label}: SFT held-out loss on the answers {run['sft_final']['eval']['eval/chat/loss']:.3f} at step "
+            f"{run['sft_final']['eval']['step']}. The SFT model answered {100 * pairs['train_accuracy']:.1f}% of the "
+            f"{pairs['questions']} training questions right; its {wrong} wrong answers and {pairs['pairs'] - wrong} near "
+            f"misses made {pairs['pairs']} pairs in {run['wall_s_including_compile']['pairs']:.0f} s. DPO on the "
+            f"validation pairs at step {dpo['step']}: {reported(dpo)}; without RPO: "
+            f"{reported(run['dpo_without_rpo']['dpo_final']['eval'])}.") in flat
+
+
+def test_posttrain_demo_readme_table_and_changes_are_both_stacks_files():
+    runs = {stack: _load(f"posttrain_demo_cpu_{stack}") for stack in STACKS}
+    readme, flat_doc = _readme(), _flat(_doc("posttraining.md"))
+    header = "| model | steps | " + " | ".join(f"{label}: wall time | exact match" for label in STACKS.values()) + " |"
+    assert header in readme
+    for stages in zip(*(_posttrain_stages(run) for run in runs.values())):
+        (name, steps, *_), cells = stages[0], [f"{seconds:.0f} s | {100 * accuracy:.1f}%" for *_, seconds, accuracy, _
+                                               in stages]
+        assert f"| {name} | {steps} | " + " | ".join(cells) + " |" in readme, name
+    moved = " and ".join(f"{100 * (r['accuracy']['after_dpo'] - r['accuracy']['after_sft']):+.1f}" for r in runs.values())
+    alone = " and ".join(f"{100 * (r['accuracy']['after_sft'] - r['dpo_without_rpo']['accuracy']):.1f}"
+                         for r in runs.values())
+    assert f"{moved} points" in _flat(readme) and f"moved exact match by {moved} points" in flat_doc
+    assert f"DPO's loss alone lowered it by {alone} points" in flat_doc
+
+
+def _grpo_seed_row(label, seed):
+    return (f"| {label}: after GRPO, seed {seed['seed']} | {seed['steps']} | {100 * seed['accuracy']:.1f}% | "
+            + " | ".join(f"{100 * v:.0f}%" for v in seed["accuracy_by_kind"].values())
+            + f" | {seed['paired']['gained']} / {seed['paired']['lost']}, p = {seed['paired']['sign_test_p']:.2g} | "
+            f"{seed['wall_s_including_compile']:.0f} s |")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_grpo_demo_figures_are_the_results_file(stack):
+    """The README's and docs' GRPO figures, per stack and over seeds, from the same SFT run as the
+    post-training table's (its accuracy equals that table's)."""
+    run, posttrain = _load(f"grpo_demo_cpu_{stack}"), _load(f"posttrain_demo_cpu_{stack}")
+    label = STACKS[stack]
+    assert run["stack"] == posttrain["stack"] and run["sft"]["accuracy"] == posttrain["accuracy"]["after_sft"]
+    assert run["sft"]["accuracy_by_kind"] == posttrain["accuracy_by_kind"]["after_sft"]
+    doc, readme = _doc("posttraining.md"), _flat(_readme())
+    sft = (f"| {label}: the SFT run it starts from | {run['sft']['steps']} | {100 * run['sft']['accuracy']:.1f}% | "
+           + " | ".join(f"{100 * v:.0f}%" for v in run["sft"]["accuracy_by_kind"].values()) + " | | |")
+    rows = [sft] + [_grpo_seed_row(label, seed) for seed in run["seeds"]]
+    assert all(row in doc for row in rows), rows
+    gain, after = run["gain_points"], run["accuracy_after_grpo"]
+    for seed in run["seeds"]:  # the gain is the paired counts' difference over the 500 questions
+        assert seed["paired"]["gained"] - seed["paired"]["lost"] == round(seed["gain_points"] * run["heldout_questions"]
+                                                                          / 100)
+        assert seed["trainer_heldout_exact_answer"]["120"] == seed["accuracy"]
+    paired = ", ".join(f"{s['paired']['gained']}/{s['paired']['lost']} p = {s['paired']['sign_test_p']:.2g}"
+                       for s in run["seeds"])
+    loads = [load for s in run["seeds"] for load in s["load_average_1m_start_end"]]
+    assert (f"| {label}, jax {run['stack']['jax']} | {100 * run['sft']['accuracy']:.1f}% | {after['mean']:.1f}% +- "
+            f"{after['std']:.1f} ({after['min']:.1f}% to {after['max']:.1f}%) | {gain['mean']:+.1f} +- {gain['std']:.1f} | "
+            f"{paired} | {run['wall_s_including_compile']['mean']:.0f} s ({min(loads):.1f} to {max(loads):.1f}) |"
+            ) in readme
+    assert f"{gain['mean']:.1f} +- {gain['std']:.1f}" in _flat(doc)
 
 
 def test_chaos_stop_figures_are_the_results_file():
@@ -275,30 +340,6 @@ def test_vl_demo_figures_are_the_results_file():
             and f"(prose {after['prose']:.4f}, code {after['code']:.4f}, math {after['math']:.4f})" in readme
             and f"`image_token_share`: {100 * run['vl_final']['train']['image_token_share']:.1f}% of the positions"
             in readme)
-
-
-def test_grpo_demo_figures_are_the_results_file():
-    run = _load("grpo_demo_cpu")
-    row = lambda label, stage, steps: (  # noqa: E731
-        f"| {label} | {run['steps'][steps]} | {100 * run['accuracy'][stage]:.1f}% | "
-        + " | ".join(f"{100 * v:.0f}%" for v in run["accuracy_by_kind"][stage].values()) + " |")
-    rows = [row("the SFT run it starts from", "after_sft", "sft"), row("after GRPO (`runs/demo_grpo`)", "after_grpo", "grpo")]
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = " ".join(f.read().split())
-    doc = " ".join(_doc("posttraining.md").split())
-    gain = 100 * (run["accuracy"]["after_grpo"] - run["accuracy"]["after_sft"])
-    for text in (readme, doc):
-        assert all(r in text for r in rows), rows
-        assert f"{gain:.1f} points" in text and f"{run['grpo_wall_s_including_compile']:.0f} s" in text
-    first, last = run["first_logged"]["reward"], run["last_logged"]["reward"]
-    assert f"rose from {first:.2f}" in readme and f"to {last:.2f}" in readme
-    assert f"{100 * run['generation_share']:.0f}% of the logged time sampling ({run['generation_s']:.0f} s)" in doc
-    paired = run["paired"]
-    for text in (readme, doc):
-        assert f"{paired['gained']} " in text and f"{paired['lost']} " in text and f"p = {paired['sign_test_p']:.2g}" in text
-    assert paired["gained"] - paired["lost"] == round(gain * run["heldout_questions"] / 100)
-    halfway, end = (f"{100 * v:.1f}% at step {k}" for k, v in run["trainer_heldout_exact_answer"].items())
-    assert f"{halfway} and {end}" in doc and end.startswith(f"{100 * run['accuracy']['after_grpo']:.1f}%")
 
 
 def test_grpo_settings_figures_are_the_results_file():
