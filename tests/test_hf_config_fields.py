@@ -206,3 +206,26 @@ def test_what_transformers_derives_is_derived():
                                               "beta_slow": None}, truncate=False))
     assert cfg.rope_scaling == RopeScaling(rope_type="yarn", factor=0.0, original_max_position_embeddings=8,
                                            truncate=False)
+
+
+def test_what_a_schema_cannot_carry_is_refused_on_export(tmp_path):
+    """Zyphra's original schema has no RoPE scaling (its reader refuses a set one, the export check a
+    scaled model); transformers reads one yarn truncate for both layer types."""
+    from tests.model_fixtures import tiny_model
+    from zaya_jax.config import ConfigError
+    from zaya_jax.convert.export_check import ExportMismatch
+    from zaya_jax.convert.hf_config import hf_config_from_model
+    from zaya_jax.convert.hf_rope import rope_parameters_to_hf
+    from zaya_jax.convert.hf_save import save_hf
+
+    model = tiny_model(rope_scaling=RopeScaling(rope_type="linear", factor=2.0))
+    original = hf_config_from_model(model.config, "original")
+    _refused(model_config_from_hf, {**original, "rope_scaling": {"type": "linear", "factor": 2.0}},
+             "config.json: rope_scaling=")
+    with pytest.raises(ExportMismatch, match="model.rope_scaling=RopeScaling"):
+        save_hf(model, tmp_path / "original", schema="original")
+    assert not (tmp_path / "original").exists()
+    yarn = RopeScaling(**YARN)
+    both = model.config.replace(rope_scaling=yarn, sliding_rope_scaling=dataclasses.replace(yarn, truncate=False))
+    with pytest.raises(ConfigError, match="truncate differ"):
+        rope_parameters_to_hf(both)
