@@ -157,3 +157,15 @@ def test_dynamic_lifts_the_generation_limit():
     assert ModelConfig().position_limit == ModelConfig().max_position_embeddings
     assert ModelConfig(rope_scaling=SCALINGS["dynamic"]).position_limit is None
     assert ModelConfig(sliding_rope_scaling=SCALINGS["dynamic"]).position_limit == 32_768  # no sliding layers
+
+
+def test_generation_goes_past_max_position_embeddings_only_with_dynamic():
+    import zaya_jax
+    from tests.model_fixtures import tiny_model
+
+    prompt = [[3, 4, 5, 6]]
+    with pytest.raises(ValueError, match="max_position_embeddings=8"):
+        zaya_jax.generate(tiny_model(max_position_embeddings=8), prompt, 10)
+    dynamic = tiny_model(max_position_embeddings=8, rope_scaling=RopeScaling(**SCALINGS["dynamic"]))
+    tokens = zaya_jax.generate(dynamic, prompt, 10, stop_at_eos=False)
+    assert tokens.shape == (1, 10)

@@ -3,8 +3,8 @@
 native   (transformers `ZayaConfig`, ZAYA1-8B): num_hidden_layers = decoder layers (CCA + MoE),
          skip slot outputs 0, residual stream in fp32; `layer_types` ("hybrid" | "hybrid_sliding"
          per layer), `sliding_window`, and one RoPE entry per layer type in `rope_parameters`
-         ("hybrid" -> rope_theta, "hybrid_sliding" -> sliding_rope_theta; transformers' defaults
-         5e6 and 1e4; both written).
+         ("hybrid" -> rope_theta and rope_scaling, "hybrid_sliding" -> sliding_rope_theta and
+         sliding_rope_scaling; transformers' defaults 5e6 and 1e4, unscaled; both written; hf_rope).
 original (Zyphra's ZAYA1-base): `zaya_layers` lists 2L alternating sub-layers ('a' = CCA,
          an int = a MoE block with that many experts); `num_hidden_layers` is ignored (the
          released config says 120); skip slot outputs p * x; router norm eps `layernorm_epsilon`.
