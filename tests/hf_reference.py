@@ -59,6 +59,45 @@ def hf_logits(model: ZayaForCausalLM, ids: np.ndarray) -> np.ndarray:
         return model(torch.as_tensor(ids, dtype=torch.long)).logits.numpy()
 
 
+def assert_lm_gradients_match(hf_model: ZayaForCausalLM, model, ids: np.ndarray) -> None:
+    """The mean next-token cross-entropy of `ids` and its gradient for every parameter, written here in
+    torch (autograd) and in jax: equal, tensor by tensor through the checkpoint names, and every one moved."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from flax import nnx
+
+    from zaya_jax.convert.hf_load import _lookup
+    from zaya_jax.convert.hf_names import ENTRIES
+
+    hf_model.zero_grad()
+    logits = hf_model(torch.as_tensor(ids, dtype=torch.long)).logits
+    torch_loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                   torch.as_tensor(ids[:, 1:].reshape(-1), dtype=torch.long))
+    torch_loss.backward()
+    torch_grads = {n: p.grad.numpy().copy() for n, p in hf_model.named_parameters()}
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def jax_loss(params):
+        logp = jax.nn.log_softmax(nnx.merge(graphdef, params, rest)(ids)[:, :-1], axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, jnp.asarray(ids)[:, 1:, None], axis=-1))
+    loss, grads = jax.jit(jax.value_and_grad(jax_loss))(params)
+    assert abs(float(loss) - torch_loss.item()) < 1e-5
+    pure, compared = nnx.to_pure_dict(grads), set()
+    for entry in ENTRIES["native"](model.config):
+        if entry.hf_name.endswith("balancing_biases"):
+            continue  # a buffer: no gradient on either side
+        ours = entry.to_hf(*(np.asarray(_lookup(pure, path)[index]) for path, index in entry.targets))
+        theirs = torch_grads[entry.hf_name]
+        scale = max(np.abs(theirs).max(), 1e-3)
+        np.testing.assert_allclose(ours, theirs, atol=2e-5 * scale + 1e-7, rtol=1e-3, err_msg=entry.hf_name)
+        compared.add(entry.hf_name)
+    assert compared == set(torch_grads), sorted(set(torch_grads) ^ compared)
+    moved = [n for n, g in torch_grads.items() if np.abs(g).max() > 0]
+    assert len(moved) == len(torch_grads), "every parameter must receive a gradient"
+
+
 def jax_from_hf(model: ZayaForCausalLM, **overrides):
     """Our ZayaLM with the HF model's in-memory weights (through the checkpoint name mapping)."""
     state = {k: v.detach().numpy() for k, v in model.state_dict().items()}

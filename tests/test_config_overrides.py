@@ -11,7 +11,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from zaya_jax.config import (COMPUTE_DTYPES, EXPERT_PARALLEL, KERNELS, LAYOUTS, MOE_BACKENDS, REMAT_POLICIES,
-                             ModelConfig)
+                             ROPE_SCALING_FIELDS, ModelConfig, RopeScaling)
 from zaya_jax.config_files import load_config_file, model_config, model_section
 
 CONFIG_FILES = sorted(glob.glob("configs/*.py"))
@@ -61,6 +61,8 @@ def different_value(name: str, cfg: ModelConfig):
         return (value + 3) % cfg.vocab_size
     if name == "layer_types":  # needs a window (COMPANIONS)
         return ("hybrid_sliding",) + ("hybrid",) * (cfg.num_layers - 1)
+    if name in ROPE_SCALING_FIELDS:  # set key by key (as_flags): rope_type and the key it reads
+        return RopeScaling(rope_type="linear", factor=2.5) if value.rope_type != "linear" else RopeScaling()
     if name == "num_kv_heads":  # stays even and divides the query heads
         return next(k for k in range(2, cfg.num_q_heads + 1, 2) if k != value and cfg.num_q_heads % k == 0)
     if isinstance(value, float) or name in ("num_q_heads", "head_dim"):  # doubling keeps the head rules
@@ -69,6 +71,14 @@ def different_value(name: str, cfg: ModelConfig):
 
 
 COMPANIONS = {"layer_types": {"sliding_window": 8}}  # fields a valid new value needs set with it
+
+
+def as_flags(field: str, value) -> list[str]:
+    """--config.model.<field>=<value>; a RopeScaling as one flag per key (its section's keys)."""
+    if isinstance(value, RopeScaling):
+        return [f"--config.model.{field}.{key}={as_flag(v)}" for key, v in vars(value).items()
+                if key not in ("short_factor", "long_factor")]
+    return [f"--config.model.{field}={as_flag(value)}"]
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES)
@@ -80,8 +90,8 @@ def test_every_model_field_override_changes_that_field_only(path):
         new = different_value(name, before)
         assert new != getattr(before, name)
         changes = {name: new, **COMPANIONS.get(name, {})}
-        after = model_config(parse_command_line("--config", path, *(f"--config.model.{field}={as_flag(value)}"
-                                                                    for field, value in changes.items())))
+        after = model_config(parse_command_line("--config", path, *(flag for field, value in changes.items()
+                                                                    for flag in as_flags(field, value))))
         assert after == before.replace(**changes), name
 
 
@@ -142,3 +152,14 @@ def test_conflicting_kernel_settings_name_both_fields():
     config.kernels.attention, config.model.attention_kernel = "pallas", "xla"
     with pytest.raises(ValueError, match="kernels.attention='pallas' and model.attention_kernel='xla'"):
         model_config(config)
+
+
+def test_a_rope_scaling_is_set_key_by_key_from_the_command_line():
+    """A scaling's keys, the longrope factor lists included, from flags; the file gives none."""
+    config = parse_command_line("--config", "configs/tiny.py", "--config.model.rope_scaling.rope_type=longrope",
+                                "--config.model.rope_scaling.short_factor=(1.0, 1.5, 2.0, 3.0)",
+                                "--config.model.rope_scaling.long_factor=(1, 2, 4, 8)",
+                                "--config.model.rope_scaling.original_max_position_embeddings=256")
+    assert model_config(config).rope_scaling == RopeScaling(
+        rope_type="longrope", short_factor=(1.0, 1.5, 2.0, 3.0), long_factor=(1.0, 2.0, 4.0, 8.0),
+        original_max_position_embeddings=256)

@@ -12,13 +12,10 @@ a window spanning the whole sequence give different logits.
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from tests.hf_reference import hf_logits, jax_from_hf, make_hf_model
-from zaya_jax.convert.hf_names import ENTRIES
+from tests.hf_reference import assert_lm_gradients_match, hf_logits, jax_from_hf, make_hf_model
 
 pytestmark = pytest.mark.torch_reference  # every test compares with PyTorch transformers
 
@@ -46,23 +43,6 @@ def case(request):
     return model, np.random.default_rng(7).integers(0, config["vocab_size"], shape)
 
 
-def _torch_loss_and_grads(model, ids):
-    import torch
-
-    model.zero_grad()
-    logits = model(torch.as_tensor(ids, dtype=torch.long)).logits
-    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                             torch.as_tensor(ids[:, 1:].reshape(-1), dtype=torch.long))
-    loss.backward()
-    return loss.item(), {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
-
-
-def _jax_loss(model, ids):
-    logits = model(ids)
-    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-    return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1))
-
-
 def test_logits_and_every_gradient_match_torch_autograd(case):
     hf_model, IDS = case
     model = jax_from_hf(hf_model)  # moe_backend auto: the dropless backend training uses here
@@ -76,27 +56,4 @@ def test_logits_and_every_gradient_match_torch_autograd(case):
         unwindowed = jax_from_hf(hf_model, sliding_window=IDS.shape[1])
         assert np.abs(np.asarray(unwindowed(IDS)) - theirs).max() > 1e-2
 
-    torch_loss, torch_grads = _torch_loss_and_grads(hf_model, IDS)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    loss, grads = jax.jit(jax.value_and_grad(
-        lambda p: _jax_loss(nnx.merge(graphdef, p, rest), jnp.asarray(IDS))))(params)
-    assert abs(float(loss) - torch_loss) < 1e-5
-    pure = nnx.to_pure_dict(grads)
-    compared = set()
-    for entry in ENTRIES["native"](model.config):
-        if entry.hf_name.endswith("balancing_biases"):
-            continue  # a buffer: no gradient on either side
-        parts = []
-        for path, index in entry.targets:
-            leaf = pure
-            for key in path:
-                leaf = leaf[key]
-            parts.append(np.asarray(leaf[index]))
-        ours = entry.to_hf(*parts)
-        theirs = torch_grads[entry.hf_name]
-        scale = max(np.abs(theirs).max(), 1e-3)
-        np.testing.assert_allclose(ours, theirs, atol=2e-5 * scale + 1e-7, rtol=1e-3, err_msg=entry.hf_name)
-        compared.add(entry.hf_name)
-    assert compared == set(torch_grads), sorted(set(torch_grads) ^ compared)
-    moved = [n for n, g in torch_grads.items() if np.abs(g).max() > 0]
-    assert len(moved) == len(torch_grads), "every parameter must receive a gradient"
+    assert_lm_gradients_match(hf_model, model, IDS)

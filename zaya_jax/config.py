@@ -15,6 +15,7 @@ are separate fields that the config files set per layout.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Iterable, Mapping
 
 from zaya_jax.errors import UserError
@@ -26,15 +27,79 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "dots_no_batch_and_ke
 KERNELS = ("auto", "xla", "pallas")
 EXPERT_PARALLEL = ("all_to_all", "all_gather", "ragged_all_to_all")
 LAYER_TYPES = ("hybrid", "hybrid_sliding")  # transformers' ZayaConfig.layer_types: full / sliding-window CCA
+# transformers' RoPE types (modeling_rope_utils.ROPE_INIT_FUNCTIONS and "default") that zaya_jax computes, and
+# the rope_parameters keys each reads besides rope_type, rope_theta and partial_rotary_factor
+ROPE_TYPE_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
+             "mscale_all_dim", "truncate"),
+    "longrope": ("factor", "original_max_position_embeddings", "attention_factor", "short_factor", "long_factor"),
+    "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
+}
 # Fields that choose how the model runs, not what it computes; an HF checkpoint does not carry them.
 RUNTIME_MODEL_FIELDS = ("dtype", "scan_layers", "remat", "moe_backend", "capacity_factor", "moe_tile_size",
                         "expert_parallel", "attention_kernel", "moe_matmul_kernel", "init_std",
                         "key_temperature_init", "isolate_documents")
 VISION_LORA_FIELDS = ("vision_lora_rank_attn", "vision_lora_rank_mlp")  # ZAYA1-VL's adapters (0: none)
+ROPE_SCALING_FIELDS = ("rope_scaling", "sliding_rope_scaling")  # full and sliding layers' RopeScaling
 
 
 class ConfigError(UserError, ValueError):
     """A config field or override with a bad value; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """The RoPE scaling of one layer type: transformers' `rope_parameters[layer type]` keys, with the
+    layer type's base (ModelConfig.rope_theta / sliding_rope_theta) and rotary dims (ModelConfig.rotary_dim)
+    kept outside. The maths is zaya_jax.model.rope's; ROPE_TYPE_KEYS names the keys each type reads, and
+    the others must keep their defaults. 0 stands where transformers takes null to mean "derive it"."""
+
+    rope_type: str = "default"
+    factor: float = 0.0                        # 0: not given (yarn, longrope derive M / O; the others need it)
+    original_max_position_embeddings: int = 0  # the pre-scaling context (yarn, longrope, llama3: required)
+    attention_factor: float = 0.0              # multiplies cos and sin (yarn, longrope); 0 = from factor
+    beta_fast: float = 32.0                    # yarn's correction range, in rotations
+    beta_slow: float = 1.0
+    mscale: float = 0.0                        # yarn: with mscale_all_dim, the attention factor's form
+    mscale_all_dim: float = 0.0
+    truncate: bool = True                      # yarn: round the correction range outwards
+    short_factor: tuple[float, ...] = ()       # longrope: per-frequency divisors [rotary_dim / 2], used up to
+    long_factor: tuple[float, ...] = ()        # original_max_position_embeddings tokens, and past it
+    low_freq_factor: float = 1.0               # llama3: the wavelengths band that is interpolated
+    high_freq_factor: float = 4.0
+
+    def __post_init__(self):
+        for name, default in self.defaults().items():  # a config file or JSON may give lists, ints for floats
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):
+                object.__setattr__(self, name, tuple(value))
+            elif isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, name, float(value))
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        return {f.name: f.default for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_value(cls, value: Any, field: str) -> "RopeScaling":
+        """A RopeScaling, or a mapping (config file section, JSON) of its keys -> RopeScaling."""
+        if isinstance(value, cls):
+            return value
+        if not hasattr(value, "items"):
+            raise ConfigError(f"{field} must be a mapping of RoPE scaling keys ({', '.join(cls.defaults())}), "
+                              f"got {value!r}")
+        values = dict(value.items())
+        unknown = sorted(set(values) - set(cls.defaults()))
+        if unknown:
+            raise ConfigError(f"{field}.{unknown[0]}: unknown key (known keys: {', '.join(cls.defaults())})")
+        return cls(**values)
+
+    def used_keys(self) -> tuple[str, ...]:
+        """The keys this rope_type reads (besides rope_type)."""
+        return ROPE_TYPE_KEYS.get(self.rope_type, ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +126,10 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()
     sliding_window: int = 0
     sliding_rope_theta: float = 10_000.0
+    # transformers' RoPE scaling (rope_parameters["hybrid"] / ["hybrid_sliding"]; docs/model.md): a
+    # RopeScaling, or a mapping of its keys
+    rope_scaling: RopeScaling = RopeScaling()
+    sliding_rope_scaling: RopeScaling = RopeScaling()
     partial_rotary_factor: float = 0.5
     max_position_embeddings: int = 32_768
     rms_norm_eps: float = 1e-5
@@ -91,12 +160,15 @@ class ModelConfig:
         if isinstance(self.layer_types, (list, tuple)):  # a config file or ConfigDict may hold a list;
             types = tuple(self.layer_types)                 # every layer full is spelled ()
             object.__setattr__(self, "layer_types", () if set(types) == {"hybrid"} else types)
+        for name in ROPE_SCALING_FIELDS:
+            object.__setattr__(self, name, RopeScaling.from_value(getattr(self, name), f"model.{name}"))
         _validate(self)
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
-        """{field: default} for every field, in declaration order."""
-        return {f.name: f.default for f in dataclasses.fields(cls)}
+        """{field: default} for every field, in declaration order (a RopeScaling as a dict of its keys)."""
+        return {f.name: dataclasses.asdict(f.default) if isinstance(f.default, RopeScaling) else f.default
+                for f in dataclasses.fields(cls)}
 
     @classmethod
     def check_field_names(cls, names: Iterable[str]) -> None:
@@ -124,6 +196,13 @@ class ModelConfig:
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def position_limit(self) -> int | None:
+        """The most positions generation may reach: max_position_embeddings, or None where a layer type in
+        use scales its RoPE dynamically (its base grows past max_position_embeddings, as in transformers)."""
+        used = [self.sliding_rope_scaling if sliding else self.rope_scaling for sliding in set(self.sliding_layers)]
+        return None if any(s.rope_type == "dynamic" for s in used) else self.max_position_embeddings
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
@@ -174,6 +253,47 @@ def _validate(c: ModelConfig) -> None:
         if not 0 <= getattr(c, name) < c.vocab_size:
             raise ConfigError(f"model.{name} ({getattr(c, name)}) must lie in [0, vocab_size={c.vocab_size})")
     _validate_layer_types(c)
+    for name in ROPE_SCALING_FIELDS:
+        validate_rope_scaling(getattr(c, name), f"model.{name}", c.rotary_dim)
+
+
+def validate_rope_scaling(s: RopeScaling, field: str, rotary_dim: int) -> None:
+    """Each key the rope_type reads holds a value transformers computes with; the others their defaults."""
+    if s.rope_type not in ROPE_TYPE_KEYS:
+        raise ConfigError(f"{field}.rope_type={s.rope_type!r} is not supported; choose one of "
+                          f"{tuple(ROPE_TYPE_KEYS)} (transformers' other types are refused)")
+    defaults = RopeScaling.defaults()
+    for key, default in defaults.items():
+        if key != "rope_type" and key not in s.used_keys() and getattr(s, key) != default:
+            raise ConfigError(f"{field}.{key}={getattr(s, key)!r} has no effect with rope_type {s.rope_type!r}; "
+                              f"leave it at {default!r} (the keys {s.rope_type!r} reads: {s.used_keys() or 'none'})")
+    keys = s.used_keys()
+    numbers = [k for k in keys if k not in ("truncate", "short_factor", "long_factor")]
+    for key in numbers:
+        value = getattr(s, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{field}.{key} must be a non-negative number, got {value!r}")
+    derived = ("attention_factor", "mscale", "mscale_all_dim") + (("factor",) if s.rope_type in ("yarn", "longrope")
+                                                                   else ())
+    for key in numbers:
+        if getattr(s, key) == 0 and key not in derived:
+            raise ConfigError(f"{field}.{key} must be > 0 for rope_type {s.rope_type!r}"
+                              + (" (the context it was trained at)" if key == "original_max_position_embeddings"
+                                 else ""))
+    if "original_max_position_embeddings" in keys and not isinstance(s.original_max_position_embeddings, int):
+        raise ConfigError(f"{field}.original_max_position_embeddings must be an integer, got "
+                          f"{s.original_max_position_embeddings!r}")
+    if s.rope_type == "dynamic" and rotary_dim <= 2:
+        raise ConfigError(f"{field}: dynamic RoPE raises the base to R / (R - 2) for R = {rotary_dim} rotary dims; "
+                          "it needs more than 2")
+    if s.rope_type == "longrope":
+        for key in ("short_factor", "long_factor"):
+            factors = getattr(s, key)
+            if len(factors) != rotary_dim // 2 or not all(isinstance(f, (int, float)) and f > 0 for f in factors):
+                raise ConfigError(f"{field}.{key} must list {rotary_dim // 2} positive numbers (one per rotary "
+                                  f"frequency: rotary_dim {rotary_dim} / 2), got {len(factors)}: {factors[:4]}")
+    if not isinstance(s.truncate, bool):
+        raise ConfigError(f"{field}.truncate must be true or false, got {s.truncate!r}")
 
 
 def _validate_layer_types(c: ModelConfig) -> None:

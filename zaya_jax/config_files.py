@@ -14,12 +14,13 @@ A config file defines `get_config()` returning a ConfigDict with sections:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 
 import ml_collections
 
-from zaya_jax.config import ConfigError, ModelConfig
+from zaya_jax.config import ROPE_SCALING_FIELDS, ConfigError, ModelConfig, RopeScaling
 
 
 def load_config_file(path: str | os.PathLike) -> ml_collections.ConfigDict:
@@ -42,14 +43,22 @@ def model_section(**values) -> ml_collections.ConfigDict:
     """A config's `model` section: every ModelConfig field, its default unless given in `values`.
 
     Listing every field is what lets ml_collections accept `--config.model.<field>=...` for any
-    of them; an int given for a float field is stored as a float, so float overrides parse.
+    of them, and every key of a RoPE scaling (`--config.model.rope_scaling.factor=4`: a given
+    `rope_scaling` dict is completed with RopeScaling's defaults); an int given for a float field is
+    stored as a float, so float overrides parse.
     """
     ModelConfig.check_field_names(values)
     section = {**ModelConfig.defaults(), **values}
-    for name, default in ModelConfig.defaults().items():
-        if isinstance(default, float) and isinstance(section[name], int) and not isinstance(section[name], bool):
-            section[name] = float(section[name])
-    return ml_collections.ConfigDict(section)
+    for name in ROPE_SCALING_FIELDS:
+        given = RopeScaling.from_value(section[name], f"model.{name}")
+        section[name] = _floats_where_defaults_are(dataclasses.asdict(given), RopeScaling.defaults())
+    return ml_collections.ConfigDict(_floats_where_defaults_are(section, ModelConfig.defaults()))
+
+
+def _floats_where_defaults_are(values: dict, defaults: dict) -> dict:
+    """values with each int whose field defaults to a float made a float."""
+    return {name: float(value) if isinstance(defaults.get(name), float) and isinstance(value, int)
+            and not isinstance(value, bool) else value for name, value in values.items()}
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
@@ -76,8 +85,6 @@ def vision_section(**values) -> ml_collections.ConfigDict:
     """A config's `vision` section (a ZAYA1-VL model): every VisionConfig field, the image token ids
     and the image processor's resize bounds (PROCESSOR_FIELDS: what generation resizes a given image
     to), their defaults (ZAYA1-VL-8B's, Qwen2-VL's processor) unless given in `values`."""
-    import dataclasses
-
     from zaya_jax.vision.config import VisionConfig
     from zaya_jax.vision.model import ZAYA1_VL_IDS
     from zaya_jax.vision.processor import ImageProcessor

@@ -189,11 +189,14 @@ def with_image_spans(ids: list[int], model: ZayaVL, images: list, processor: Ima
 
 def check_lengths(ids: list[int], cfg, image_id: int | None = None) -> None:
     """The prompt's ids lie in the vocabulary, and it fits with --max_new_tokens in max_position_embeddings
-    (a prompt too long for it names its images' share, when it has images: `image_id`'s)."""
+    unless dynamic RoPE lifts that bound (a prompt too long for it names its images' share, when it has
+    images: `image_id`'s)."""
     outside = [i for i in ids if not 0 <= i < cfg.vocab_size]
     if outside:
         raise UserError(f"--prompt_ids: {', '.join(map(str, outside[:5]))} outside the model's vocabulary "
                         f"(ids 0..{cfg.vocab_size - 1})")
+    if cfg.position_limit is None:  # dynamic RoPE: its base grows past max_position_embeddings
+        return
     if len(ids) >= cfg.max_position_embeddings:
         placeholders = ids.count(image_id) if image_id is not None else 0
         fix = (f"{placeholders} of them are the --image files' placeholders: give smaller images (or fewer)"

@@ -22,7 +22,8 @@ from flax import nnx
 
 from zaya_jax.config import RUNTIME_MODEL_FIELDS, ModelConfig
 from zaya_jax.convert.export_check import ExportMismatch, check_schema, compare_probe_logits
-from zaya_jax.convert.hf_config import HFCheckpointError, _native_to_model, hf_config_from_model
+from zaya_jax.convert.hf_config import (PRETRAINED_FIELDS, ZAYA_FIELDS, HFCheckpointError, _native_to_model,
+                                        check_fixed, fixed, hf_config_from_model, inert, read)
 from zaya_jax.convert.hf_load import _lookup, _with_arrays, _zeros_like, check_names, fill_arrays, read_hf_config
 from zaya_jax.convert.hf_save import write_whole_directory
 from zaya_jax.convert.hf_names import Entry, _Builder, _SWAP, _swiglu_split, native_entries
@@ -34,17 +35,50 @@ from zaya_jax.vision.model import ZAYA1_VL_IDS, ImageBatch, ImageTokenIds, ZayaV
 
 TEXT_PREFIX, VISION_PREFIX = "model.language_model.", "model.visual."
 
+# How each field of transformers' zaya1_vl config classes is taken (hf_config.Field; main branch at
+# b53060f, models/zaya1_vl/configuration_zaya1_vl.py): Zaya1VLConfig, its text_config (ZayaConfig's
+# fields and the vision LoRA's) and its vision_config (the Qwen2.5-VL tower's)
+ZAYA1_VL_FIELDS = {
+    **PRETRAINED_FIELDS,
+    "text_config": read("the text ModelConfig (ZAYA1_VL_TEXT_FIELDS)"),
+    "vision_config": read("VisionConfig (ZAYA1_VL_VISION_FIELDS)"),
+    "image_token_id": read("ImageTokenIds.image"), "vision_start_token_id": read("ImageTokenIds.vision_start"),
+    "vision_end_token_id": read("ImageTokenIds.vision_end"),
+    "tie_word_embeddings": fixed((True,), True),  # lm_head is the text embedding (ZAYA ties them)
+    "output_router_logits": inert("returns the router logits; no loss is added from them"),
+}
+ZAYA1_VL_TEXT_FIELDS = {**ZAYA_FIELDS, "vision_lora": read("vision_lora_rank_attn, vision_lora_rank_mlp (0: none)"),
+                        "vision_lora_rank_attn": read("vision_lora_rank_attn"),
+                        "vision_lora_rank_mlp": read("vision_lora_rank_mlp")}
+ZAYA1_VL_VISION_FIELDS = {
+    **PRETRAINED_FIELDS,
+    **{name: read(name) for name in ("depth", "hidden_size", "intermediate_size", "num_heads", "in_channels",
+                                     "patch_size", "spatial_merge_size", "temporal_patch_size", "window_size",
+                                     "out_hidden_size", "fullatt_block_indexes")},
+    "hidden_act": fixed(("silu",), "silu"),
+    "tokens_per_second": inert("kept by the vision model, never read (text positions are 1D)"),
+    "initializer_range": inert("weight init; a checkpoint holds every weight"),
+}
+
 
 def vl_configs_from_hf(hf: dict[str, Any], **overrides) -> tuple[ModelConfig, VisionConfig, ImageTokenIds]:
     """config.json of a zaya1_vl checkpoint -> (text ModelConfig, VisionConfig, image token ids);
-    overrides set the text model's runtime fields (dtype, moe_backend, ...), dtype also the tower's."""
+    overrides set the text model's runtime fields (dtype, moe_backend, ...), dtype also the tower's.
+    A field fixed by the tables above to other values is refused naming it."""
     if hf.get("model_type") != "zaya1_vl":
         raise HFCheckpointError(f"config.json: model_type is {hf.get('model_type')!r}, expected 'zaya1_vl'")
     text, vision = hf.get("text_config") or {}, hf.get("vision_config") or {}
     if not text or not vision:
         raise HFCheckpointError("config.json: a zaya1_vl config holds text_config and vision_config")
+    check_fixed(hf, ZAYA1_VL_FIELDS)
+    check_fixed(vision, ZAYA1_VL_VISION_FIELDS, "vision_config.")
+    tower_rope = (vision.get("rope_parameters") or {}).get("rope_theta", VisionConfig.rope_theta)
+    if tower_rope != VisionConfig.rope_theta:
+        raise HFCheckpointError(f"config.json: vision_config.rope_parameters.rope_theta={tower_rope!r}: transformers' "
+                                f"zaya1_vl tower has no such setting and rotates with {VisionConfig.rope_theta:g}; "
+                                "remove it")
     lora = bool(text.get("vision_lora", True))
-    text_cfg = ModelConfig(**{**_native_to_model(text),
+    text_cfg = ModelConfig(**{**_native_to_model(text, ZAYA1_VL_TEXT_FIELDS, "text_config."),
                               "vision_lora_rank_attn": text.get("vision_lora_rank_attn", 8) if lora else 0,
                               "vision_lora_rank_mlp": text.get("vision_lora_rank_mlp", 32) if lora else 0,
                               **overrides})

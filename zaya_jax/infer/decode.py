@@ -11,6 +11,8 @@ Both walk the same stacked layers as ZayaLM._run_layers (lax.scan, or a Python l
                the decode mask until decoding overwrites them), each sequence's last W into the
                sliding layers' ring buffers; the CCA carry is taken at each sequence's last real
                token.
+               RoPE scaling that reads the sequence length (dynamic, longrope) takes the longest
+               prompt, not the padded width S.
   decode_step  one token per sequence at position `lengths`: CCA continues from the carry,
                writes its key and value into slot `lengths` (a sliding layer: slot lengths % W)
                and attends to the slots holding positions 0..lengths (a sliding layer: the last
@@ -123,7 +125,8 @@ def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int,
     stream_dtype = jnp.float32 if cfg.residual_in_fp32 else dtype
     b, s = ids.shape
     image_mask = None if image_tokens is None else image_tokens[0]
-    kinds = layer_kinds(cfg, jnp.broadcast_to(jnp.arange(s), (b, s)), attention_fn(cfg, bidirectional=image_mask))
+    kinds = layer_kinds(cfg, jnp.broadcast_to(jnp.arange(s), (b, s)), attention_fn(cfg, bidirectional=image_mask),
+                        seq_len=jnp.max(lengths))  # the longest prompt, not its padding (RoPE scaling's length)
     continues = jnp.broadcast_to(jnp.arange(s) > 0, (b, s))
     token_mask = jnp.arange(s)[None, :] < lengths[:, None]
     dispatch = moe_dispatch_fn(cfg)

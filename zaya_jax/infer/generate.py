@@ -169,7 +169,7 @@ def generate(model: ZayaLM | ZayaVL, prompt_ids, max_new_tokens: int, *, tempera
     sampler = Sampler(float(temperature), top_k, top_p).validate(cfg.vocab_size)
     ids, lengths = pad_prompts(prompt_ids, lengths, cfg.pad_token_id, cfg.vocab_size)
     image_batch = prompt_images(model, ids, images, image_processor)
-    if int(lengths.max()) + max_new_tokens - 1 > cfg.max_position_embeddings:
+    if cfg.position_limit is not None and int(lengths.max()) + max_new_tokens - 1 > cfg.position_limit:
         raise ValueError(f"prompt ({int(lengths.max())} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                          f"model.max_position_embeddings={cfg.max_position_embeddings}")
     graphdef, params = nnx.split(model)

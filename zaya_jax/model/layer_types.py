@@ -3,8 +3,9 @@
 transformers' `ZayaConfig.layer_types` names one type per decoder layer. The two differ only in
 attention: a sliding layer's query s sees keys s - W < t <= s (W = `sliding_window`, itself
 included; transformers' `sliding_window_overlay`), on top of causality and packed documents,
-and rotates with its own RoPE base (`sliding_rope_theta`, transformers'
-`rope_parameters["hybrid_sliding"]`). CCA's convolutions and value shift are the same in both.
+and rotates with its own RoPE base and scaling (`sliding_rope_theta`, `sliding_rope_scaling`:
+transformers' `rope_parameters["hybrid_sliding"]`). CCA's convolutions and value shift are the
+same in both.
 
 The layers stay stacked under `lax.scan`: each layer's type is a bool scanned beside its
 parameters (`layer_flags`), and `LayerKinds.for_layer` picks that layer's RoPE table and
@@ -33,8 +34,8 @@ def layer_flags(cfg: ModelConfig) -> jax.Array:
 
 class LayerKinds(NamedTuple):
     """RoPE tables and attention of both layer types for one forward pass."""
-    full_rope: tuple[jax.Array, jax.Array]      # cos, sin [B,S,R] at the full layers' base
-    sliding_rope: tuple[jax.Array, jax.Array]   # cos, sin [B,S,R] at sliding_rope_theta
+    full_rope: tuple[jax.Array, jax.Array]      # cos, sin [B,S,R] at the full layers' base and scaling
+    sliding_rope: tuple[jax.Array, jax.Array]   # cos, sin [B,S,R] at sliding_rope_theta and its scaling
     attention: Callable | None                  # attention(q, k, v, segment_ids, window=None)
     window: int
     types: frozenset                            # the flags present: {False}, {True} or both
@@ -58,11 +59,16 @@ class LayerKinds(NamedTuple):
 
 
 def layer_kinds(cfg: ModelConfig, positions: jax.Array, attention: Callable | None = None,
-                rope_theta: float | None = None) -> LayerKinds:
+                rope_theta: float | None = None, seq_len: jax.Array | None = None) -> LayerKinds:
     """positions: [B,S] int; attention: as attention_fn's (None: only `rope` is called).
     rope_theta: the full layers' RoPE base (default cfg.rope_theta; a curriculum phase's
-    overrides it); sliding layers always rotate with cfg.sliding_rope_theta."""
+    overrides it, under the same cfg.rope_scaling); sliding layers always rotate with
+    cfg.sliding_rope_theta and cfg.sliding_rope_scaling. seq_len: [] int, the sequence length
+    that dynamic and longrope scaling read (default max(positions) + 1; zaya_jax.model.rope)."""
     types = frozenset(cfg.sliding_layers)
-    full = rope_cos_sin(positions, cfg.rotary_dim, rope_theta or cfg.rope_theta) if False in types else None
-    sliding = rope_cos_sin(positions, cfg.rotary_dim, cfg.sliding_rope_theta) if True in types else None
+
+    def table(theta, scaling):
+        return rope_cos_sin(positions, cfg.rotary_dim, theta, scaling, cfg.max_position_embeddings, seq_len)
+    full = table(rope_theta or cfg.rope_theta, cfg.rope_scaling) if False in types else None
+    sliding = table(cfg.sliding_rope_theta, cfg.sliding_rope_scaling) if True in types else None
     return LayerKinds(full or sliding, sliding or full, attention, cfg.sliding_window, types)

@@ -341,7 +341,8 @@ def check_grpo_run(s: Settings) -> None:
              (s.eval.every_steps > 0 and not g.eval_prompts,
               "eval.every_steps > 0 scores grpo.eval_prompts, which is empty: name them (e.g. 'demo:tasks_heldout') "
               "or set --config.eval.every_steps=0"),
-             (g.max_prompt_length + g.max_completion_length - 1 > s.model.max_position_embeddings,
+             (s.model.position_limit is not None
+              and g.max_prompt_length + g.max_completion_length - 1 > s.model.position_limit,
               f"grpo.max_prompt_length + grpo.max_completion_length - 1 = "
               f"{g.max_prompt_length + g.max_completion_length - 1} exceeds model.max_position_embeddings="
               f"{s.model.max_position_embeddings}")]
