@@ -174,6 +174,14 @@ def test_the_prepare_cli_reads_conversations_with_image_files(tokenizer, tmp_pat
         prepare.prepare_dataset(str(tmp_path / "bad.jsonl"), "jsonl", tokenizer.path, str(tmp_path / "out2"),
                                 kind="image_chat", chat_template=PLAIN, vision_config=str(tmp_path / "vl_config.py"),
                                 progress=False)
+    Image.new("RGB", (1, 1)).save(tmp_path / "imgs" / "dot.png")    # below one merged token (8 pixels a side)
+    (tmp_path / "dot.jsonl").write_text(json.dumps({"messages": conversations[0]["messages"],
+                                                    "images": ["imgs/dot.png"]}) + "\n")
+    with pytest.raises(UserError, match=r"dot.jsonl:1: images\[0\] 'imgs/dot.png': an image of 1x1 pixels is below "
+                                        r"the processor's minimum: each side must be at least 8 pixels"):
+        prepare.prepare_dataset(str(tmp_path / "dot.jsonl"), "jsonl", tokenizer.path, str(tmp_path / "out4"),
+                                kind="image_chat", chat_template=PLAIN, vision_config=str(tmp_path / "vl_config.py"),
+                                progress=False)
     with pytest.raises(UserError, match="--kind image_chat needs --vision_config FILE"):
         prepare.prepare_dataset(str(tmp_path / "vl.jsonl"), "jsonl", tokenizer.path, str(tmp_path / "out3"),
                                 kind="image_chat", chat_template=PLAIN)

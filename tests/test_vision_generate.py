@@ -132,15 +132,23 @@ def test_the_cli_generates_from_an_image_file_and_names_a_bad_one(case, tmp_path
     Image.fromarray(pictures[0][0]).save(tmp_path / "a.png")
     run_main(["--hf", str(directory), "--image", str(tmp_path / "a.png"), "--prompt_ids", f"2,9,{IDS.image},7",
               "--max_new_tokens", "4", "--ignore_eos"])
-    printed = capsys.readouterr().out.split()
+    out, err = capsys.readouterr()
+    printed = out.split()
     grid = ImageProcessor.for_tower(VISION)(pictures[0][0])[1]   # Qwen2-VL's default sizes: 48 x 72 pixels
     assert grid == (1, 12, 18)
+    assert f"[image {tmp_path / 'a.png'}: 16x24 -> 48x72 pixels, grid 1 x 12 x 18 patches, 54 image tokens]" in err
     prompt = expand_placeholders([2, 9, IDS.image, 7], [grid], IDS)
     assert printed == [str(t) for t in zaya_jax.generate(model, [prompt], 4, images=[pictures[0][:1]],
                                                          stop_at_eos=False)[0]]
     (tmp_path / "b.png").write_bytes(b"not a png")
     with pytest.raises(UserError, match="--image .*b.png: cannot read it as an image"):
         run_main(["--hf", str(directory), "--image", str(tmp_path / "b.png"), "--prompt_ids", "2,9"])
+    Image.new("RGB", (1, 1)).save(tmp_path / "dot.png")
+    with pytest.raises(UserError, match="--image .*dot.png: an image of 1x1 pixels is below the processor's minimum: "
+                                        "each side must be at least 8 pixels"):
+        run_main(["--hf", str(directory), "--image", str(tmp_path / "dot.png"), "--prompt_ids", "2,9"])
+    run_main(["--hf", str(directory), "--prompt_ids", "2,9", "--max_new_tokens", "1"])
+    assert "note: a vision-language model with no --image: it answers from the text alone" in capsys.readouterr().err
     with pytest.raises(UserError, match="2 image placeholders .* for 1 images"):
         run_main(["--hf", str(directory), "--image", str(tmp_path / "a.png"),
                   "--prompt_ids", f"2,{IDS.image},{IDS.image}"])
@@ -192,3 +200,30 @@ def test_the_cli_chats_about_an_image(case, tmp_path, capsys, monkeypatch):
     run_main(["--hf", str(directory), "--image", str(tmp_path / "a.png"), "--messages", str(tmp_path / "chat.json"),
               "--tokenizer", str(tmp_path / "tokenizer.json"), "--chat_template", PLAIN, "--max_new_tokens", "4"])
     assert prompts[-1] == [prompt]
+
+
+def test_the_export_carries_its_image_processor_and_is_checked_on_write(case, tmp_path, monkeypatch):
+    """save_vl_hf writes the processor it is given (here the digits demo's bounds: an 8x8 image -> 16x16,
+    4 image tokens) as preprocessor_config.json and load_vl_processor reads it back; one written without
+    its sizes (so transformers' defaults apply: 56x56, 49 image tokens) is refused with nothing written;
+    a directory without the file gets transformers' default sizes, said in one line."""
+    from zaya_jax.convert import hf_vl
+
+    model = case[0]
+    digits = ImageProcessor.for_tower(VISION, min_pixels=256, max_pixels=256)
+    lines = []
+    directory = hf_vl.save_vl_hf(model, tmp_path / "vl", report=lines.append, processor=digits)
+    assert "the image processor's grids, image tokens and patches on 3 probe images" in lines[0]
+    assert hf_vl.load_vl_processor(directory, report=pytest.fail) == digits
+    honest = hf_vl.preprocessor_config
+    monkeypatch.setattr(hf_vl, "preprocessor_config", lambda processor: {
+        k: v for k, v in honest(processor).items() if k not in ("size", "min_pixels", "max_pixels")})
+    with pytest.raises(hf_vl.ExportMismatch, match=r"cuts a 8x8 image into grid \(1, 14, 14\) \(the source: "
+                                                   r"\(1, 4, 4\)\) or other patches; nothing was written"):
+        hf_vl.save_vl_hf(model, tmp_path / "bad", processor=digits)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vl"]
+    (directory / "preprocessor_config.json").unlink()
+    notes = []
+    assert hf_vl.load_vl_processor(directory, report=notes.append) == ImageProcessor.for_tower(VISION)
+    assert len(notes) == 1 and notes[0].startswith(f"note: {directory} has no preprocessor_config.json: images are "
+                                                   "resized as transformers' Qwen2-VL image processor does by default")

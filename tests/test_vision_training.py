@@ -266,7 +266,22 @@ def test_a_text_run_refuses_image_chat_data(tmp_path):
         open_training_data(config, settings_from_config(config))
 
 
-def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go(run, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def exported(run, tmp_path_factory):
+    """(the run's `convert to_hf` directory, with a word-level tokenizer; what convert said on stderr)."""
+    import tokenizers
+
+    from tests.train_helpers import REPO
+    tmp = tmp_path_factory.mktemp("vl_export")
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"w{i}": i for i in range(3, 96)}}
+    tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>")).save(str(tmp / "tokenizer.json"))
+    done = subprocess.run([sys.executable, "-m", "zaya_jax.convert", "to_hf", "--checkpoint", run[-1], "--out",
+                           str(tmp / "hf"), "--tokenizer", str(tmp / "tokenizer.json")], cwd=REPO, check=True,
+                          capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})  # its flags
+    return tmp / "hf", done.stderr
+
+
+def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go(run, exported, tmp_path, capsys):
     """generate --checkpoint --image resizes as the run's data (min/max pixels 256: 16x16, 4 image tokens)
     and prints what the Python API generates; convert to_hf writes a zaya1_vl directory that loads back to
     the same model, and to_orbax turns it back into the same checkpoint model; evaluate scores its held-out
@@ -277,10 +292,11 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
     import zaya_jax
     from tests.test_infer_cli import run_main
     from tests.train_helpers import REPO
+    from zaya_jax.config_files import image_processor
     from zaya_jax.convert.hf_vl import load_vl_hf
     from zaya_jax.errors import UserError
     from zaya_jax.evaluate_tasks import load_checkpoint as load_for_tasks
-    from zaya_jax.train.checkpoint import load_checkpoint_model
+    from zaya_jax.train.checkpoint import load_checkpoint_model, read_config
     from zaya_jax.vision.processor import ImageProcessor
     from zaya_jax.vision.prompts import expand_placeholders
 
@@ -297,22 +313,17 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
     assert printed == [str(t) for t in zaya_jax.generate(model, [prompt], 3, images=[[image]], stop_at_eos=False,
                                                          image_processor=processor)[0]]
 
-    import tokenizers
-    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"w{i}": i for i in range(3, 96)}}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
-    tok.save(str(tmp_path / "tokenizer.json"))
-    subprocess.run([sys.executable, "-m", "zaya_jax.convert", "to_hf", "--checkpoint", run_dir, "--out",
-                    str(tmp_path / "hf"), "--tokenizer", str(tmp_path / "tokenizer.json")], cwd=REPO, check=True,
-                   capture_output=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})  # its flags, its process
-    exported = load_vl_hf(tmp_path / "hf")
-    for a, b in zip(jax.tree.leaves(nnx.state(exported, nnx.Param)), jax.tree.leaves(nnx.state(model, nnx.Param))):
+    hf_dir, _ = exported
+    written = load_vl_hf(hf_dir)
+    for a, b in zip(jax.tree.leaves(nnx.state(written, nnx.Param)), jax.tree.leaves(nnx.state(model, nnx.Param))):
         np.testing.assert_array_equal(a, b)
-    assert (tmp_path / "hf" / "tokenizer.json").is_file()
-    subprocess.run([sys.executable, "-m", "zaya_jax.convert", "to_orbax", "--hf", str(tmp_path / "hf"), "--out",
+    assert (hf_dir / "tokenizer.json").is_file()
+    subprocess.run([sys.executable, "-m", "zaya_jax.convert", "to_orbax", "--hf", str(hf_dir), "--out",
                     str(tmp_path / "orbax")], cwd=REPO, check=True, capture_output=True,
                    env={**os.environ, "JAX_PLATFORMS": "cpu"})                            # and back
     back, _ = load_checkpoint_model(str(tmp_path / "orbax"))
     assert isinstance(back, ZayaVL) and back.ids == IDS and back.vision.config == model.vision.config
+    assert image_processor(read_config(str(tmp_path / "orbax"))) == processor   # the run's sizes, through the export
     for a, b in zip(jax.tree.leaves(nnx.state(back, nnx.Param)), jax.tree.leaves(nnx.state(model, nnx.Param))):
         np.testing.assert_array_equal(a, b)
 
@@ -323,11 +334,14 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
     assert json.loads(done.stdout)["results"]["digits"]["loss"] == pytest.approx(logged["eval/digits/loss"], rel=1e-5)
     with pytest.raises(UserError, match=f"--image: --checkpoint {text_dir} holds a text model"):
         run_main(["--checkpoint", text_dir, "--image", str(tmp_path / "d.png"), "--prompt_ids", "2"])
+    with pytest.raises(UserError, match=f"--image: --checkpoint {text_dir} holds a text model"):  # before the template
+        run_main(["--checkpoint", text_dir, "--image", str(tmp_path / "d.png"), "--chat", "hi"])
     with pytest.raises(UserError, match="holds a vision-language model: this command answers text questions"):
         load_for_tasks(run_dir, None, str(tmp_path / "tokenizer.json"))
     from zaya_jax.harness.loading import load_model as load_for_harness
     from zaya_jax.infer.loading import load_checkpoint
-    with pytest.raises(UserError, match="holds a vision-language model; the harness scores text models"):
+    with pytest.raises(UserError, match="holds a vision-language model; the harness scores text models .*: python -m "
+                                        f"zaya_jax.evaluate_tasks --checkpoint {run_dir}"):
         load_for_harness(run_dir, None, None)
     with pytest.raises(UserError, match="--quantize: .* holds a vision-language model"):
         load_checkpoint(run_dir, quantize="int8")
@@ -336,6 +350,46 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
             "its checkpoints were written by a vision-language train.objective='sft' run on image_chat data "
             "(data.sources digits), and this config is a train.objective='lm' run on synthetic data: resume it")):
         Trainer(text_config, run_dir)
+
+
+def test_the_export_answers_held_out_digits_as_the_checkpoint(run, exported, tmp_path, capsys):
+    """convert to_hf writes the run's image processor (min/max pixels 256: an 8x8 digit -> 16x16, 4 image
+    tokens) as preprocessor_config.json, checked on write: 8 digits the run never saw get the same answers
+    and the same log-probability of the right digit through the checkpoint (sized by its config) and through
+    its export (sized by what the export says), and generate --hf answers as the checkpoint does."""
+    from PIL import Image
+
+    from tests.test_infer_cli import run_main
+    from zaya_jax.config_files import image_processor
+    from zaya_jax.convert.hf_vl import load_vl_hf, load_vl_processor
+    from zaya_jax.train.checkpoint import checkpoint_dir, load_checkpoint_model, read_config
+    from zaya_jax.vision.prompts import expand_placeholders, prompt_image_batch
+
+    hf_dir, told = exported
+    assert "the image processor's grids, image tokens and patches on 3 probe images" in told
+    digits = _digit_documents(56)[48:]                           # the run trained on the first 48
+    images = [np.ascontiguousarray(image[::2, ::2]) for _, _, (image,) in digits]     # the 8x8 digits
+    right = np.asarray([ids[-2] for ids, _, _ in digits])        # the digit's token
+    question = [2, 5, 6, 7, IDS.image, 8]
+
+    def scores(model, processor):
+        """[8, V] log-probabilities of the answer's first token."""
+        prompts = [expand_placeholders(question, [processor.grid(image)], IDS) for image in images]
+        assert all(p.count(IDS.image) == 4 for p in prompts), [p.count(IDS.image) for p in prompts]
+        batch, _ = prompt_image_batch([[image] for image in images], model, processor)
+        logits = nnx.jit(lambda m, x, im: m(x, im))(model, np.asarray(prompts), batch)[:, -1]
+        return np.asarray(jax.nn.log_softmax(logits, -1))
+    want = scores(load_checkpoint_model(run[-1])[0], image_processor(read_config(checkpoint_dir(run[-1]))))
+    got = scores(load_vl_hf(hf_dir), load_vl_processor(hf_dir, report=pytest.fail))
+    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+    np.testing.assert_allclose(got[np.arange(8), right], want[np.arange(8), right], rtol=1e-5, atol=1e-6)
+
+    Image.fromarray(images[0]).save(tmp_path / "d.png")
+    run_main(["--hf", str(hf_dir), "--image", str(tmp_path / "d.png"), "--prompt_ids", ",".join(map(str, question)),
+              "--max_new_tokens", "1", "--ignore_eos"])
+    out, err = capsys.readouterr()
+    assert out.split() == [str(want[0].argmax())]
+    assert f"[image {tmp_path / 'd.png'}: 8x8 -> 16x16 pixels, grid 1 x 4 x 4 patches, 4 image tokens]" in err
 
 
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])

@@ -31,7 +31,11 @@ text, in the order given; with --chat, at the start of the user's message; --mes
 as {"type": "image"} content parts (TRL's format) and --prompt_ids as one image_token_id each,
 expanded to its placeholders as transformers' processor does. The images are resized and cut by
 Qwen2-VL's processor (zaya_jax.vision.processor): within the run's vision.min_pixels and
-max_pixels for a checkpoint (those its images were prepared with), Qwen2-VL's for --hf.
+max_pixels for a checkpoint (those its images were prepared with), as DIR/preprocessor_config.json
+says for --hf. Each image gets one stderr line (its size -> the resized size, its patch grid, its
+image tokens); a side below patch_size x merge_size pixels is refused, naming the file, and so is
+--image for a text model, both before the tokenizer, the chat template or the weights are read. A
+vision-language model given no --image says so in one line.
 
 `zaya_jax.generate` is also the generate function (zaya_jax/__init__.py); importing this module
 would shadow it with the module, so the module itself is made callable as that function.
@@ -86,7 +90,8 @@ _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
                            "Compute dtype (default: float32 for --hf, the saved config's for --checkpoint).")
 _QUANTIZE = flags.DEFINE_enum("quantize", None, sorted(MODES), "Weight-only quantization.")
 _GROUP_SIZE = flags.DEFINE_integer("group_size", 64, "Quantization group along the input axis.", lower_bound=1)
-_IMAGE = flags.DEFINE_multi_string("image", [], "An image file for a zaya1_vl model (--hf); repeat for several.")
+_IMAGE = flags.DEFINE_multi_string("image", [], "An image file for a vision-language model (a zaya1_vl --hf "
+                                                "directory or a vision-language run's --checkpoint); repeat for several.")
 
 
 def check_flags() -> None:
@@ -108,29 +113,50 @@ def load_model():
                 raise UserError(f"--quantize: {_HF.value} is a zaya1_vl checkpoint; quantization is for text models")
             from zaya_jax.convert.hf_vl import load_vl_hf
             return load_vl_hf(_HF.value, **{k: v for k, v in options.items() if k == "dtype"})
-        if _IMAGE.value:
-            raise UserError(f"--image: --hf {_HF.value} is a text model (model_type "
-                            f"{read_hf_config(_HF.value).get('model_type')!r}); images need a zaya1_vl checkpoint")
         return load_hf(_HF.value, **options)
     try:
-        model = load_checkpoint(_CHECKPOINT.value, step=_STEP.value, **options)
+        return load_checkpoint(_CHECKPOINT.value, step=_STEP.value, **options)
     except ModuleNotFoundError as err:
         if "zaya_jax.train" not in str(err.name):
             raise
         raise UserError(f"--checkpoint: {err}") from err
-    if _IMAGE.value and not isinstance(model, ZayaVL):
-        raise UserError(f"--image: --checkpoint {_CHECKPOINT.value} holds a text model; images need a "
-                        "vision-language run's checkpoint (configs/demo_vl.py) or --hf DIR of a zaya1_vl model")
-    return model
 
 
-def image_processor_of(model: ZayaVL) -> ImageProcessor:
-    """How --image files are resized and cut: as the checkpoint's run prepared its images, or (--hf) Qwen2-VL's."""
-    if _CHECKPOINT.value is None:
-        return ImageProcessor.for_tower(model.vision.config)
+def model_image_processor() -> ImageProcessor | None:
+    """The image processor of the model the flags name, read from its config before any weights load:
+    a vision-language run's (its vision section: the sizes its images were prepared with) or a zaya1_vl
+    --hf directory's (its preprocessor_config.json); None for a text model."""
+    if _HF.value is not None:
+        if read_hf_config(_HF.value).get("model_type") != "zaya1_vl":
+            return None
+        from zaya_jax.convert.hf_vl import load_vl_processor
+        return load_vl_processor(_HF.value)
     from zaya_jax.config_files import image_processor
     from zaya_jax.train.checkpoint import checkpoint_dir, read_config
-    return image_processor(read_config(checkpoint_dir(_CHECKPOINT.value), _STEP.value))
+    config = read_config(checkpoint_dir(_CHECKPOINT.value), _STEP.value)
+    return image_processor(config) if "vision" in config else None
+
+
+def checked_images() -> tuple[list, ImageProcessor | None]:
+    """(--image files read, the model's image processor), each file said in one stderr line (what the
+    processor does to it); --image for a text model, an unreadable file or one below the processor's
+    minimum is refused naming the file. Reads the model's config only, not its weights."""
+    if not _IMAGE.value:
+        return [], None
+    processor = model_image_processor()
+    if processor is None:
+        source = f"--hf {_HF.value}" if _HF.value is not None else f"--checkpoint {_CHECKPOINT.value}"
+        raise UserError(f"--image: {source} holds a text model; images need a vision-language run's checkpoint "
+                        "(configs/demo_vl.py) or --hf DIR of a zaya1_vl model")
+    images = []
+    for path in _IMAGE.value:
+        try:
+            image = read_image(path)
+            print(f"[image {path}: {processor.describe(image.height, image.width)}]", file=sys.stderr)
+        except (ValueError, UserError) as err:
+            raise UserError(f"--image {path}: {err}") from err
+        images.append(image)
+    return images, processor
 
 
 def tokenizer_file() -> str:
@@ -164,17 +190,6 @@ def prompt_ids() -> list[int]:
         return [int(x) for x in _PROMPT_IDS.value.split(",") if x.strip()]
     except ValueError as err:
         raise UserError(f"--prompt_ids {_PROMPT_IDS.value!r}: not comma-separated integers") from err
-
-
-def read_images() -> list:
-    """--image files as RGB Pillow images, each read whole here (an unreadable one is named)."""
-    images = []
-    for path in _IMAGE.value:
-        try:
-            images.append(read_image(path))
-        except ValueError as err:
-            raise UserError(f"--image {path}: {err}") from err
-    return images
 
 
 def with_image_spans(ids: list[int], model: ZayaVL, images: list, processor: ImageProcessor) -> list[int]:
@@ -239,6 +254,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     check_flags()
+    images, processor = checked_images()   # before the tokenizer, the chat template and the weights
     chat = _CHAT.value is not None or _MESSAGES.value is not None
     path = tokenizer_file() if _PROMPT.value is not None or chat else None
     tokenizer = None if path is None else load_tokenizer(path)
@@ -247,9 +263,11 @@ def main(argv: list[str]) -> None:
         if _CHAT.value is not None and _IMAGE.value:
             messages[0]["content"] = IMAGE * len(_IMAGE.value) + messages[0]["content"]
         template = chat_template_for(checkpoint=_CHECKPOINT.value, hf=_HF.value, override=_CHAT_TEMPLATE.value)
-    images = read_images()
     start = time.perf_counter()
     model = load_model()
+    if isinstance(model, ZayaVL) and not images:
+        print("note: a vision-language model with no --image: it answers from the text alone (give --image FILE "
+              "to show it one)", file=sys.stderr)
     cfg = text_model(model).config
     end_of_turn = []
     if chat:
@@ -264,7 +282,6 @@ def main(argv: list[str]) -> None:
                                                                                add_special_tokens=False).ids
     else:
         ids = prompt_ids()
-    processor = image_processor_of(model) if images else None  # load_model refused a text model
     if images:
         ids = with_image_spans(ids, model, images, processor)
     check_lengths(ids, cfg, model.ids.image if images else None)

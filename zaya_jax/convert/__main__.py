@@ -59,9 +59,10 @@ def to_orbax(hf_dir: str, out_dir: str, dtype: str = "float32") -> str:
         raise OutputExistsError(f"--out {out_dir}: exists and is not empty; choose a new directory")
     from zaya_jax.convert.hf_load import read_hf_config
     if read_hf_config(hf_dir).get("model_type") == "zaya1_vl":
-        from zaya_jax.convert.hf_vl import load_vl_hf
+        from zaya_jax.convert.hf_vl import load_vl_hf, load_vl_processor
         model = load_vl_hf(hf_dir, dtype=dtype)
-        config = {"model": dataclasses.asdict(model.text.config), "vision": vision_values(model)}
+        config = {"model": dataclasses.asdict(model.text.config),
+                  "vision": vision_values(model, load_vl_processor(hf_dir))}
     else:
         model = zaya_jax.load_hf(hf_dir, dtype=dtype)
         config = {"model": dataclasses.asdict(model.config)}
@@ -70,12 +71,14 @@ def to_orbax(hf_dir: str, out_dir: str, dtype: str = "float32") -> str:
     return out_dir
 
 
-def vision_values(model) -> dict:
-    """A ZayaVL's `vision` config section (config_files.vision_section's fields) as JSON values."""
-    from zaya_jax.config_files import VISION_ID_FIELDS, vision_section
+def vision_values(model, processor) -> dict:
+    """A ZayaVL's `vision` config section (config_files.vision_section's fields: its tower, image
+    ids and `processor`'s resize bounds) as JSON values."""
+    from zaya_jax.config_files import PROCESSOR_FIELDS, VISION_ID_FIELDS, vision_section
     tower = {k: v for k, v in dataclasses.asdict(model.vision.config).items() if k != "dtype"}
     tower["fullatt_block_indexes"] = list(tower["fullatt_block_indexes"])
-    return vision_section(**tower, **dict(zip(VISION_ID_FIELDS, model.ids))).to_dict()
+    sizes = {name: getattr(processor, name) for name in PROCESSOR_FIELDS}
+    return vision_section(**tower, **dict(zip(VISION_ID_FIELDS, model.ids)), **sizes).to_dict()
 
 
 def export_tokenizer(checkpoint: str, step: int | None, cfg, tokenizer_path: str | None) -> tuple[dict[str, str], str]:
@@ -107,9 +110,9 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
     native, which transformers loads, refused (UserError) when it would change what the model computes."""
     import zaya_jax
     from zaya_jax.vision.model import ZayaVL
-    model, _ = load_checkpoint_model(checkpoint, step, dtype="float32")
+    model, loaded_step = load_checkpoint_model(checkpoint, step, dtype="float32")
     if isinstance(model, ZayaVL):
-        return vl_to_hf(checkpoint, step, model, out_dir, schema, tokenizer_path)
+        return vl_to_hf(checkpoint, loaded_step, model, out_dir, schema, tokenizer_path)
     if schema is None:
         problem = schema_problem(model, "native")
         if problem:
@@ -129,13 +132,18 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
 
 def vl_to_hf(checkpoint: str, step: int | None, model, out_dir: str, schema: str | None,
              tokenizer_path: str | None) -> str:
-    """A vision-language run's checkpoint as a zaya1_vl HF directory (its native names only)."""
+    """A vision-language run's checkpoint as a zaya1_vl HF directory (its native names only), with the
+    image processor its run prepared its images with (the config's vision.min_pixels / max_pixels)."""
+    from zaya_jax.config_files import image_processor
     from zaya_jax.convert.hf_vl import save_vl_hf
+    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
     if schema not in (None, "native"):
         raise UserError(f"--schema {schema}: --checkpoint {checkpoint} holds a vision-language model, which exports "
                         "as transformers' zaya1_vl (native names) only: drop --schema")
     files, told = export_tokenizer(checkpoint, step, model.text.config, tokenizer_path)
-    save_vl_hf(model, out_dir, report=lambda line: print(line, file=sys.stderr), extra_files=files)
+    processor = image_processor(read_config(checkpoint_dir(checkpoint), step))
+    save_vl_hf(model, out_dir, report=lambda line: print(line, file=sys.stderr), extra_files=files,
+               processor=processor)
     print(told, file=sys.stderr)
     return out_dir
 

@@ -7,6 +7,7 @@ Tensors: the text model's under `model.language_model.` (transformers' ZAYA name
 norm is `final_norm` and the router's norm `rmsnorm_eda`), its vision LoRA beside the projections it
 adapts (`self_attn.qkv_proj.{q,k,v_current,v_delayed}_lora_{a,b}`, `self_attn.o_lora_{a,b}`,
 `mlp.experts.lora_{gate_up,down}_proj_{a,b}`), the vision tower's under `model.visual.`.
+The image processor's settings are preprocessor_config.json (zaya_jax.convert.hf_image_processor).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +26,8 @@ from zaya_jax.config import RUNTIME_MODEL_FIELDS, ModelConfig
 from zaya_jax.convert.export_check import ExportMismatch, check_schema, compare_probe_logits
 from zaya_jax.convert.hf_config import (PRETRAINED_FIELDS, ZAYA_FIELDS, HFCheckpointError, _native_to_model,
                                         check_fixed, fixed, hf_config_from_model, inert, read)
+from zaya_jax.convert.hf_image_processor import (PREPROCESSOR_CONFIG, compare_image_processors, preprocessor_config,
+                                                 read_image_processor)
 from zaya_jax.convert.hf_load import _lookup, _with_arrays, _zeros_like, check_names, fill_arrays, read_hf_config
 from zaya_jax.convert.hf_save import write_whole_directory
 from zaya_jax.convert.hf_names import Entry, _Builder, _SWAP, _swiglu_split, native_entries
@@ -32,6 +36,7 @@ from zaya_jax.convert.safetensors_io import TensorReader, write_sharded
 from zaya_jax.vision.config import VisionConfig
 from zaya_jax.vision.layout import patch_layout
 from zaya_jax.vision.model import ZAYA1_VL_IDS, ImageBatch, ImageTokenIds, ZayaVL
+from zaya_jax.vision.processor import ImageProcessor
 
 TEXT_PREFIX, VISION_PREFIX = "model.language_model.", "model.visual."
 
@@ -175,6 +180,18 @@ def load_vl_hf(directory: str | os.PathLike, dtype: str = "float32", **overrides
                                  dtype=dtype, **overrides)
 
 
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def load_vl_processor(directory: str | os.PathLike, report: Callable[[str], None] = _stderr_line) -> ImageProcessor:
+    """The image processor of a zaya1_vl checkpoint directory (its preprocessor_config.json; without
+    one, transformers' default sizes, said through `report` in one line): what its images are resized
+    and cut with (pass it to generate's image_processor)."""
+    _, vision, _ = vl_configs_from_hf(read_hf_config(directory))
+    return read_image_processor(directory, vision, report)
+
+
 def _probe(model: ZayaVL) -> tuple[np.ndarray, ImageBatch]:
     """[1, 24] ids holding one image of 2x2 merged tokens, and its patches (fixed random pixels)."""
     cfg, ids = model.vision.config, model.ids
@@ -189,9 +206,9 @@ def _probe(model: ZayaVL) -> tuple[np.ndarray, ImageBatch]:
     return np.asarray([text[:4] + span + text[4:4 + 24 - 4 - len(span)]]), batch
 
 
-def verify_vl_export(model: ZayaVL, directory: Path) -> str:
-    """The written files, read back, give the source's configs and its logits on a probe batch with
-    an image; returns what was checked, as one line."""
+def verify_vl_export(model: ZayaVL, directory: Path, processor: ImageProcessor) -> str:
+    """The written files, read back, give the source's configs, its logits on a probe batch with
+    an image, and its image processor's patches and image tokens; returns what was checked, as one line."""
     runtime = {f: getattr(model.text.config, f) for f in RUNTIME_MODEL_FIELDS}
     written = load_vl_hf(directory, **runtime)
     expected_text = model.text.config.replace(layout="native")
@@ -202,8 +219,9 @@ def verify_vl_export(model: ZayaVL, directory: Path) -> str:
     forward = nnx.jit(lambda m, x, im: m(x, im))
     found = compare_probe_logits(forward(model, ids, images), forward(written, ids, images), "the zaya1_vl export",
                                  "a probe batch with an image")
+    processed = compare_image_processors(processor, load_vl_processor(directory, report=lambda line: None))
     return (f"checked: the zaya1_vl export read back gives the source's configs and logits on a probe batch with "
-            f"an image ({found})")
+            f"an image ({found}), and {processed}")
 
 
 def vl_tensors(model: ZayaVL):
@@ -215,17 +233,22 @@ def vl_tensors(model: ZayaVL):
 
 
 def save_vl_hf(model: ZayaVL, directory: str | os.PathLike, max_shard_bytes: int = 5 * 2**30,
-               report: Callable[[str], None] | None = None, extra_files: dict[str, str] | None = None) -> Path:
-    """Writes a zaya1_vl checkpoint (transformers' `Zaya1VLForConditionalGeneration` layout),
-    checked on write and whole or absent, as save_hf does for the text model (extra_files: its
-    {file name: text} beside them, the tokenizer's)."""
+               report: Callable[[str], None] | None = None, extra_files: dict[str, str] | None = None,
+               processor: ImageProcessor | None = None) -> Path:
+    """Writes a zaya1_vl checkpoint (transformers' `Zaya1VLForConditionalGeneration` layout) with its
+    image processor's preprocessor_config.json (`processor`: the run's, whose sizes its images were
+    prepared with; default: Qwen2-VL's sizes on the tower's patches), checked on write and whole or
+    absent, as save_hf does for the text model (extra_files: its {file name: text} beside them, the
+    tokenizer's)."""
     check_schema(model.text, "native")
+    processor = processor or ImageProcessor.for_tower(model.vision.config)
 
     def fill(staging: Path) -> str:
         write_sharded(staging, vl_tensors(model), max_shard_bytes)
         (staging / "config.json").write_text(json.dumps(hf_vl_config(model), indent=2))
+        (staging / PREPROCESSOR_CONFIG).write_text(json.dumps(preprocessor_config(processor), indent=2))
         for name, text in (extra_files or {}).items():
             (staging / name).write_text(text, encoding="utf-8")
-        return verify_vl_export(model, staging)
+        return verify_vl_export(model, staging, processor)
 
     return write_whole_directory(directory, fill, report)

@@ -39,7 +39,7 @@ def load_model(checkpoint: str | None, hf: str | None, step: int | None, dtype: 
     config = read_config(checkpoint_dir(checkpoint), step)
     if "vision" in config:
         raise UserError(f"--checkpoint {checkpoint} holds a vision-language model; the harness scores text models "
-                        "(benchmarks/vl_demo.py scores the digits demo's)")
+                        f"(score a digits demo run with: python -m zaya_jax.evaluate_tasks --checkpoint {checkpoint})")
     if config.model.get("moe_backend") == "capacity":
         options["moe_backend"] = "auto"
     return load_checkpoint(checkpoint, step=step, **options)

@@ -22,6 +22,7 @@ import numpy as np
 
 from zaya_jax.data.chat_template import IMAGE, ChatTemplate, ConversationError, encode_conversation
 from zaya_jax.data.records import ImageChatDocument
+from zaya_jax.errors import UserError
 from zaya_jax.vision.model import ImageTokenIds
 from zaya_jax.vision.processor import ImageProcessor, read_image
 from zaya_jax.vision.prompts import expand_placeholders
@@ -69,7 +70,6 @@ def vision_section_of(config_path: str | None) -> dict:
     """The vision section of the config file `config_path` as plain values (what a prepared image_chat
     source is sized by); UserError naming the flag when there is no file or no section."""
     from zaya_jax.config_files import load_config_file
-    from zaya_jax.errors import UserError
     if config_path is None:
         raise UserError("--kind image_chat needs --vision_config FILE: a config file with a vision section (the run's, "
                         "e.g. configs/demo_vl.py), whose tower, image token ids and min/max pixels size the images")
@@ -97,7 +97,8 @@ def image_chat_encoder(template: ChatTemplate, tokenizer, config_path: str, base
         for k, name in enumerate(values["images"]):
             try:
                 images.append(read_image(os.path.join(base_dir, name) if isinstance(name, str) else None))
-            except ValueError as err:
+                processor.size(images[-1].height, images[-1].width)   # one below the processor's minimum is named
+            except (ValueError, UserError) as err:
                 raise ConversationError(f"images[{k}] {name!r}: {err}") from err
         doc = encode_image_chat(template, tokenizer, values[messages_field], images, processor, token_ids)
         return (*doc.tokens, doc.images)

@@ -1,7 +1,9 @@
 """Images -> patches and placeholders, as Qwen2-VL's image processor does (transformers'
 `Qwen2VLImageProcessorPil`, which ZAYA1-VL's processor uses):
 
-  resize (bicubic, Pillow) to h x w, each a multiple of f = patch_size * merge_size, keeping the
+  refuse an image with a side below f = patch_size * merge_size pixels (transformers' Qwen2-VL
+    processor did up to 4.50 and GLM-4V's still does; 5.25's Qwen2-VL upsizes it instead)
+  resize (bicubic, Pillow) to h x w, each a multiple of f, keeping the
     aspect ratio, with h * w within [min_pixels, max_pixels] (`smart_resize`)
   scale to [0, 1], normalise per channel with CLIP's mean and std
   patches of patch_size^2 pixels, block-major over merge_size^2 blocks (zaya_jax.vision.layout's
@@ -28,7 +30,11 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """The size an image is resized to: both sides multiples of `factor`, the area within
-    [min_pixels, max_pixels], the aspect ratio kept as closely as that allows."""
+    [min_pixels, max_pixels], the aspect ratio kept as closely as that allows. An image with a
+    side below `factor` pixels (less than one merged token's side) is refused."""
+    if height < factor or width < factor:
+        raise UserError(f"an image of {height}x{width} pixels is below the processor's minimum: each side must be "
+                        f"at least {factor} pixels (patch_size x merge_size); give a larger image")
     if max(height, width) / min(height, width) > 200:
         raise UserError(f"an image of {height}x{width} pixels: its aspect ratio must be below 200")
     h, w = round(height / factor) * factor, round(width / factor) * factor
@@ -63,11 +69,23 @@ class ImageProcessor:
         """The (height, width) an image of that size is resized to (`smart_resize` at this processor's factor)."""
         return smart_resize(height, width, self.patch_size * self.merge_size, self.min_pixels, self.max_pixels)
 
+    def describe(self, height: int, width: int) -> str:
+        """What the processor does to an image of that size, as one line: its resized size, its
+        patch grid and its image tokens."""
+        h, w = self.size(height, width)
+        t, gh, gw = self.grid_of_size(height, width)
+        return (f"{height}x{width} -> {h}x{w} pixels, grid {t} x {gh} x {gw} patches, "
+                f"{t * gh * gw // self.merge_size ** 2} image tokens")
+
+    def grid_of_size(self, height: int, width: int) -> tuple[int, int, int]:
+        """The patch grid (1, h / patch, w / patch) of an image of that size."""
+        h, w = self.size(height, width)
+        return 1, h // self.patch_size, w // self.patch_size
+
     def grid(self, image: np.ndarray | Image.Image) -> tuple[int, int, int]:
         """An image's patch grid (1, h / patch, w / patch), without resizing or cutting it."""
         height, width = (image.height, image.width) if isinstance(image, Image.Image) else np.shape(image)[:2]
-        h, w = self.size(height, width)
-        return 1, h // self.patch_size, w // self.patch_size
+        return self.grid_of_size(height, width)
 
     def resize(self, image: np.ndarray | Image.Image) -> np.ndarray:
         """An image -> uint8 [h, w, 3] RGB at the processor's size (what a prepared record stores)."""
