@@ -44,7 +44,10 @@ RUNS: dict[str, list[str]] = {
     "grpo_demo_cpu": ["grpo_demo.py"],  # trains the pretraining and SFT demos first (or --sft)
     "grpo_settings_cpu": ["grpo_settings.py"],  # runs/demo_sft's GRPO variants (reuses runs/grpo_settings/*)
     "grpo_vs_trl_cpu": ["grpo_vs_trl.py"],  # needs the bench extra (TRL) and runs/demo_sft (configs/demo_sft.py)
-    "vl_demo_cpu": ["vl_demo.py"],
+    "vl_demo_cpu": ["vl_demo.py"],  # Python 3.11's stack (the demo corpus, and so the model, differ per Python)
+    "vl_demo_cpu_py312": ["vl_demo.py"],  # the same on Python 3.12's stack
+    "vl_demo_cpu_no_augmentation": ["vl_demo.py", *(f"--override=train.{o}" for o in (  # the demo as it was
+        "steps=150", "augment_shift=0", "augment_scale=0", "augment_contrast=0"))],
     "xla_cpu_flags_cpu": ["xla_cpu_flags.py"],
     # model.moe_backend=auto picks the native CPU grouped matmul where the install built it
     # (zaya_jax.native); these files hold such runs and are only regenerated there
@@ -59,6 +62,7 @@ RUNS: dict[str, list[str]] = {
     "suite_profile_cpu": ["suite_profile.py"],  # every test's time, by size and module
 }
 NEEDS_NATIVE = {name for name in RUNS if name.endswith("_native")}
+NEEDS_PYTHON = {"vl_demo_cpu": (3, 11), "vl_demo_cpu_py312": (3, 12), "vl_demo_cpu_no_augmentation": (3, 11)}
 WRITES_ITS_OWN_FILE = {"chaos_cpu"}  # prints only a summary; its file holds the whole campaign
 
 
@@ -76,6 +80,9 @@ def run(name: str) -> dict:
         from zaya_jax.native import grouped_matmul
         if not grouped_matmul.available():
             raise RuntimeError("needs the native CPU grouped matmul, which this install did not build")
+    wanted = NEEDS_PYTHON.get(name)
+    if wanted and sys.version_info[:2] != wanted:
+        raise RuntimeError(f"measures Python {wanted[0]}.{wanted[1]}'s stack; run this under that Python")
     script, *args = RUNS[name]
     env = {**os.environ, "PYTHONPATH": os.path.dirname(BENCHMARKS)}
     done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *args], env=env,
