@@ -11,12 +11,12 @@ augmentation), then scores each run as `python -m zaya_jax.evaluate_tasks --chec
 by one pixel and drawn at another size, and with every image black; chance is 10%), and compares
 each run's text model with the one it started from: their weights, and their held-out loss on the
 demo corpus's text (2 evaluation batches per source; the run freezes the text model, so the two
-must be equal). `--override` changes every VL run's config (train.augment_shift=0 ... measures the
-demo without augmentation). Reports each run's wall time (including compilation) with the load
-average around it, its final training and
-evaluation records (image_token_share among them), the accuracies' mean and range over the seeds,
-the Python and jax versions (the demo corpus, and so the pretrained run, differ per Python) and
-the load average.
+must be equal). `--override` changes every VL run's config (benchmarks/run_all.py's
+vl_demo_cpu_no_augmentation: the demo as it was, 150 steps without augmentation). Reports each
+run's wall time (including compilation) with the load average around it, its final training and
+evaluation records (image_token_share among them), the accuracies' mean, range and spread over
+the seeds, and the Python and jax versions: the demo corpus, and so the pretrained run, differ per
+Python (run_all keeps one results file per stack).
 """
 
 from __future__ import annotations
