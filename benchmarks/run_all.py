@@ -51,7 +51,10 @@ RUNS: dict[str, list[str]] = {
     "grpo_demo_cpu_py312": ["grpo_demo.py", "--sft", "runs/posttrain_demo_py312/demo_sft", "--seeds", "0,1,2"],
     "grpo_settings_cpu": ["grpo_settings.py"],  # runs/demo_sft's GRPO variants (reuses runs/grpo_settings/*)
     "grpo_vs_trl_cpu": ["grpo_vs_trl.py"],  # needs the bench extra (TRL) and runs/demo_sft (configs/demo_sft.py)
-    "vl_demo_cpu": ["vl_demo.py"],
+    "vl_demo_cpu_py311": ["vl_demo.py"],
+    "vl_demo_cpu_py312": ["vl_demo.py"],
+    "vl_demo_cpu_no_augmentation_py311": ["vl_demo.py", *(f"--override=train.{o}" for o in (  # the demo as it was
+        "steps=150", "augment_shift=0", "augment_scale=0", "augment_contrast=0"))],
     "xla_cpu_flags_cpu": ["xla_cpu_flags.py"],
     # 2 CPU processes, one late at a collective; each file from its stack's interpreter (the script checks)
     "gloo_skew_cpu_py311": ["gloo_skew.py"],
@@ -88,8 +91,9 @@ def wrong_stack(name: str) -> str | None:
     suffix = next((s for s in STACK_SUFFIXES if name.endswith(s)), None)
     if suffix is None or suffix == "_" + stack_suffix():
         return None
+    venv = ".venv312" if suffix == "_py312" else ".venv"
     return (f"{name} is measured on Python {suffix[3]}.{suffix[4:]}; run it with that stack's interpreter "
-            f"(e.g. .venv312/bin/python -m benchmarks.run_all --only {name})")
+            f"(the README's {venv}: {venv}/bin/python -m benchmarks.run_all --only {name})")
 
 
 def run(name: str) -> dict:

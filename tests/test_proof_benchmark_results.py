@@ -327,18 +327,38 @@ def test_ci_suite_reads_what_ci_run_prints():
         parse(log.split("Python 3.12 stack")[0])
 
 
-def test_vl_demo_figures_are_the_results_file():
-    run = _load("vl_demo_cpu")
+VL_DEMO_ROWS = {"vl_demo_cpu_py311": "3.11", "vl_demo_cpu_py312": "3.12",
+                "vl_demo_cpu_no_augmentation_py311": "3.11, without augmentation (the demo before)"}
+
+
+def vl_demo_row(label: str, run: dict) -> str:
+    """The README's row of a vl_demo results file: steps, mean wall time and the load around it, each
+    variant's accuracy as the mean over seeds (range), and the mean with black images."""
+    over = run["accuracy_over_seeds"]
+    loads = [load for r in run["runs"] for load in r["load_average_1m_start_end"]]
+    percent = lambda s: f"{100 * s['mean']:.1f}% ({100 * s['min']:.1f}-{100 * s['max']:.1f})"  # noqa: E731
+    return (f"| {label} | {run['runs'][0]['steps']} | {run['wall_s_including_compile']['vl_over_seeds']['mean']:.0f} s "
+            f"(load {min(loads):.1f}-{max(loads):.1f}) | "
+            + " | ".join(percent(over[v]) for v in ("plain", "shifted", "rescaled"))
+            + f" | {100 * over['black_images']['mean']:.1f}% |")
+
+
+def test_vl_demo_figures_are_the_results_files():
     with open(os.path.join(REPO, "README.md")) as f:
         readme = " ".join(f.read().split())
-    row = (f"| `runs/demo_vl` (text model frozen) | {run['steps']} | {run['wall_s_including_compile']['vl']:.0f} s | "
-           f"{100 * run['heldout_digit_accuracy']:.1f}% | {100 * run['accuracy_with_black_images']:.1f}% |")
-    assert row in readme
-    before, after = run["text_model"]["heldout_loss_before"], run["text_model"]["heldout_loss_after"]
-    assert before == after and run["text_model"]["max_abs_weight_change"] == 0
-    assert (f"on the {run['heldout_digits']} held-out digits" in readme
+    runs = {name: _load(name) for name in VL_DEMO_ROWS}
+    for name, label in VL_DEMO_ROWS.items():
+        run = runs[name]
+        assert len(run["seeds"]) >= 2 and run["python"].startswith(label[:4]), name
+        assert vl_demo_row(label, run) in readme, vl_demo_row(label, run)
+        for r in run["runs"]:
+            text = r["text_model"]
+            assert text["heldout_loss_before"] == text["heldout_loss_after"] and text["max_abs_weight_change"] == 0
+    first = runs["vl_demo_cpu_py311"]["runs"][0]
+    after = first["text_model"]["heldout_loss_after"]
+    assert (f"on the {runs['vl_demo_cpu_py311']['heldout_digits']} held-out digits" in readme
             and f"(prose {after['prose']:.4f}, code {after['code']:.4f}, math {after['math']:.4f})" in readme
-            and f"`image_token_share`: {100 * run['vl_final']['train']['image_token_share']:.1f}% of the positions"
+            and f"`image_token_share`: {100 * first['vl_final']['train']['image_token_share']:.1f}% of the positions"
             in readme)
 
 

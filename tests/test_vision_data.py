@@ -41,7 +41,8 @@ def tokenizer(tmp_path_factory):
 def documents(tokenizer):
     """Ten held-out digits, each question ending in its index (so that each conversation's ids are its
     own); the third with two images (a second, twice as wide), the fifth too long for a row, the
-    seventh with more patches than a row holds."""
+    seventh with more patches than a row holds, the ninth with an image three times as tall as wide
+    (the wide and the tall image: patch grids of 4x6 and 8x4, whose h x h and w x w counts differ)."""
     template = ChatTemplate.load(PLAIN)
     conversations = digit_conversations("heldout")[:10]
     for i, c in enumerate(conversations):
@@ -52,6 +53,7 @@ def documents(tokenizer):
                                      {"type": "text", "text": QUESTION}]}, conversations[2]["messages"][1]]}
     conversations[4]["messages"][0]["content"].append({"type": "text", "text": " Which digit is this?" * 9})
     conversations[6]["images"] = [np.zeros((40, 40, 3), np.uint8)]                 # 40x40 -> 32x32: 64 patches
+    conversations[8]["images"] = [np.concatenate([conversations[8]["images"][0]] * 3)]  # 24x8 -> 32x16: 32 patches
     return [encode_image_chat(template, tokenizer, c["messages"], c["images"], PROCESSOR, IDS) for c in conversations]
 
 
@@ -84,6 +86,10 @@ def packed_rows(documents):
 
 
 def test_packing_keeps_every_conversation_and_its_images_whole(documents):
+    grids = [[PROCESSOR.grid(image) for image in doc.images] for doc in documents]
+    assert grids[2][1] == (1, 4, 6) and grids[8][0] == (1, 8, 4)
+    for doc, doc_grids in zip(documents, grids):                  # the patches a conversation takes in a row
+        assert ImageChatRows(VISION, CAPACITY).piece_patches(doc) == sum(h * w for _, h, w in doc_grids)
     rows = packed_rows(documents)
     seen = []
     for row in rows:

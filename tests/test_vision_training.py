@@ -247,6 +247,9 @@ def test_the_text_model_is_grouped_as_in_a_text_run():
     (dict(train=dict(patch_capacity=6)), "train.patch_capacity must be a positive multiple of 4"),
     (dict(mesh=dict(context=2)), "mesh.context must be 1"),
     (dict(vision=None, train=dict(patch_capacity=0)), "train.freeze_text is set but the config has no vision"),
+    (dict(vision=None, train=dict(patch_capacity=0, freeze_text=False, augment_scale=0.1)),
+     "train.augment_scale is set but the config has no vision"),
+    (dict(train=dict(augment_shift=0.5)), r"train.augment_shift must lie in \[0, 0.5\), got 0.5"),
 ])
 def test_a_vision_run_names_what_it_cannot_do(tmp_path, change, message):
     config = _vl_config(tmp_path, "unused")
@@ -269,15 +272,12 @@ def test_a_text_run_refuses_image_chat_data(tmp_path):
 @pytest.fixture(scope="module")
 def exported(run, tmp_path_factory):
     """(the run's `convert to_hf` directory, with a word-level tokenizer; what convert said on stderr)."""
-    import tokenizers
-
     from tests.train_helpers import REPO
     tmp = tmp_path_factory.mktemp("vl_export")
-    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"w{i}": i for i in range(3, 96)}}
-    tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>")).save(str(tmp / "tokenizer.json"))
     done = subprocess.run([sys.executable, "-m", "zaya_jax.convert", "to_hf", "--checkpoint", run[-1], "--out",
-                           str(tmp / "hf"), "--tokenizer", str(tmp / "tokenizer.json")], cwd=REPO, check=True,
-                          capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})  # its flags
+                           str(tmp / "hf"), "--tokenizer", _word_tokenizer(tmp / "tokenizer.json")], cwd=REPO,
+                          check=True, capture_output=True, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})  # its flags
     return tmp / "hf", done.stderr
 
 
@@ -285,8 +285,9 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
     """generate --checkpoint --image resizes as the run's data (min/max pixels 256: 16x16, 4 image tokens)
     and prints what the Python API generates; convert to_hf writes a zaya1_vl directory that loads back to
     the same model, and to_orbax turns it back into the same checkpoint model; evaluate scores its held-out
-    rows as the trainer did; a text checkpoint with --image, the run given to evaluate_tasks, the harness or
-    --quantize, and resuming it with a text config each end in one error naming the input."""
+    rows as the trainer did; a text checkpoint with --image, the run given to preference_pairs (which
+    answers text questions), the harness or --quantize, and resuming it with a text config each end in one
+    error naming the input."""
     from PIL import Image
 
     import zaya_jax
@@ -336,7 +337,8 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
         run_main(["--checkpoint", text_dir, "--image", str(tmp_path / "d.png"), "--prompt_ids", "2"])
     with pytest.raises(UserError, match=f"--image: --checkpoint {text_dir} holds a text model"):  # before the template
         run_main(["--checkpoint", text_dir, "--image", str(tmp_path / "d.png"), "--chat", "hi"])
-    with pytest.raises(UserError, match="holds a vision-language model: this command answers text questions"):
+    with pytest.raises(UserError, match="holds a vision-language model: this command answers text questions .*"
+                                        f"python -m zaya_jax.evaluate_tasks --checkpoint {run_dir} scores it"):
         load_for_tasks(run_dir, None, str(tmp_path / "tokenizer.json"))
     from zaya_jax.harness.loading import load_model as load_for_harness
     from zaya_jax.infer.loading import load_checkpoint
@@ -390,6 +392,50 @@ def test_the_export_answers_held_out_digits_as_the_checkpoint(run, exported, tmp
     out, err = capsys.readouterr()
     assert out.split() == [str(want[0].argmax())]
     assert f"[image {tmp_path / 'd.png'}: 8x8 -> 16x16 pixels, grid 1 x 4 x 4 patches, 4 image tokens]" in err
+
+
+def _word_tokenizer(path) -> str:
+    """A tokenizer.json of the run's 96 ids (words w3..w95; other words are <pad>) -> its path."""
+    import tokenizers
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"w{i}": i for i in range(3, 96)}}
+    tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>")).save(str(path))
+    return str(path)
+
+
+def test_evaluate_tasks_scores_the_run_on_plain_shifted_and_rescaled_digits(run, tmp_path):
+    """`python -m zaya_jax.evaluate_tasks --checkpoint RUN` of a VL run: the 359 held-out digits, as they
+    are, moved and rescaled, with their images resized as the run's config says (16x16: 4 image tokens),
+    answer for answer what the model generates for prompts and images made here with the processor
+    written out by hand; and the variants are other images (other answers)."""
+    from tests.train_helpers import REPO
+    from zaya_jax.data.chat_template import PLAIN, ChatTemplate
+    from zaya_jax.data.tokenizer import Tokenizer
+    from zaya_jax.train.checkpoint import load_checkpoint_model
+    from zaya_jax.vision.demo_images import digit_conversations, digit_variant
+    from zaya_jax.vision.digit_accuracy import digit_accuracy
+    from zaya_jax.vision.processor import ImageProcessor
+
+    run_dir = run[-1]
+    tokenizer = _word_tokenizer(tmp_path / "tokenizer.json")
+    done = subprocess.run([sys.executable, "-m", "zaya_jax.evaluate_tasks", "--checkpoint", run_dir, "--tokenizer",
+                           tokenizer, "--batch_size", "359", "--max_new_tokens", "2"], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    scored = json.loads(done.stdout)
+    assert scored["questions"] == 359 and list(scored["accuracy_by_variant"]) == ["plain", "shifted", "rescaled"]
+    assert scored["accuracy"] == scored["accuracy_by_variant"]["plain"]
+    model, _ = load_checkpoint_model(run_dir)
+    processor = ImageProcessor(4, 2, 1, min_pixels=256, max_pixels=256)
+    heldout = digit_conversations("heldout")
+    for variant in ("plain", "shifted"):
+        want = digit_accuracy(model, Tokenizer(tokenizer, bos_id=2, eos_id=1, pad_id=0), processor,
+                              digit_variant(heldout, variant), ChatTemplate.load(PLAIN), max_new_tokens=2,
+                              batch_size=359)
+        got = scored["variants"][variant]
+        assert (got["correct"], got["answers"]) == (want["correct"], [list(a) for a in want["answers"]])
+        assert got["accuracy"] == round(got["correct"].count("1") / 359, 4)
+    assert scored["variants"]["shifted"]["answers"] != scored["variants"]["plain"]["answers"]
+    assert scored["variants"]["rescaled"]["answers"] != scored["variants"]["plain"]["answers"]
 
 
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])

@@ -1,6 +1,8 @@
-"""Exact-match accuracy on the held-out instruction tasks, by greedy generation. Prints JSON.
+"""Exact-match accuracy on the held-out instruction tasks, or a vision-language run's on the
+held-out digits, by greedy generation. Prints JSON.
 
   python -m zaya_jax.evaluate_tasks --checkpoint runs/demo_sft [--per_kind 100] [--max_new_tokens 8]
+  python -m zaya_jax.evaluate_tasks --checkpoint runs/demo_vl
 
 The held-out questions of zaya_jax.data.instruction_tasks (`--per_kind` of each kind, none of
 which the demo's SFT or DPO data contains) are rendered as a user turn with the chat template
@@ -13,6 +15,13 @@ it recorded (a run on chat or preference data), else plain.jinja (--chat_templat
 generation also stops at the template's end of turn (chat_template.end_of_turn_ids). The JSON gives
 the accuracy overall and per kind, each question's result in order ("correct": "1" or "0" per
 question, to compare two checkpoints on the same questions) and the first completions of each kind.
+
+A vision-language run's checkpoint (configs/demo_vl.py) is scored on the digits demo instead
+(zaya_jax.vision.digit_accuracy.score_digits): the 359 held-out digits as they are, each moved by
+one pixel and each drawn at another size (demo_images.VARIANTS), its images resized as the run's
+config says; the JSON gives the accuracy per variant ("accuracy" is the plain digits'), and per
+variant each digit's result in order, the accuracy per digit and the commonest answers.
+`--per_kind` and `--seed` choose text tasks and are not read there.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from zaya_jax.data import chat_template, instruction_tasks
 from zaya_jax.errors import UserError
 
 EXAMPLES_PER_KIND = 2
+MAX_NEW_TOKENS = 8
+BATCH_SIZE = 100
 
 
 def define_answering_flags(*, per_kind: int, per_kind_help: str, batch_size: int) -> None:
@@ -44,13 +55,14 @@ def define_answering_flags(*, per_kind: int, per_kind_help: str, batch_size: int
                         "one the run recorded, else zaya_jax/data/chat_templates/plain.jinja).")
     flags.DEFINE_integer("per_kind", per_kind, per_kind_help, lower_bound=1)
     flags.DEFINE_integer("seed", 0, "Task generation seed (the demo data's is 0).")
-    flags.DEFINE_integer("max_new_tokens", 8, "Token cap of a completion.", lower_bound=1)
+    flags.DEFINE_integer("max_new_tokens", MAX_NEW_TOKENS, "Token cap of a completion.", lower_bound=1)
     flags.DEFINE_integer("batch_size", batch_size, "Questions generated together.", lower_bound=1)
 
 
 def define_flags() -> None:
     """The CLI's flags, defined only when this module runs as the CLI (its functions are a library)."""
-    define_answering_flags(per_kind=100, per_kind_help="Held-out questions of each kind.", batch_size=100)
+    define_answering_flags(per_kind=100, per_kind_help="Held-out questions of each kind (text runs).",
+                           batch_size=BATCH_SIZE)
 
 
 def generate_completions(model, tokenizer, prompts: list[np.ndarray], max_new_tokens: int,
@@ -99,19 +111,23 @@ def score(tasks: list[instruction_tasks.Task], completions: list[str]) -> dict:
             "questions": sum(total.values()), "correct": "".join(each), "examples": dict(examples)}
 
 
-def load_checkpoint(checkpoint: str, step: int | None, tokenizer_path: str | None = None):
+def load_checkpoint(checkpoint: str, step: int | None, tokenizer_path: str | None = None, *,
+                    vision: bool = False):
     """(model, step, tokenizer) of a training run's checkpoint; the tokenizer is the one the step
-    carries (the file its run was trained with; a `tokenizer_path` that is another file is refused)."""
+    carries (the file its run was trained with; a `tokenizer_path` that is another file is refused).
+    A vision-language run's ZayaVL only with `vision` (what this command scores on the digits); else
+    refused naming that command."""
     from zaya_jax.data.tokenizer import Tokenizer
     from zaya_jax.train.carried_tokenizer import checkpoint_tokenizer
     from zaya_jax.train.checkpoint import load_checkpoint_model
 
     from zaya_jax.vision.model import ZayaVL
     model, step = load_checkpoint_model(checkpoint, step)
-    if isinstance(model, ZayaVL):
+    if isinstance(model, ZayaVL) and not vision:
         raise UserError(f"--checkpoint {checkpoint} holds a vision-language model: this command answers text "
-                        "questions with a text model (benchmarks/vl_demo.py scores the digits demo's)")
-    cfg = model.config
+                        f"questions with a text model (python -m zaya_jax.evaluate_tasks --checkpoint {checkpoint} "
+                        "scores it on the held-out digits)")
+    cfg = model.config if not isinstance(model, ZayaVL) else model.text.config
     path, told = checkpoint_tokenizer(checkpoint, step, tokenizer_path)
     print(told, file=sys.stderr)
     tokenizer = Tokenizer(path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
@@ -135,18 +151,35 @@ def answer_tasks(model, tokenizer, template, tasks: list[instruction_tasks.Task]
                                 tuple(chat_template.end_of_turn_ids(template, tokenizer)))
 
 
+def score_vision_run(checkpoint: str, step: int, model, tokenizer, template: chat_template.ChatTemplate, *,
+                     max_new_tokens: int = MAX_NEW_TOKENS, batch_size: int = BATCH_SIZE) -> dict:
+    """A vision-language run's ZayaVL scored on the held-out digits (vision.digit_accuracy.score_digits),
+    images resized as the run's config says."""
+    from zaya_jax.config_files import image_processor
+    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
+    from zaya_jax.vision.digit_accuracy import score_digits
+    processor = image_processor(read_config(checkpoint_dir(checkpoint), step))
+    return score_digits(model, tokenizer, processor, template, max_new_tokens=max_new_tokens, batch_size=batch_size)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from zaya_jax.vision.model import ZayaVL
     f = flags.FLAGS
     start = time.perf_counter()
     template = run_template(f.checkpoint, f.chat_template)
-    model, step, tokenizer = load_checkpoint(f.checkpoint, f.step, f.tokenizer)
-    tasks = instruction_tasks.tasks("heldout", f.per_kind, f.seed)
-    completions = answer_tasks(model, tokenizer, template, tasks, f.max_new_tokens, f.batch_size)
-    result = score(tasks, completions)
-    print(f"[{len(tasks)} questions in {time.perf_counter() - start:.1f}s including loading and compilation]",
-          file=sys.stderr)
+    model, step, tokenizer = load_checkpoint(f.checkpoint, f.step, f.tokenizer, vision=True)
+    if isinstance(model, ZayaVL):
+        result = score_vision_run(f.checkpoint, step, model, tokenizer, template, max_new_tokens=f.max_new_tokens,
+                                  batch_size=f.batch_size)
+        asked = f"{result['questions']} digits x {len(result['variants'])} variants"
+    else:
+        tasks = instruction_tasks.tasks("heldout", f.per_kind, f.seed)
+        completions = answer_tasks(model, tokenizer, template, tasks, f.max_new_tokens, f.batch_size)
+        result = score(tasks, completions)
+        asked = f"{len(tasks)} questions"
+    print(f"[{asked} in {time.perf_counter() - start:.1f}s including loading and compilation]", file=sys.stderr)
     print(json.dumps({"checkpoint": f.checkpoint, "step": step, "chat_template": template.path,
                       "max_new_tokens": f.max_new_tokens, **result}, indent=2))
 

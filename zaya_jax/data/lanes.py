@@ -11,13 +11,17 @@ Within a lane (`LaneStream`):
     split each epoch between them without overlap;
   * the next document comes from the source furthest behind its share of the lane's target
     tokens (mixture weights are fractions of training tokens, met to within one document);
+  * each document drawn is the format's training_document of it, seeded by (the source's
+    seed, the epoch, the document): image_chat rows augment its images there (vision/augment.py),
+    anew each epoch; other formats take it as stored;
   * documents are cut into pieces by the phase's packing.RowFormat: text and chat documents
     into chunks of at most L+1 tokens (packing.chunk_bounds), preference documents into one
     whole (fitted) pair each (preference_rows.PAIRS). "Tokens" are the row positions the
     pieces take (for text and chat: the document's targets).
 The state is a few integers per source, so it is cheap to save and exact to restore.
 
-`SequentialStream` reads one source once, in order (the held-out evaluation stream).
+`SequentialStream` reads one source once, in order (the held-out evaluation stream), every
+document as stored.
 """
 
 from __future__ import annotations
@@ -99,7 +103,9 @@ class LaneStream:
             n = len(self._sources[source])
             epoch, i = divmod(self._lane + draw * self._num_lanes, n)
             index = permute_index(i, n, mix_seed(self._seeds[source], epoch))
-            self._cached = ((source, draw), self._sources[source][index])
+            document = self._format.training_document(self._sources[source][index],
+                                                      mix_seed(self._seeds[source], epoch, index))
+            self._cached = ((source, draw), document)
         return self._cached[1]
 
     def next_chunk(self) -> Any:

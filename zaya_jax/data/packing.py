@@ -49,6 +49,11 @@ class RowFormat(Protocol):
     chunks, preference_rows.PAIRS makes each preference document one whole pair.
     """
 
+    def training_document(self, doc: Any, seed: int) -> Any:
+        """`doc` as a training lane draws it, `seed` that draw's (lanes.LaneStream): ImageChatRows
+        augments its images (vision.augment), the other formats return it; held-out streams never
+        call this."""
+
     def document_positions(self, doc: np.ndarray, seq_len: int) -> int:
         """Row positions all pieces of `doc` take together; 0: the document yields no piece."""
 
@@ -69,6 +74,11 @@ class RowFormat(Protocol):
 
 class ChunkRows:
     """The RowFormat of text ([n]) and chat ([2, n]) documents: chunks along the last axis."""
+
+    @staticmethod
+    def training_document(doc: np.ndarray, seed: int) -> np.ndarray:
+        del seed
+        return doc
 
     @staticmethod
     def document_positions(doc: np.ndarray, seq_len: int) -> int:

@@ -74,6 +74,11 @@ class PairRows:
     (prompt ++ chosen, prompt ++ rejected) of int32 [2, m] sequences (ids, completion mask)."""
 
     @staticmethod
+    def training_document(doc: np.ndarray, seed: int) -> np.ndarray:
+        del seed
+        return doc
+
+    @staticmethod
     def document_positions(doc: np.ndarray, seq_len: int) -> int:
         p, c, r = part_lengths(doc)
         kept_chosen, kept_rejected = fitted_completion_lengths(p, c, r, seq_len)

@@ -21,7 +21,8 @@ A GRPO run (train.objective='grpo') samples its batches from the policy itself
 generation (GRPOBatches.evaluate), not held-out batches.
 
 A vision-language run (a vision section) reads image_chat sources: its rows (and batches) also
-hold the images' patches (vision.image_rows.ImageChatRows of the tower and train.patch_capacity).
+hold the images' patches (vision.image_rows.ImageChatRows of the tower and train.patch_capacity),
+the training rows' images augmented by train.augment_* (vision/augment.py), the held-out ones not.
 """
 
 from __future__ import annotations
@@ -170,11 +171,15 @@ def phases_of(config, settings: Settings) -> tuple[PhaseInfo, ...]:
 
 
 def image_rows(settings: Settings):
-    """The RowFormat of a vision-language run's image_chat rows, or None for a text model."""
+    """The RowFormat of a vision-language run's image_chat rows (training images augmented as the
+    train section says), or None for a text model."""
     if settings.vision is None:
         return None
+    from zaya_jax.vision.augment import ImageAugment
     from zaya_jax.vision.image_rows import ImageChatRows
-    return ImageChatRows(settings.vision[0], settings.train.patch_capacity)
+    t = settings.train
+    return ImageChatRows(settings.vision[0], t.patch_capacity,
+                         ImageAugment(t.augment_shift, t.augment_scale, t.augment_contrast))
 
 
 def wanted_kind(settings: Settings) -> str:

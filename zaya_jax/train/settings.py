@@ -15,8 +15,11 @@ below, and every error names the offending `section.field`):
               never), max_rollbacks (a run needing one rollback more than this stops with an
               error, exit 1), objective ('lm' | 'sft' | 'dpo' | 'grpo': zaya_jax.train.objectives);
               with a vision section: patch_capacity (image patches per packed row, a multiple of
-              the tower's merge unit) and freeze_text (train the tower, its merger and the vision
-              LoRA only: the text model's weights and balancing biases stay as they started)
+              the tower's merge unit), freeze_text (train the tower, its merger and the vision
+              LoRA only: the text model's weights and balancing biases stay as they started) and
+              the training images' augmentation (zaya_jax.vision.augment, 0 = off): augment_shift
+              (the largest move, a fraction of the side, < 0.5), augment_scale (the largest
+              relative change of size, < 1), augment_contrast (of contrast, < 1)
   vision      a ZAYA1-VL model's tower and image token ids (config_files.vision_section): the run
               trains zaya_jax.vision.model.ZayaVL on image_chat data (train.objective='sft';
               docs/vision.md)
@@ -73,6 +76,7 @@ from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES
 from zaya_jax.parallel.mesh import MESH_AXES, PLATFORMS
 from zaya_jax.train.grpo_loss import LOSS_TYPES, SCALE_REWARDS
 from zaya_jax.train.objectives import OBJECTIVES
+from zaya_jax.vision.augment import LIMITS as AUGMENT_LIMITS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +98,9 @@ class TrainSettings:
     objective: str = "lm"
     patch_capacity: int = 0
     freeze_text: bool = False
+    augment_shift: float = 0.0
+    augment_scale: float = 0.0
+    augment_contrast: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,9 +313,10 @@ def settings_from_config(config) -> Settings:
 def check_vision_run(s: Settings) -> None:
     """What a vision section needs of the other sections, and the train fields only it reads."""
     t = s.train
+    only_vision = ("patch_capacity", "freeze_text", *(f"augment_{name}" for name in AUGMENT_LIMITS))
     if s.vision is None:
-        for name, value in (("patch_capacity", t.patch_capacity), ("freeze_text", t.freeze_text)):
-            if value:
+        for name in only_vision:
+            if getattr(t, name):
                 raise ConfigError(f"train.{name} is set but the config has no vision section: it applies to a "
                                   "vision-language run only (configs/demo_vl.py)")
         return
@@ -323,6 +331,9 @@ def check_vision_run(s: Settings) -> None:
              (bool(s.eval.harness_tasks), "eval.harness_tasks scores a text model: leave it empty"),
              (s.mesh.context != 1, f"mesh.context must be 1 (image tokens attend across the sequence), "
                                    f"got {s.mesh.context}")]
+    wrong += [(not 0 <= getattr(t, f"augment_{name}") < limit,
+               f"train.augment_{name} must lie in [0, {limit:g}), got {getattr(t, f'augment_{name}')!r}")
+              for name, limit in AUGMENT_LIMITS.items()]
     for bad, message in wrong:
         if bad:
             raise ConfigError(f"a vision-language run (the config has a vision section): {message}")

@@ -3,9 +3,15 @@
 as TRL-format conversations: the image and "Which digit is this?", answered by the digit.
 
   digit_conversations("train" | "heldout")  -> [{"images": [uint8 [8, 8, 3]], "messages": [...]}]
-The split is fixed (a seeded permutation; held-out: HELDOUT_SHARE of it), chance is 10%.
+The split is fixed (a seeded permutation: 1,438 training digits, 359 held out, HELDOUT_SHARE of
+1,797 rounded), chance is 10%.
 
-  python -m zaya_jax.vision.demo_images --out digit.png [--index 0]
+  digit_variant(conversations, "plain" | "shifted" | "rescaled")
+the same conversations with each digit as a user might draw it elsewhere in the frame: "shifted"
+moves digit i by one pixel towards NEIGHBOURS[i % 8] (black comes in), "rescaled" draws it at
+RESCALED_SIDES[i % 2] pixels a side (0.75x and 1.25x; bilinear) about the frame's centre.
+
+  python -m zaya_jax.vision.demo_images --out digit.png [--index 0] [--variant shifted]
 writes a held-out digit as a PNG (what `zaya_jax.generate --image` reads) and prints its label.
 """
 
@@ -21,6 +27,10 @@ from zaya_jax.errors import UserError
 QUESTION = "Which digit is this?"
 HELDOUT_SHARE = 0.2
 SPLIT_SEED = 0
+SIDE = 8  # scikit-learn's digits are 8x8 pixels
+VARIANTS = ("plain", "shifted", "rescaled")
+NEIGHBOURS = tuple((dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if dy or dx)
+RESCALED_SIDES = (6, 10)
 
 
 def digit_conversations(split: str) -> list[dict]:
@@ -42,11 +52,42 @@ def digit_conversations(split: str) -> list[dict]:
             for i in chosen]
 
 
+def shifted(image: np.ndarray, dy: int, dx: int) -> np.ndarray:
+    """uint8 [h, w, 3] moved by (dy, dx) whole pixels, black where nothing moved in."""
+    h, w = image.shape[:2]
+    out = np.zeros_like(image)
+    out[max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = image[max(-dy, 0):h - max(dy, 0),
+                                                                      max(-dx, 0):w - max(dx, 0)]
+    return out
+
+
+def rescaled(image: np.ndarray, side: int) -> np.ndarray:
+    """uint8 [SIDE, SIDE, 3] drawn at side x side pixels (bilinear) about the centre of its frame:
+    padded with black when smaller, its border cut off when larger (even margins)."""
+    from PIL import Image
+    drawn = np.asarray(Image.fromarray(image).resize((side, side), Image.Resampling.BILINEAR))
+    margin = abs(side - SIDE) // 2
+    if side > SIDE:
+        return np.ascontiguousarray(drawn[margin:margin + SIDE, margin:margin + SIDE])
+    out = np.zeros_like(image)
+    out[margin:margin + side, margin:margin + side] = drawn
+    return out
+
+
+def digit_variant(conversations: list[dict], variant: str) -> list[dict]:
+    """The conversations with each digit drawn as `variant` says (VARIANTS; see the module docstring)."""
+    if variant not in VARIANTS:
+        raise UserError(f"unknown digit variant {variant!r} (known: {', '.join(VARIANTS)})")
+    draw = {"plain": lambda image, i: image, "shifted": lambda image, i: shifted(image, *NEIGHBOURS[i % 8]),
+            "rescaled": lambda image, i: rescaled(image, RESCALED_SIDES[i % 2])}[variant]
+    return [{**c, "images": [draw(image, i) for image in c["images"]]} for i, c in enumerate(conversations)]
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from PIL import Image
-    heldout = digit_conversations("heldout")
+    heldout = digit_variant(digit_conversations("heldout"), flags.FLAGS.variant)
     index = flags.FLAGS.index
     if not 0 <= index < len(heldout):
         raise UserError(f"--index {index}: the held-out digits are 0..{len(heldout) - 1}")
@@ -60,4 +101,5 @@ def main(argv):
 if __name__ == "__main__":
     flags.DEFINE_string("out", None, "PNG file to write.", required=True)
     flags.DEFINE_integer("index", 0, "Which held-out digit.")
+    flags.DEFINE_enum("variant", "plain", VARIANTS, "The digit as held out, moved by one pixel, or drawn at another size.")
     cli.run(main)

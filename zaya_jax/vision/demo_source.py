@@ -5,7 +5,7 @@ Each conversation (demo_images.digit_conversations: the image, "Which digit is t
 is rendered with the plain chat template and the demo tokenizer, its 8x8 image resized to
 DIGIT_PIXELS (16x16, so 16 patches of 4x4 pixels and 4 image tokens for a tower of patch_size 4 and
 spatial_merge_size 2: configs/demo_vl.py's), and its image span written with DEMO_IMAGE_IDS. The
-source holds the 1,437 training digits, then the 360 held-out ones: a data config with
+source holds the 1,438 training digits, then the 359 held-out ones: a data config with
 `heldout_fraction = HELDOUT_FRACTION` evaluates on exactly the held-out digits.
 
 DEMO_IMAGE_IDS are the demo tokenizer's three last (rarest) BPE merges: the text model keeps its

@@ -1,11 +1,14 @@
 """Held-out accuracy of a vision-language model on the digits demo, by greedy generation.
 
-  digit_accuracy(model, tokenizer, processor, conversations) -> {"accuracy", "answers", "by_digit", ...}
+  digit_accuracy(model, tokenizer, processor, conversations, template) -> {"accuracy", "correct", "by_digit", ...}
+  score_digits(model, tokenizer, processor, template) -> the held-out digits scored plain, shifted
+    and rescaled (demo_images.digit_variant), and with black images: what `python -m zaya_jax.evaluate_tasks --checkpoint
+    RUN` prints for a VL run and benchmarks/vl_demo.py records
 
 Each conversation (demo_images.digit_conversations: an image and "Which digit is this?") is
 rendered as its user turn with the generation prompt (the chat template the data was prepared
 with), its image's span expanded as the processor sizes it, and answered greedily; the answer is
-right when its text, stripped, is the digit. `blank=True` replaces every image by a black one of
+right when its text, stripped, is the digit (up to eos or MAX_NEW_TOKENS, evaluate_tasks' cap). `blank=True` replaces every image by a black one of
 its size: the same prompts without what the image shows (an ablation: near chance if the model
 reads the image).
 """
@@ -13,18 +16,18 @@ reads the image).
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Sequence
 
 import numpy as np
 
 from zaya_jax.data.chat_template import ChatTemplate, encode_prompt
-from zaya_jax.evaluate_tasks import generate_completions
+from zaya_jax.evaluate_tasks import BATCH_SIZE, MAX_NEW_TOKENS, generate_completions
 from zaya_jax.vision.chat import flatten_content
+from zaya_jax.vision.demo_images import VARIANTS, digit_conversations, digit_variant
 from zaya_jax.vision.model import ZayaVL
 from zaya_jax.vision.processor import ImageProcessor
 from zaya_jax.vision.prompts import expand_placeholders
-
-MAX_NEW_TOKENS = 3
 
 
 def digit_prompts(template: ChatTemplate, tokenizer, processor: ImageProcessor, model: ZayaVL,
@@ -42,16 +45,35 @@ def digit_prompts(template: ChatTemplate, tokenizer, processor: ImageProcessor, 
 
 
 def digit_accuracy(model: ZayaVL, tokenizer, processor: ImageProcessor, conversations: Sequence[dict],
-                   template: ChatTemplate, *, blank: bool = False, batch_size: int = 120) -> dict:
-    """Exact-match accuracy over `conversations`, per digit, and the first answers given."""
+                   template: ChatTemplate, *, blank: bool = False, max_new_tokens: int = MAX_NEW_TOKENS,
+                   batch_size: int = BATCH_SIZE) -> dict:
+    """Exact-match accuracy over `conversations`, each one's result in order (`correct`: "1" right,
+    "0" wrong), per digit, and the commonest answers."""
     prompts, answers = digit_prompts(template, tokenizer, processor, model, conversations)
     images = [[np.zeros_like(image) if blank else image for image in c["images"]] for c in conversations]
-    completions = generate_completions(model, tokenizer, prompts, MAX_NEW_TOKENS, batch_size, images=images,
+    completions = generate_completions(model, tokenizer, prompts, max_new_tokens, batch_size, images=images,
                                        image_processor=processor)
-    right, total = collections.Counter(), collections.Counter()
+    right, total, each = collections.Counter(), collections.Counter(), []
     for answer, completion in zip(answers, completions, strict=True):
-        right[answer] += completion.strip() == answer
+        correct = completion.strip() == answer
+        each.append("1" if correct else "0")
+        right[answer] += correct
         total[answer] += 1
     return {"accuracy": round(sum(right.values()) / len(answers), 4), "questions": len(answers),
-            "by_digit": {d: round(right[d] / total[d], 4) for d in sorted(total)},
+            "correct": "".join(each), "by_digit": {d: round(right[d] / total[d], 4) for d in sorted(total)},
             "answers": collections.Counter(c.strip() for c in completions).most_common(12)}
+
+
+def score_digits(model: ZayaVL, tokenizer, processor: ImageProcessor, template: ChatTemplate, *,
+                 max_new_tokens: int = MAX_NEW_TOKENS, batch_size: int = BATCH_SIZE) -> dict:
+    """The held-out digits scored as each of VARIANTS, and with black images -> {"questions",
+    "accuracy" (plain), "accuracy_by_variant", "accuracy_with_black_images", "variants": {variant:
+    digit_accuracy's result}, "black_images": digit_accuracy's result}."""
+    heldout = digit_conversations("heldout")
+    score = functools.partial(digit_accuracy, model, tokenizer, processor, template=template,
+                              max_new_tokens=max_new_tokens, batch_size=batch_size)
+    variants = {variant: score(digit_variant(heldout, variant)) for variant in VARIANTS}
+    black = score(heldout, blank=True)
+    return {"questions": len(heldout), "accuracy": variants["plain"]["accuracy"],
+            "accuracy_by_variant": {variant: result["accuracy"] for variant, result in variants.items()},
+            "accuracy_with_black_images": black["accuracy"], "variants": variants, "black_images": black}

@@ -12,6 +12,8 @@ its images' patches, made here from the stored pixels by the vision processor (n
   image_segments   int32   [P]
   window_segments  int32   [P]
 with P = patch_capacity; batched [B, P, ...], they are the ImageBatch ZayaVL takes.
+With `augment` (vision.augment.ImageAugment), the documents a training lane draws have their images
+augmented (training_document); held-out rows are the stored images.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from zaya_jax.data import packing
 from zaya_jax.data.records import ImageChatDocument
+from zaya_jax.vision.augment import ImageAugment
 from zaya_jax.vision.config import VisionConfig
 from zaya_jax.vision.layout import patch_row
 from zaya_jax.vision.processor import ImageProcessor
@@ -30,13 +33,17 @@ IMAGE_KEYS = ("patches", "patch_positions", "image_segments", "window_segments")
 
 
 class ImageChatRows:
-    """The RowFormat of image_chat documents for a tower `vision` and rows of `patch_capacity` patches."""
+    """The RowFormat of image_chat documents for a tower `vision` and rows of `patch_capacity` patches,
+    training images augmented by `augment` (None: as stored)."""
 
-    def __init__(self, vision: VisionConfig, patch_capacity: int):
+    def __init__(self, vision: VisionConfig, patch_capacity: int, augment: ImageAugment | None = None):
         if patch_capacity <= 0 or patch_capacity % vision.merge_unit:
             raise ValueError(f"patch_capacity must be a positive multiple of {vision.merge_unit}, got {patch_capacity}")
-        self.vision, self.patch_capacity = vision, patch_capacity
+        self.vision, self.patch_capacity, self.augment = vision, patch_capacity, augment or ImageAugment()
         self.processor = ImageProcessor.for_tower(vision)
+
+    def training_document(self, doc: ImageChatDocument, seed: int) -> ImageChatDocument:
+        return self.augment.document(doc, seed)
 
     def piece_patches(self, doc: ImageChatDocument) -> int:
         p = self.vision.patch_size
