@@ -45,7 +45,7 @@ def demo_export(directory: str) -> str:
     """configs/demo.py's model, random (router scaled by ROUTER_SCALE), saved as a run's checkpoint
     would be and exported to HF."""
     from zaya_jax.config_files import load_config_file, model_config
-    from zaya_jax.convert.__main__ import to_hf
+    from zaya_jax.convert.conversions import to_hf
     from zaya_jax.data.sources import tokenizer_path
     from zaya_jax.model.build import create_model
     from zaya_jax.train.checkpoint import save_model

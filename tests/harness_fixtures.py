@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from zaya_jax.config import ModelConfig
@@ -58,7 +56,7 @@ def write_tasks(directory: Path) -> Path:
 
 def write_model(root: Path) -> tuple[Path, Path]:
     """-> (a model-only checkpoint whose config names its tokenizer, its HF export)."""
-    from tests.train_helpers import REPO, cli_env
+    from zaya_jax.convert.conversions import to_hf
     from zaya_jax.data.tokenizer import train_bpe
     from zaya_jax.model.build import create_model
     from zaya_jax.train.checkpoint import save_model
@@ -66,8 +64,5 @@ def write_model(root: Path) -> tuple[Path, Path]:
     tokenizer = train_bpe(TEXTS, root / "tokenizer" / "tokenizer.json", vocab_size=300)
     params, biases = ModelParts.arrays(create_model(TINY_LM, seed=0))
     save_model(str(root / "ckpt"), params, biases, {"model": dataclasses.asdict(TINY_LM), "data": {"tokenizer": tokenizer}})
-    # the CLI in its own process: importing zaya_jax.convert.__main__ here would define its absl flags
-    # (--hf, ...) a second time in a test worker that already imported zaya_jax.generate
-    subprocess.run([sys.executable, "-m", "zaya_jax.convert", "to_hf", "--checkpoint", str(root / "ckpt"),
-                    "--out", str(root / "hf")], cwd=REPO, env=cli_env(), check=True, capture_output=True)
+    to_hf(str(root / "ckpt"), str(root / "hf"))
     return root / "ckpt", root / "hf"

@@ -229,7 +229,7 @@ def test_every_reader_keeps_the_tokenizer_the_run_trained_with_when_its_file_cha
     """The file data.tokenizer names is replaced after training (as the demo corpus is another
     tokenizer on another Python): every reader of the checkpoint gives what it gave before, from the
     copy the checkpoint carries; one told to use the new file refuses it, naming both files."""
-    from zaya_jax.convert.__main__ import export_tokenizer
+    from zaya_jax.convert.conversions import export_tokenizer
     from zaya_jax.data.tokenizer import file_sha256
     from zaya_jax.errors import UserError
     from zaya_jax.evaluate_tasks import load_checkpoint

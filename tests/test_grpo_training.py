@@ -289,7 +289,7 @@ def test_generations_take_each_epoch_in_a_new_order_and_each_its_own_seed(cache,
     path.write_text("".join(json.dumps({"prompt": f"question {i}", "answer": str(i)}) + "\n" for i in range(5)))
     config = _config(cache, prompts=str(path), num_iterations=1, beta=0.0, reward_funcs="exact_answer",
                      reward_weights="")
-    data = open_grpo_data(config, settings_from_config(config))
+    data = open_grpo_data(config, settings_from_config(config), tokenizer_path(config.data))
     calls = []
 
     def recording_sampler(model, prompts, group_size, max_new_tokens, *, seed, width, **options):

@@ -153,7 +153,7 @@ def open_sources(data_config, names: list[str] | None = None) -> dict[str, Prepa
     paths: Mapping[str, str] = dict(data_config.sources)
     names = list(paths) if names is None else names
     demo_names = [n for n in names if str(paths[n]).startswith(DEMO_PREFIX)]
-    made_by = dict(data_config.get("made_by") or {})
+    made_by = dict(getattr(data_config, "made_by", None) or {})
     opened = {n: open_source(n, os.path.expanduser(str(paths[n])), float(data_config.heldout_fraction),
                              f"data.sources.{n}", made_by.get(n, "")) for n in names if n not in demo_names}
     if demo_names:
