@@ -80,3 +80,51 @@ def test_mixed_load_equals_each_request_alone(model, prompts, forward):
             assert [t for t, _ in event.top_logprobs] == best.tolist()
             np.testing.assert_allclose([lp for _, lp in event.top_logprobs], row[best], atol=1e-4, rtol=0)
     assert engine.stats()["generated_tokens"] == sum(len(f.tokens) for f, _ in done)
+
+
+def sampled(seed: int) -> SamplingParams:
+    return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, top_k=20, top_p=0.9, seed=seed, ignore_eos=True)
+
+
+def test_a_seeded_sampled_response_does_not_depend_on_the_batch(model, prompts):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK)
+    (alone, _), = run(engine, [[(prompts[2], sampled(7))]])
+    among = run(engine, [[(prompts[0], sampled(1)), (prompts[5], greedy())], [(prompts[2], sampled(7))],
+                         [(prompts[1], sampled(7))]])
+    assert among[2][0].tokens == alone.tokens
+    (other_seed, _), = run(engine, [[(prompts[2], sampled(8))]])
+    assert other_seed.tokens != alone.tokens
+
+
+@pytest.fixture(scope="module")
+def shared(model):
+    """Prompts sharing prefixes of 0-3 blocks of C, and one equal to an earlier one."""
+    rng = np.random.default_rng(9)
+    base = rng.integers(3, model.config.vocab_size, 30).tolist()
+    tail = lambda n: rng.integers(3, model.config.vocab_size, n).tolist()  # noqa: E731
+    return [base[:26], base[:17] + tail(3), base[:26], base[:8], base[:9], base + tail(2), tail(12), base[:16] + tail(1)]
+
+
+def serve_shared(engine: Engine, shared) -> list[Finished]:
+    """The first prompt alone, the others two steps later and after."""
+    batches = [[(shared[0], greedy())], [], [], [(p, greedy()) for p in shared[1:4]], [(p, greedy()) for p in shared[4:]]]
+    return [finished for finished, _ in run(engine, batches)]
+
+
+@pytest.fixture(scope="module")
+def uncached(model, shared):
+    return serve_shared(Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK), shared)
+
+
+@pytest.mark.parametrize("budget", [1 << 20, 6000])  # ample; two entries of 2,624 bytes
+def test_prefix_cache_hits_compute_what_misses_compute(model, shared, uncached, budget):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=budget)
+    cached = serve_shared(engine, shared)
+    for i, (hit, miss) in enumerate(zip(cached, uncached)):
+        assert hit.tokens == miss.tokens, f"request {i}"
+        np.testing.assert_allclose(hit.logprobs, miss.logprobs, atol=1e-6, rtol=0, err_msg=f"request {i}")
+    stats = engine.stats()
+    assert stats["prefix_hits"] > 0 and stats["prefix_tokens_reused"] >= CHUNK * stats["prefix_hits"]
+    assert stats["prefix_hits"] + stats["prefix_misses"] == len(shared)
+    assert 0 < stats["prefix_bytes"] <= budget and (stats["prefix_evictions"] > 0) == (budget < 1 << 20)
+    assert stats["prefix_bytes"] == stats["prefix_entries"] * 2624  # [1,8,2,8] x2 + [1,6,2,8] x2 + carry, fp32

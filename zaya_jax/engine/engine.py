@@ -132,14 +132,13 @@ class Engine:
         return False
 
     def stats(self) -> dict:
+        """waiting, running, free_slots, prompt_tokens (prefilled), generated_tokens, and the prefix
+        cache's hits, misses (per admitted request), tokens_reused, entries, bytes and evictions."""
         with self._lock:
             running = sum(r is not None for r in self._rows)
-            prefix = self._prefix
+            prefix = (self._prefix or PrefixCache(self.chunk, 0)).stats()  # all 0 without a prefix cache
             return dict(waiting=len(self._waiting), running=running, free_slots=self.slots - running,
-                        prompt_tokens=self._prompt_tokens, generated_tokens=self._generated_tokens,
-                        prefix_hits=prefix.hits if prefix else 0, prefix_misses=prefix.misses if prefix else 0,
-                        prefix_tokens_reused=prefix.tokens_reused if prefix else 0,
-                        prefix_entries=len(prefix) if prefix else 0, prefix_bytes=prefix.bytes if prefix else 0)
+                        prompt_tokens=self._prompt_tokens, generated_tokens=self._generated_tokens, **prefix)
 
     def has_work(self) -> bool:
         with self._lock:
@@ -207,7 +206,7 @@ class Engine:
             if self._rows[slot] is None and self._waiting:
                 r = self._waiting.popleft()
                 self._rows[slot] = r
-                for i, entry in enumerate(self._prefix.lookup(r.prompt) if self._prefix else ()):
+                for i, entry in enumerate(self._prefix.lookup(r.prompt) if self._prefix is not None else ()):
                     self._state = restore(self._state, np.int32(slot), np.int32(i * self.chunk), entry)
                     r.prefilled += self.chunk
 
@@ -232,7 +231,7 @@ class Engine:
         return Picked(*map(np.asarray, picked))
 
     def _store_prefix(self, slot: int, r: _Request) -> None:
-        key = self._prefix.wants(r.prompt, r.prefilled) if self._prefix else None
+        key = self._prefix.wants(r.prompt, r.prefilled) if self._prefix is not None else None
         if key is not None:
             entry = snapshot(self._state, np.int32(slot), np.int32(r.prefilled - self.chunk), self._block_like)
             self._prefix.insert(r.prompt, r.prefilled, key, entry)

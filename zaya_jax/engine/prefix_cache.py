@@ -80,10 +80,12 @@ class PrefixCache:
     def __init__(self, block: int, budget: int):
         self.block, self.budget = block, budget
         self._entries: collections.OrderedDict[bytes, tuple[np.ndarray, Entry, int]] = collections.OrderedDict()
-        self.bytes = self.hits = self.misses = self.tokens_reused = 0
+        self.bytes = self.hits = self.misses = self.tokens_reused = self.evictions = 0
 
-    def __len__(self) -> int:
-        return len(self._entries)
+    def stats(self) -> dict:
+        return dict(prefix_hits=self.hits, prefix_misses=self.misses, prefix_tokens_reused=self.tokens_reused,
+                    prefix_entries=len(self._entries), prefix_bytes=self.bytes,
+                    prefix_evictions=self.evictions)
 
     def lookup(self, prompt: np.ndarray) -> list[Entry]:
         """-> the entries of the longest cached prefix of prompt[:-1], in order (a hit if any)."""
@@ -116,6 +118,7 @@ class PrefixCache:
         while self.bytes + size > self.budget:
             _, (_, _, freed) = self._entries.popitem(last=False)
             self.bytes -= freed
+            self.evictions += 1
         self._entries[key] = (np.array(prompt[end - self.block:end]), entry, size)
         self.bytes += size
         self._touch(block_keys(prompt[:end], self.block))
