@@ -128,3 +128,44 @@ def test_prefix_cache_hits_compute_what_misses_compute(model, shared, uncached, 
     assert stats["prefix_hits"] + stats["prefix_misses"] == len(shared)
     assert 0 < stats["prefix_bytes"] <= budget and (stats["prefix_evictions"] > 0) == (budget < 1 << 20)
     assert stats["prefix_bytes"] == stats["prefix_entries"] * 2624  # [1,8,2,8] x2 + [1,6,2,8] x2 + carry, fp32
+
+
+def test_cancel_frees_the_slot_at_once_and_nothing_leaks(model, prompts):
+    engine = Engine(model, slots=2, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=6000)
+    long = SamplingParams(max_tokens=20, ignore_eos=True)
+    first, second, third, fourth = (engine.submit(p, params) for p, params in
+                                    [(prompts[2], long), (prompts[1], greedy()), (prompts[5], greedy()), (prompts[3], long)])
+    queues = {i: engine.events(i) for i in (first, second, third, fourth)}
+    for _ in range(3):  # the first (20 tokens) prefilled in 3 chunks, and decoding
+        engine.step()
+    assert engine.stats()["running"] == 2 and engine.stats()["waiting"] == 2
+    assert engine.cancel(first) and engine.cancel(fourth) and not engine.cancel(first)
+    assert engine.stats()["free_slots"] == 1 and engine.stats()["waiting"] == 1
+    while engine.has_work():
+        engine.step()
+    results = {i: drain(q)[0] for i, q in queues.items()}
+    assert results[first].reason == results[fourth].reason == "cancelled" and results[fourth].tokens == []
+    assert 0 < len(results[first].tokens) < 20
+    # the third request took the cancelled one's slot mid-flight, and is what it is alone
+    for i, prompt in ((second, prompts[1]), (third, prompts[5])):
+        alone = zaya_jax.generate(model, [prompt], MAX_TOKENS)[0].tolist()
+        assert results[i].tokens == alone[:len(results[i].tokens)]
+    stats = engine.stats()
+    assert (stats["running"], stats["waiting"], stats["free_slots"]) == (0, 0, 2)
+    assert stats["prefix_bytes"] == stats["prefix_entries"] * 2624 <= 6000
+    with pytest.raises(KeyError):
+        engine.events(first)
+
+
+def test_background_loop_streams_to_the_callback_and_the_queue(model, prompts):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK)
+    seen = []
+    engine.start()
+    try:
+        events = engine.events(engine.submit(prompts[1], greedy(), on_token=lambda i, e: seen.append(e.token)))
+        tokens = []
+        while not isinstance(event := events.get(timeout=60), Finished):
+            tokens.append(event.token)
+    finally:
+        engine.stop()
+    assert tokens == seen == event.tokens and len(tokens) >= 1
