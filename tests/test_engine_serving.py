@@ -169,3 +169,51 @@ def test_background_loop_streams_to_the_callback_and_the_queue(model, prompts):
     finally:
         engine.stop()
     assert tokens == seen == event.tokens and len(tokens) >= 1
+
+
+def test_nothing_compiles_after_warm_up(model, prompts, shared):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=1 << 20)
+    run(engine, [[(shared[0], greedy())], [], [], [(shared[2], sampled(3))]])  # chunks, decode, store, restore
+    assert engine.stats()["prefix_hits"] == 1
+    compiled = []
+
+    def listen(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(duration)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        queues = [engine.events(engine.submit(p, params)) for p, params in
+                  [(prompts[2], sampled(4)), (shared[1], greedy()), (prompts[0], SamplingParams(max_tokens=3)),
+                   (shared[5], SamplingParams(max_tokens=5, temperature=0.5, top_p=0.5, logprobs=True)),
+                   (prompts[4], greedy())]]
+        engine.step()
+        engine.cancel(engine.submit(prompts[3], greedy()))
+        while engine.has_work():
+            engine.step()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiled == []
+    assert all(drain(q)[0].reason in ("stop", "length") for q in queues)
+    assert engine.stats()["prefix_hits"] > 1
+
+
+BAD = {
+    "temperature": (dict(temperature=-0.5), "temperature must be >= 0, got -0.5"),
+    "top_p": (dict(top_p=1.5), r"top_p must lie in \(0, 1\], got 1.5"),
+    "top_p zero": (dict(top_p=0.0), r"top_p must lie in \(0, 1\], got 0.0"),
+    "top_k": (dict(top_k=0), r"top_k must be an integer in \[1, vocab_size=64\]"),
+    "max_tokens": (dict(max_tokens=0), "max_tokens must be a positive integer"),
+    "top_logprobs": (dict(top_logprobs=6), r"top_logprobs must be an integer in \[0, 5\]"),
+    "stop_ids": (dict(stop_ids=[64]), "outside the vocabulary"),
+    "too long": (dict(max_tokens=40), "prompt of 11 tokens \\+ max_tokens 40 needs 50 positions, 2 more than "
+                                      "cache_size=48: shorten the prompt or lower max_tokens by 2"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_params_fail_clearly_before_anything_runs(model, prompts, case):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK)
+    kwargs, message = BAD[case]
+    with pytest.raises(ValueError, match=message):
+        engine.submit(prompts[1], SamplingParams(**kwargs))
+    assert not engine.has_work() and engine.stats()["waiting"] == 0
