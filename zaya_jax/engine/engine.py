@@ -27,7 +27,6 @@ import queue
 import threading
 from typing import Callable, NamedTuple
 
-import jax
 import numpy as np
 from flax import nnx
 
