@@ -27,6 +27,7 @@ import queue
 import threading
 from typing import Callable, NamedTuple
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -122,7 +123,7 @@ class Engine:
             for r in self._waiting:
                 if r.id == request_id:
                     self._waiting.remove(r)
-                    r.events.put(Finished("cancelled", r.tokens, r.logprobs))
+                    self._close(r, "cancelled")
                     return True
             for slot, r in enumerate(self._rows):
                 if r is not None and r.id == request_id:
@@ -138,6 +139,27 @@ class Engine:
             prefix = (self._prefix or PrefixCache(self.chunk, 0)).stats()  # all 0 without a prefix cache
             return dict(waiting=len(self._waiting), running=running, free_slots=self.slots - running,
                         prompt_tokens=self._prompt_tokens, generated_tokens=self._generated_tokens, **prefix)
+
+    def slot_bytes(self) -> int:
+        """Bytes of one slot's decode state (keys, values, rings, carry, length)."""
+        return sum(x.nbytes for x in jax.tree.leaves(self._state)) // self.slots
+
+    def warm_up(self) -> None:
+        """Compiles every program serving runs (the [N,C] and [N,1] steps, the prefix cache's
+        snapshot and restore) on two throwaway requests, then forgets them (their cache entries,
+        counts and ids are not kept): nothing compiles after this. Call it before start()."""
+        with self._lock:
+            if self.has_work():
+                raise RuntimeError("warm_up() runs on an idle engine, before start()")
+            kept, counts = self._prefix, (self._prompt_tokens, self._generated_tokens)
+            if kept is not None:
+                self._prefix = PrefixCache(self.chunk, kept.budget)
+            prompt = np.full(min(self.chunk + 1, self.cache_size - 1), self.config.bos_token_id)
+            for _ in range(2):  # the second restores the block the first stored
+                self.submit(prompt, SamplingParams(max_tokens=2))
+                while self.has_work():
+                    self.step()
+            self._prefix, (self._prompt_tokens, self._generated_tokens) = kept, counts
 
     def has_work(self) -> bool:
         with self._lock:
@@ -254,4 +276,11 @@ class Engine:
 
     def _finish(self, slot: int, reason: str) -> None:
         r, self._rows[slot] = self._rows[slot], None
-        r.events.put(Finished(reason, r.tokens, r.logprobs if r.params.logprobs else []))
+        self._close(r, reason)
+
+    @staticmethod
+    def _close(r: _Request, reason: str) -> None:
+        done = Finished(reason, r.tokens, r.logprobs if r.params.logprobs else [])
+        r.events.put(done)
+        if r.on_token is not None:
+            r.on_token(r.id, done)

@@ -142,7 +142,7 @@ def main(argv: list[str]) -> None:
     engine = Engine(model, slots=_SLOTS.value, cache_size=context_length(model.config), chunk=_CHUNK.value,
                     prefix_cache_bytes=int(_PREFIX_CACHE_MB.value * 2 ** 20), max_top_logprobs=_MAX_TOP_LOGPROBS.value)
     engine.warm_up()
-    metrics = ServerMetrics(engine.stats)
+    metrics = ServerMetrics(engine)
     service = Service(engine, served, max_waiting=_MAX_WAITING.value, metrics=metrics)
     server = uvicorn.Server(uvicorn.Config(create_app(service, _API_KEY.value), log_level="warning",
                                            timeout_graceful_shutdown=_GRACE.value, lifespan="off"))

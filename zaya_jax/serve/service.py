@@ -194,6 +194,9 @@ class Service:
             for choice in job.choices:
                 if choice.request_id is not None and choice.finish_reason is None:
                     self.engine.cancel(choice.request_id)
+                    choice.finish_reason = "abort"
+                    if self.metrics is not None:
+                        self.metrics.finished.labels("abort").inc()
 
     def _timed(self, job: Job, first: bool) -> None:
         if self.metrics is None:
