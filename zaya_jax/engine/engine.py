@@ -12,8 +12,8 @@ a token to feed; idle slots are masked (count 0). So the engine compiles `engine
 unless ignore_eos, and the request's stop_ids), max_tokens, the request's `stop` predicate, or
 `cancel`; its slot is free at once.
 
-Each new token goes to the request's queue (`events(id)`) as a TokenEvent, and to its `on_token`
-callback if given, from the thread running `step()`; a final Finished(reason) closes the queue.
+Each new token goes as a TokenEvent to the request's queue and its `on_token` callback (either
+optional, given to `submit`), from the thread running `step()`; a final Finished closes the queue.
 `submit`, `cancel`, `stats` and `step` are thread-safe; `start()` runs `step()` on a background
 thread while there is work.
 """
@@ -56,7 +56,7 @@ class _Request:
     params: SamplingParams
     stops: frozenset[int]
     on_token: Callable[[int, TokenEvent], None] | None
-    events: queue.Queue
+    events: queue.Queue | None
     prefilled: int = 0            # prompt tokens in the slot's state
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -84,10 +84,12 @@ class Engine:
         self._prompt_tokens = self._generated_tokens = 0
 
     # ---- requests -------------------------------------------------------------------------------
-    def submit(self, prompt_ids, params: SamplingParams = SamplingParams(),
+    def submit(self, prompt_ids, params: SamplingParams = SamplingParams(), *, events: queue.Queue | None = None,
                on_token: Callable[[int, TokenEvent], None] | None = None) -> int:
-        """-> the request id. ValueError, before anything runs, for bad params or a prompt that does
-        not fit: prompt + max_tokens - 1 positions must fit cache_size (the last token is never fed)."""
+        """-> the request id. Its TokenEvents, then one Finished, go to `events` and each TokenEvent
+        to on_token(id, event). ValueError, before anything runs, for bad params or a prompt that
+        does not fit: prompt + max_tokens - 1 positions must fit cache_size (the last token is
+        never fed)."""
         cfg = self.config
         params.validate(cfg.vocab_size, self.max_top_logprobs)
         prompt = np.asarray(prompt_ids, np.int64).reshape(-1)
@@ -103,18 +105,10 @@ class Engine:
                              f"max_position_embeddings={cfg.max_position_embeddings}")
         stops = frozenset(map(int, params.stop_ids)) | (frozenset() if params.ignore_eos else {cfg.eos_token_id})
         with self._lock:
-            request = _Request(next(self._ids), prompt.astype(np.int32), params, stops, on_token, queue.Queue())
+            request = _Request(next(self._ids), prompt.astype(np.int32), params, stops, on_token, events)
             self._waiting.append(request)
             self._work.notify()
         return request.id
-
-    def events(self, request_id: int) -> queue.Queue:
-        """The request's queue: TokenEvents as they come, then one Finished."""
-        with self._lock:
-            for r in (*self._waiting, *self._rows):
-                if r is not None and r.id == request_id:
-                    return r.events
-        raise KeyError(f"no waiting or running request {request_id}")
 
     def cancel(self, request_id: int) -> bool:
         """End a waiting or running request now (its slot is free for the next step) -> whether it was found."""
@@ -122,7 +116,7 @@ class Engine:
             for r in self._waiting:
                 if r.id == request_id:
                     self._waiting.remove(r)
-                    r.events.put(Finished("cancelled", r.tokens, r.logprobs))
+                    self._deliver(r, Finished("cancelled", [], []))
                     return True
             for slot, r in enumerate(self._rows):
                 if r is not None and r.id == request_id:
@@ -244,7 +238,7 @@ class Engine:
         top = [(int(t), float(lp)) for t, lp in zip(picked.top_tokens[slot, :r.params.top_logprobs],
                                                      picked.top_logprobs[slot, :r.params.top_logprobs])]
         event = TokenEvent(token, r.logprobs[-1] if r.params.logprobs else None, top)
-        r.events.put(event)
+        self._deliver(r, event)
         if r.on_token is not None:
             r.on_token(r.id, event)
         if token in r.stops or (r.params.stop is not None and r.params.stop(list(r.tokens))):
@@ -254,4 +248,9 @@ class Engine:
 
     def _finish(self, slot: int, reason: str) -> None:
         r, self._rows[slot] = self._rows[slot], None
-        r.events.put(Finished(reason, r.tokens, r.logprobs if r.params.logprobs else []))
+        self._deliver(r, Finished(reason, r.tokens, r.logprobs if r.params.logprobs else []))
+
+    @staticmethod
+    def _deliver(r: _Request, event: TokenEvent | Finished) -> None:
+        if r.events is not None:
+            r.events.put(event)
