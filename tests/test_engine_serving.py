@@ -9,7 +9,9 @@ import pytest
 
 import zaya_jax
 from tests.model_fixtures import random_tiny_model
+from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.engine import Engine, Finished, SamplingParams
+from zaya_jax.engine.prefix_cache import entry_bytes
 
 WINDOW = 6
 MIXED = dict(layer_types=("hybrid_sliding", "hybrid"), sliding_window=WINDOW, sliding_rope_theta=500.0)
@@ -145,8 +147,14 @@ def test_prefix_cache_hits_compute_what_misses_compute(model, shared, uncached, 
     assert stats["prefix_hits"] > 0 and stats["prefix_tokens_reused"] >= CHUNK * stats["prefix_hits"]
     assert stats["prefix_hits"] + stats["prefix_misses"] == len(shared)
     assert 0 < stats["prefix_bytes"] <= budget and (stats["prefix_evictions"] > 0) == (budget < 1 << 20)
-    assert stats["prefix_bytes"] == stats["prefix_entries"] * 2624  # [1,8,2,8] x2 + [1,6,2,8] x2 + carry, fp32
+    assert stats["prefix_bytes"] == stats["prefix_entries"] * entry_bytes(model.config, CHUNK, CACHE)
 
+
+def test_a_prefix_entry_holds_a_blocks_keys_the_ring_and_the_carry(model):
+    # fp32: keys+values of 1 full layer x 8 positions, 1 ring of 6, and 2 layers' carry (6+6+1 heads of 8)
+    assert entry_bytes(model.config, CHUNK, CACHE) == 4 * (2 * 8 * 2 * 8 + 2 * 6 * 2 * 8 + 2 * 13 * 8) == 2624
+    zaya1 = model_config(load_config_file("configs/zaya1_base.py"))  # bf16, 40 full layers, K=2, H=128, 10+10+1 heads
+    assert entry_bytes(zaya1, 16, 4096) == 2 * (40 * 16 * 2 * 2 * 128 + 40 * 21 * 128)  # 40 KiB a token + 210 KiB
 
 def test_cancel_frees_the_slot_at_once_and_nothing_leaks(model, prompts):
     engine = Engine(model, slots=2, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=6000)
@@ -171,7 +179,7 @@ def test_cancel_frees_the_slot_at_once_and_nothing_leaks(model, prompts):
         assert results[i].tokens == alone[:len(results[i].tokens)]
     stats = engine.stats()
     assert (stats["running"], stats["waiting"], stats["free_slots"]) == (0, 0, 2)
-    assert stats["prefix_bytes"] == stats["prefix_entries"] * 2624 <= 6000
+    assert stats["prefix_bytes"] == stats["prefix_entries"] * entry_bytes(model.config, CHUNK, CACHE) <= 6000
 
 
 def test_background_loop_streams_to_the_callback_and_the_queue(model, prompts):

@@ -30,7 +30,8 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from zaya_jax.infer.cache import DecodeState
+from zaya_jax.config import ModelConfig
+from zaya_jax.infer.cache import DecodeState, state_shapes
 from zaya_jax.model.cca import CCACarry
 
 
@@ -62,6 +63,13 @@ def restore(state: DecodeState, slot: jax.Array, start: jax.Array, entry: Entry)
                           window_keys=state.window_keys.at[:, slot].set(entry.window_keys),
                           window_values=state.window_values.at[:, slot].set(entry.window_values),
                           carry=jax.tree.map(lambda x, e: x.at[:, slot].set(e), state.carry, entry.carry))
+
+
+def entry_bytes(cfg: ModelConfig, block: int, cache_size: int) -> int:
+    """Bytes one entry of C = `block` tokens holds, read off the abstract shapes (no allocation)."""
+    state = state_shapes(cfg, 1, cache_size)
+    entry = jax.eval_shape(snapshot, state, np.int32(0), np.int32(0), jax.ShapeDtypeStruct((block,), np.int8))
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(entry))
 
 
 def block_keys(tokens: np.ndarray, block: int) -> list[bytes]:
