@@ -230,6 +230,7 @@ BAD = {
     "max_tokens": (dict(max_tokens=0), "max_tokens must be a positive integer"),
     "top_logprobs": (dict(top_logprobs=6), r"top_logprobs must be an integer in \[0, 5\]"),
     "stop_ids": (dict(stop_ids=[64]), "outside the vocabulary"),
+    "seed": (dict(seed=-1), r"seed must be an integer in \[0, 2\*\*32\)"),
     "too long": (dict(max_tokens=40), "prompt of 11 tokens \\+ max_tokens 40 needs 50 positions, 2 more than "
                                       "cache_size=48: shorten the prompt or lower max_tokens by 2"),
 }
@@ -242,3 +243,24 @@ def test_bad_params_fail_clearly_before_anything_runs(model, prompts, case):
     with pytest.raises(ValueError, match=message):
         engine.submit(prompts[1], SamplingParams(**kwargs))
     assert not engine.has_work() and engine.stats()["waiting"] == 0
+
+
+def test_a_callback_may_cancel_its_own_or_another_request_mid_step(model, prompts):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK)
+    long = SamplingParams(max_tokens=20, ignore_eos=True)
+    ids = {}
+
+    def cancel_after_two(request, event):
+        if len(seen.setdefault(request, [])) == 1:
+            engine.cancel(ids["other"] if request == ids["first"] else request)
+        seen[request].append(event.token)
+    seen = {}
+    queues = [queue.Queue() for _ in range(3)]
+    ids["first"] = engine.submit(prompts[0], long, events=queues[0], on_token=cancel_after_two)  # cancels "other"
+    ids["other"] = engine.submit(prompts[3], long, events=queues[1])
+    ids["self"] = engine.submit(prompts[1], long, events=queues[2], on_token=cancel_after_two)   # cancels itself
+    while engine.has_work():
+        engine.step()
+    first, other, itself = (drain(q)[0] for q in queues)
+    assert first.reason == "length" and len(first.tokens) == 20
+    assert other.reason == itself.reason == "cancelled" and len(itself.tokens) == 2 and len(other.tokens) < 20

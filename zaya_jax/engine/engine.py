@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 import queue
 import threading
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 from flax import nnx
@@ -150,22 +150,19 @@ class Engine:
                 for slot, n in prefilling.items():
                     r = self._rows[slot]
                     ids[slot, :n] = r.prompt[r.prefilled:r.prefilled + n]
-                picked = self._run(ids, prefilling)
-                for slot, n in prefilling.items():
-                    r = self._rows[slot]
-                    r.prefilled += n
-                    self._prompt_tokens += n
+                for slot, r, picked in self._run(ids, prefilling):
+                    r.prefilled += prefilling[slot]
+                    self._prompt_tokens += prefilling[slot]
                     self._store_prefix(slot, r)
                     if r.prefilled == r.prompt.size:
-                        self._emit(slot, picked)
+                        self._emit(slot, r, picked)
             feeding = {slot: 1 for slot, r in enumerate(self._rows) if r is not None and r.tokens}
             if feeding:
                 ids = np.zeros((self.slots, 1), np.int32)
                 for slot in feeding:
                     ids[slot, 0] = self._rows[slot].tokens[-1]
-                picked = self._run(ids, feeding)
-                for slot in feeding:
-                    self._emit(slot, picked)
+                for slot, r, picked in self._run(ids, feeding):
+                    self._emit(slot, r, picked)
 
     def start(self) -> None:
         """Run step() on a background thread whenever there is work, until stop()."""
@@ -207,21 +204,24 @@ class Engine:
         """[N] tokens each slot's state holds (0 for a free slot)."""
         return np.array([0 if r is None else r.prefilled + max(len(r.tokens) - 1, 0) for r in self._rows], np.int32)
 
-    def _run(self, ids: np.ndarray, counts: dict[int, int]) -> Picked:
-        """One engine_step over all slots; `counts`: slot -> new tokens (others 0) -> numpy picks."""
+    def _run(self, ids: np.ndarray, counts: dict[int, int]) -> Iterator[tuple[int, _Request, Picked]]:
+        """Run one engine_step over all slots (ids [N,C]; `counts`: slot -> its new tokens, others 0)
+        -> (slot, request, numpy picks) for each counted slot whose request is still there when its
+        turn comes (an on_token callback may cancel another), checked lazily; the step runs at the call."""
         n = np.zeros(self.slots, np.int32)
         rows = RowSampling(np.zeros(self.slots, np.float32), np.full(self.slots, self.config.vocab_size, np.int32),
                            np.ones(self.slots, np.float32), np.zeros(self.slots, np.uint32),
                            np.zeros(self.slots, np.int32))
-        for slot, count in counts.items():
-            p, n[slot] = self._rows[slot].params, count
-            rows.temperature[slot], rows.seed[slot], rows.index[slot] = p.temperature, p.seed, len(self._rows[slot].tokens)
+        requests = {slot: self._rows[slot] for slot in counts}
+        for slot, r in requests.items():
+            p, n[slot] = r.params, counts[slot]
+            rows.temperature[slot], rows.seed[slot], rows.index[slot] = p.temperature, p.seed, len(r.tokens)
             rows.top_k[slot] = p.top_k or self.config.vocab_size
             rows.top_p[slot] = 1.0 if p.top_p is None else p.top_p
-        lengths = self._lengths()
-        self._state, picked = engine_step(self._graphdef, self._params, self._state, lengths, ids, n, rows,
+        self._state, picked = engine_step(self._graphdef, self._params, self._state, self._lengths(), ids, n, rows,
                                           top=max(self.max_top_logprobs, 1))
-        return Picked(*map(np.asarray, picked))
+        picked = Picked(*map(np.asarray, picked))
+        return ((slot, r, picked) for slot, r in requests.items() if self._rows[slot] is r)
 
     def _store_prefix(self, slot: int, r: _Request) -> None:
         key = self._prefix.wants(r.prompt, r.prefilled) if self._prefix is not None else None
@@ -229,8 +229,7 @@ class Engine:
             entry = snapshot(self._state, np.int32(slot), np.int32(r.prefilled - self.chunk), self._block_like)
             self._prefix.insert(r.prompt, r.prefilled, key, entry)
 
-    def _emit(self, slot: int, picked: Picked) -> None:
-        r = self._rows[slot]
+    def _emit(self, slot: int, r: _Request, picked: Picked) -> None:
         token = int(picked.token[slot])
         r.tokens.append(token)
         r.logprobs.append(float(picked.logprob[slot]))
@@ -241,6 +240,8 @@ class Engine:
         self._deliver(r, event)
         if r.on_token is not None:
             r.on_token(r.id, event)
+        if self._rows[slot] is not r:  # the callback cancelled it
+            return
         if token in r.stops or (r.params.stop is not None and r.params.stop(list(r.tokens))):
             self._finish(slot, "stop")
         elif len(r.tokens) == r.params.max_tokens:
