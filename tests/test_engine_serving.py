@@ -258,7 +258,8 @@ def test_a_callback_may_cancel_its_own_or_another_request_mid_step(model, prompt
     queues = [queue.Queue() for _ in range(3)]
     ids["first"] = engine.submit(prompts[0], long, events=queues[0], on_token=cancel_after_two)  # cancels "other"
     ids["other"] = engine.submit(prompts[3], long, events=queues[1])
-    ids["self"] = engine.submit(prompts[1], long, events=queues[2], on_token=cancel_after_two)   # cancels itself
+    ids["self"] = engine.submit(prompts[1], long._replace(stop=lambda t: len(t) == 2), events=queues[2],
+                                on_token=cancel_after_two)  # cancels itself, as its stop rule would too
     while engine.has_work():
         engine.step()
     first, other, itself = (drain(q)[0] for q in queues)
