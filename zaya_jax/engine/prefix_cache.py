@@ -24,6 +24,7 @@ the blocks after it, so the LRU entry is never one whose descendants stay behind
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 from typing import NamedTuple
 
@@ -53,10 +54,10 @@ def snapshot(state: DecodeState, slot: jax.Array, start: jax.Array, block_like: 
                  jax.tree.map(lambda x: x[:, slot], state.carry))
 
 
-@jax.jit
+@functools.partial(jax.jit, donate_argnums=(0,))
 def restore(state: DecodeState, slot: jax.Array, start: jax.Array, entry: Entry) -> DecodeState:
-    """The state with `entry` put into `slot`: its keys and values at [start, start + C), its ring
-    and carry (lengths is the engine's to set)."""
+    """The state (donated) with `entry` put into `slot`: its keys and values at [start, start + C),
+    its ring and carry (lengths is the engine's to set)."""
     def put(x, e):
         return x.at[:, slot].set(jax.lax.dynamic_update_slice_in_dim(x[:, slot], e, start, axis=1))
     return state._replace(keys=put(state.keys, entry.keys), values=put(state.values, entry.values),
