@@ -31,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 from zaya_jax.engine.params import SamplingParams
-from zaya_jax.engine.prefix_cache import PrefixCache, restore, snapshot
+from zaya_jax.engine.prefix_cache import PrefixCache, block_keys, restore, snapshot
 from zaya_jax.engine.step import Picked, RowSampling, engine_step
 from zaya_jax.infer.cache import empty_state
 from zaya_jax.model.zaya import ZayaLM
@@ -58,6 +58,7 @@ class _Request:
     on_token: Callable[[int, TokenEvent], None] | None
     events: queue.Queue | None
     prefilled: int = 0            # prompt tokens in the slot's state
+    blocks: list[bytes] = dataclasses.field(default_factory=list)  # the prompt's block keys (prefix cache)
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
 
@@ -72,7 +73,6 @@ class Engine:
         self._graphdef, self._params = nnx.split(model)
         self.slots, self.cache_size, self.chunk, self.max_top_logprobs = slots, cache_size, chunk, max_top_logprobs
         self._state = empty_state(self.config, slots, cache_size)
-        self._block_like = np.zeros(chunk, np.int8)
         self._prefix = PrefixCache(chunk, prefix_cache_bytes) if prefix_cache_bytes else None
         self._rows: list[_Request | None] = [None] * slots
         self._waiting: collections.deque[_Request] = collections.deque()
@@ -196,7 +196,10 @@ class Engine:
             if self._rows[slot] is None and self._waiting:
                 r = self._waiting.popleft()
                 self._rows[slot] = r
-                for i, entry in enumerate(self._prefix.lookup(r.prompt) if self._prefix is not None else ()):
+                if self._prefix is None:
+                    continue
+                r.blocks = block_keys(r.prompt, self.chunk)
+                for i, entry in enumerate(self._prefix.lookup(r.prompt, r.blocks)):
                     self._state = restore(self._state, np.int32(slot), np.int32(i * self.chunk), entry)
                     r.prefilled += self.chunk
 
@@ -224,10 +227,9 @@ class Engine:
         return ((slot, r, picked) for slot, r in requests.items() if self._rows[slot] is r)
 
     def _store_prefix(self, slot: int, r: _Request) -> None:
-        key = self._prefix.wants(r.prompt, r.prefilled) if self._prefix is not None else None
-        if key is not None:
-            entry = snapshot(self._state, np.int32(slot), np.int32(r.prefilled - self.chunk), self._block_like)
-            self._prefix.insert(r.prompt, r.prefilled, key, entry)
+        if self._prefix is not None and self._prefix.wants(r.blocks, r.prefilled):
+            entry = snapshot(self._state, np.int32(slot), np.int32(r.prefilled - self.chunk), block=self.chunk)
+            self._prefix.insert(r.prompt, r.blocks, r.prefilled, entry)
 
     def _emit(self, slot: int, r: _Request, picked: Picked) -> None:
         token = int(picked.token[slot])
