@@ -101,6 +101,9 @@ def test_stop_ids_and_the_stop_predicate_end_a_response(model, prompts):
                                         (prompts[4], SamplingParams(MAX_TOKENS, ignore_eos=True, stop=lambda t: len(t) == 5))]])
     assert by_id[0] == Finished("stop", free.tokens[:first + 1], [])
     assert by_predicate[0] == Finished("stop", free.tokens[:5], [])
+    broken, unharmed = run(engine, [[(prompts[4], SamplingParams(MAX_TOKENS, ignore_eos=True, stop=lambda t: t[9])),
+                                     (prompts[4], SamplingParams(MAX_TOKENS, ignore_eos=True))]])
+    assert broken[0] == Finished("error", free.tokens[:1], []) and unharmed[0] == free
 
 def sampled(seed: int) -> SamplingParams:
     return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, top_k=20, top_p=0.9, seed=seed, ignore_eos=True)

@@ -10,7 +10,8 @@ last chunk also samples the first new token, then one [N,1] decode step for ever
 a token to feed; idle slots are masked (count 0). So the engine compiles `engine_step` twice,
 `snapshot` and `restore` once, and nothing after warm-up. A response ends on a stop id (eos
 unless ignore_eos, and the request's stop_ids), max_tokens, the request's `stop` predicate, or
-`cancel`; its slot is free at once.
+`cancel`; its slot is free at once. A request whose callback or stop predicate raises ends with
+reason "error" (the exception is logged) and the others go on.
 
 Each new token goes as a TokenEvent to the request's queue and its `on_token` callback (either
 optional, given to `submit`), from the thread running `step()`; a final Finished closes the queue.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import logging
 import queue
 import threading
 from typing import Callable, Iterator, NamedTuple
@@ -44,7 +46,8 @@ class TokenEvent(NamedTuple):
 
 
 class Finished(NamedTuple):
-    reason: str  # "stop" (a stop id or the stop predicate), "length" (max_tokens) or "cancelled"
+    reason: str  # "stop" (a stop id or the stop predicate), "length" (max_tokens), "cancelled", or "error"
+    #              (its on_token callback or stop predicate raised; logged, the other requests go on)
     tokens: list[int]
     logprobs: list[float]
 
@@ -240,11 +243,18 @@ class Engine:
                                                      picked.top_logprobs[slot, :r.params.top_logprobs])]
         event = TokenEvent(token, r.logprobs[-1] if r.params.logprobs else None, top)
         self._deliver(r, event)
-        if r.on_token is not None:
-            r.on_token(r.id, event)
+        try:
+            if r.on_token is not None:
+                r.on_token(r.id, event)
+            stop = r.params.stop is not None and r.params.stop(list(r.tokens))
+        except Exception:  # one request's hook must not stop the others
+            logging.exception("request %d: its on_token callback or stop predicate raised; ending it", r.id)
+            stop = None
         if self._rows[slot] is not r:  # the callback cancelled it
             return
-        if token in r.stops or (r.params.stop is not None and r.params.stop(list(r.tokens))):
+        if stop is None:
+            self._finish(slot, "error")
+        elif token in r.stops or stop:
             self._finish(slot, "stop")
         elif len(r.tokens) == r.params.max_tokens:
             self._finish(slot, "length")
