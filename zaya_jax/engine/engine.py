@@ -10,10 +10,11 @@ last chunk also samples the first new token, then one [N,1] decode step for ever
 a token to feed; idle slots are masked (count 0). So the engine compiles `engine_step` twice,
 `snapshot` and `restore` once, and nothing after warm-up. A response ends on a stop id (eos
 unless ignore_eos, and the request's stop_ids), max_tokens, the request's `stop` predicate, or
-`cancel`; its slot is free at once.
+`cancel`; its slot is free at once. A request whose callback or stop predicate raises ends with
+reason "error" (the exception is logged) and the others go on.
 
-Each new token goes to the request's queue (`events(id)`) as a TokenEvent, and to its `on_token`
-callback if given, from the thread running `step()`; a final Finished(reason) closes the queue.
+Each new token goes as a TokenEvent to the request's queue and its `on_token` callback (either
+optional, given to `submit`), from the thread running `step()`; a final Finished closes the queue.
 `submit`, `cancel`, `stats` and `step` are thread-safe; `start()` runs `step()` on a background
 thread while there is work.
 """
@@ -23,16 +24,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import logging
 import queue
 import threading
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import jax
 import numpy as np
 from flax import nnx
 
 from zaya_jax.engine.params import SamplingParams
-from zaya_jax.engine.prefix_cache import PrefixCache, restore, snapshot
+from zaya_jax.engine.prefix_cache import PrefixCache, block_keys, restore, snapshot
 from zaya_jax.engine.step import Picked, RowSampling, engine_step
 from zaya_jax.infer.cache import empty_state
 from zaya_jax.model.zaya import ZayaLM
@@ -45,7 +47,8 @@ class TokenEvent(NamedTuple):
 
 
 class Finished(NamedTuple):
-    reason: str  # "stop" (a stop id or the stop predicate), "length" (max_tokens) or "cancelled"
+    reason: str  # "stop" (a stop id or the stop predicate), "length" (max_tokens), "cancelled", or "error"
+    #              (its on_token callback or stop predicate raised; logged, the other requests go on)
     tokens: list[int]
     logprobs: list[float]
 
@@ -57,8 +60,9 @@ class _Request:
     params: SamplingParams
     stops: frozenset[int]
     on_token: Callable[[int, TokenEvent], None] | None
-    events: queue.Queue
+    events: queue.Queue | None
     prefilled: int = 0            # prompt tokens in the slot's state
+    blocks: list[bytes] = dataclasses.field(default_factory=list)  # the prompt's block keys (prefix cache)
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
 
@@ -73,7 +77,6 @@ class Engine:
         self._graphdef, self._params = nnx.split(model)
         self.slots, self.cache_size, self.chunk, self.max_top_logprobs = slots, cache_size, chunk, max_top_logprobs
         self._state = empty_state(self.config, slots, cache_size)
-        self._block_like = np.zeros(chunk, np.int8)
         self._prefix = PrefixCache(chunk, prefix_cache_bytes) if prefix_cache_bytes else None
         self._rows: list[_Request | None] = [None] * slots
         self._waiting: collections.deque[_Request] = collections.deque()
@@ -85,10 +88,12 @@ class Engine:
         self._prompt_tokens = self._generated_tokens = 0
 
     # ---- requests -------------------------------------------------------------------------------
-    def submit(self, prompt_ids, params: SamplingParams = SamplingParams(),
+    def submit(self, prompt_ids, params: SamplingParams = SamplingParams(), *, events: queue.Queue | None = None,
                on_token: Callable[[int, TokenEvent], None] | None = None) -> int:
-        """-> the request id. ValueError, before anything runs, for bad params or a prompt that does
-        not fit: prompt + max_tokens - 1 positions must fit cache_size (the last token is never fed)."""
+        """-> the request id. Its TokenEvents, then one Finished, go to `events` and each TokenEvent
+        to on_token(id, event). ValueError, before anything runs, for bad params or a prompt that
+        does not fit: prompt + max_tokens - 1 positions must fit cache_size (the last token is
+        never fed)."""
         cfg = self.config
         params.validate(cfg.vocab_size, self.max_top_logprobs)
         prompt = np.asarray(prompt_ids, np.int64).reshape(-1)
@@ -104,18 +109,10 @@ class Engine:
                              f"max_position_embeddings={cfg.max_position_embeddings}")
         stops = frozenset(map(int, params.stop_ids)) | (frozenset() if params.ignore_eos else {cfg.eos_token_id})
         with self._lock:
-            request = _Request(next(self._ids), prompt.astype(np.int32), params, stops, on_token, queue.Queue())
+            request = _Request(next(self._ids), prompt.astype(np.int32), params, stops, on_token, events)
             self._waiting.append(request)
             self._work.notify()
         return request.id
-
-    def events(self, request_id: int) -> queue.Queue:
-        """The request's queue: TokenEvents as they come, then one Finished."""
-        with self._lock:
-            for r in (*self._waiting, *self._rows):
-                if r is not None and r.id == request_id:
-                    return r.events
-        raise KeyError(f"no waiting or running request {request_id}")
 
     def cancel(self, request_id: int) -> bool:
         """End a waiting or running request now (its slot is free for the next step) -> whether it was found."""
@@ -123,7 +120,7 @@ class Engine:
             for r in self._waiting:
                 if r.id == request_id:
                     self._waiting.remove(r)
-                    self._close(r, "cancelled")
+                    self._deliver(r, Finished("cancelled", [], []))
                     return True
             for slot, r in enumerate(self._rows):
                 if r is not None and r.id == request_id:
@@ -146,8 +143,8 @@ class Engine:
 
     def warm_up(self) -> None:
         """Compiles every program serving runs (the [N,C] and [N,1] steps, the prefix cache's
-        snapshot and restore) on two throwaway requests, then forgets them (their cache entries,
-        counts and ids are not kept): nothing compiles after this. Call it before start()."""
+        snapshot and restore) on two throwaway requests, then forgets them (their cache entries
+        and token counts are not kept): nothing compiles after this. Call it before start()."""
         with self._lock:
             if self.has_work():
                 raise RuntimeError("warm_up() runs on an idle engine, before start()")
@@ -178,22 +175,19 @@ class Engine:
                 for slot, n in prefilling.items():
                     r = self._rows[slot]
                     ids[slot, :n] = r.prompt[r.prefilled:r.prefilled + n]
-                picked = self._run(ids, prefilling)
-                for slot, n in prefilling.items():
-                    r = self._rows[slot]
-                    r.prefilled += n
-                    self._prompt_tokens += n
+                for slot, r, picked in self._run(ids, prefilling):
+                    r.prefilled += prefilling[slot]
+                    self._prompt_tokens += prefilling[slot]
                     self._store_prefix(slot, r)
                     if r.prefilled == r.prompt.size:
-                        self._emit(slot, picked)
+                        self._emit(slot, r, picked)
             feeding = {slot: 1 for slot, r in enumerate(self._rows) if r is not None and r.tokens}
             if feeding:
                 ids = np.zeros((self.slots, 1), np.int32)
                 for slot in feeding:
                     ids[slot, 0] = self._rows[slot].tokens[-1]
-                picked = self._run(ids, feeding)
-                for slot in feeding:
-                    self._emit(slot, picked)
+                for slot, r, picked in self._run(ids, feeding):
+                    self._emit(slot, r, picked)
 
     def start(self) -> None:
         """Run step() on a background thread whenever there is work, until stop()."""
@@ -227,7 +221,10 @@ class Engine:
             if self._rows[slot] is None and self._waiting:
                 r = self._waiting.popleft()
                 self._rows[slot] = r
-                for i, entry in enumerate(self._prefix.lookup(r.prompt) if self._prefix is not None else ()):
+                if self._prefix is None:
+                    continue
+                r.blocks = block_keys(r.prompt, self.chunk)
+                for i, entry in enumerate(self._prefix.lookup(r.prompt, r.blocks)):
                     self._state = restore(self._state, np.int32(slot), np.int32(i * self.chunk), entry)
                     r.prefilled += self.chunk
 
@@ -235,30 +232,31 @@ class Engine:
         """[N] tokens each slot's state holds (0 for a free slot)."""
         return np.array([0 if r is None else r.prefilled + max(len(r.tokens) - 1, 0) for r in self._rows], np.int32)
 
-    def _run(self, ids: np.ndarray, counts: dict[int, int]) -> Picked:
-        """One engine_step over all slots; `counts`: slot -> new tokens (others 0) -> numpy picks."""
+    def _run(self, ids: np.ndarray, counts: dict[int, int]) -> Iterator[tuple[int, _Request, Picked]]:
+        """Run one engine_step over all slots (ids [N,C]; `counts`: slot -> its new tokens, others 0)
+        -> (slot, request, numpy picks) for each counted slot whose request is still there when its
+        turn comes (an on_token callback may cancel another), checked lazily; the step runs at the call."""
         n = np.zeros(self.slots, np.int32)
         rows = RowSampling(np.zeros(self.slots, np.float32), np.full(self.slots, self.config.vocab_size, np.int32),
                            np.ones(self.slots, np.float32), np.zeros(self.slots, np.uint32),
                            np.zeros(self.slots, np.int32))
-        for slot, count in counts.items():
-            p, n[slot] = self._rows[slot].params, count
-            rows.temperature[slot], rows.seed[slot], rows.index[slot] = p.temperature, p.seed, len(self._rows[slot].tokens)
+        requests = {slot: self._rows[slot] for slot in counts}
+        for slot, r in requests.items():
+            p, n[slot] = r.params, counts[slot]
+            rows.temperature[slot], rows.seed[slot], rows.index[slot] = p.temperature, p.seed, len(r.tokens)
             rows.top_k[slot] = p.top_k or self.config.vocab_size
             rows.top_p[slot] = 1.0 if p.top_p is None else p.top_p
-        lengths = self._lengths()
-        self._state, picked = engine_step(self._graphdef, self._params, self._state, lengths, ids, n, rows,
+        self._state, picked = engine_step(self._graphdef, self._params, self._state, self._lengths(), ids, n, rows,
                                           top=max(self.max_top_logprobs, 1))
-        return Picked(*map(np.asarray, picked))
+        picked = Picked(*map(np.asarray, picked))
+        return ((slot, r, picked) for slot, r in requests.items() if self._rows[slot] is r)
 
     def _store_prefix(self, slot: int, r: _Request) -> None:
-        key = self._prefix.wants(r.prompt, r.prefilled) if self._prefix is not None else None
-        if key is not None:
-            entry = snapshot(self._state, np.int32(slot), np.int32(r.prefilled - self.chunk), self._block_like)
-            self._prefix.insert(r.prompt, r.prefilled, key, entry)
+        if self._prefix is not None and self._prefix.wants(r.blocks, r.prefilled):
+            entry = snapshot(self._state, np.int32(slot), np.int32(r.prefilled - self.chunk), block=self.chunk)
+            self._prefix.insert(r.prompt, r.blocks, r.prefilled, entry)
 
-    def _emit(self, slot: int, picked: Picked) -> None:
-        r = self._rows[slot]
+    def _emit(self, slot: int, r: _Request, picked: Picked) -> None:
         token = int(picked.token[slot])
         r.tokens.append(token)
         r.logprobs.append(float(picked.logprob[slot]))
@@ -266,21 +264,28 @@ class Engine:
         top = [(int(t), float(lp)) for t, lp in zip(picked.top_tokens[slot, :r.params.top_logprobs],
                                                      picked.top_logprobs[slot, :r.params.top_logprobs])]
         event = TokenEvent(token, r.logprobs[-1] if r.params.logprobs else None, top)
-        r.events.put(event)
-        if r.on_token is not None:
-            r.on_token(r.id, event)
-        if token in r.stops or (r.params.stop is not None and r.params.stop(list(r.tokens))):
+        self._deliver(r, event)
+        try:
+            if r.on_token is not None:
+                r.on_token(r.id, event)
+            stop = r.params.stop is not None and r.params.stop(list(r.tokens))
+        except Exception:  # one request's hook must not stop the others
+            logging.exception("request %d: its on_token callback or stop predicate raised; ending it", r.id)
+            stop = None
+        if self._rows[slot] is not r:  # the callback cancelled it
+            return
+        if stop is None:
+            self._finish(slot, "error")
+        elif token in r.stops or stop:
             self._finish(slot, "stop")
         elif len(r.tokens) == r.params.max_tokens:
             self._finish(slot, "length")
 
     def _finish(self, slot: int, reason: str) -> None:
         r, self._rows[slot] = self._rows[slot], None
-        self._close(r, reason)
+        self._deliver(r, Finished(reason, r.tokens, r.logprobs if r.params.logprobs else []))
 
     @staticmethod
-    def _close(r: _Request, reason: str) -> None:
-        done = Finished(reason, r.tokens, r.logprobs if r.params.logprobs else [])
-        r.events.put(done)
-        if r.on_token is not None:
-            r.on_token(r.id, done)
+    def _deliver(r: _Request, event: TokenEvent | Finished) -> None:
+        if r.events is not None:
+            r.events.put(event)

@@ -30,6 +30,8 @@ class SamplingParams(NamedTuple):
         Sampler(self.temperature, self.top_k, self.top_p).validate(vocab_size)
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 32:
+            raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= max_top_logprobs:
             raise ValueError(f"top_logprobs must be an integer in [0, {max_top_logprobs}] (the engine's "
                              f"max_top_logprobs), got {self.top_logprobs!r}")

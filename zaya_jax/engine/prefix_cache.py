@@ -24,13 +24,15 @@ the blocks after it, so the LRU entry is never one whose descendants stay behind
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 from typing import NamedTuple
 
 import jax
 import numpy as np
 
-from zaya_jax.infer.cache import DecodeState
+from zaya_jax.config import ModelConfig
+from zaya_jax.infer.cache import DecodeState, state_shapes
 from zaya_jax.model.cca import CCACarry
 
 
@@ -42,26 +44,31 @@ class Entry(NamedTuple):
     carry: CCACarry           # [L,P,H], [L,P,H], [L,K/2,H]
 
 
-@jax.jit
-def snapshot(state: DecodeState, slot: jax.Array, start: jax.Array, block_like: jax.Array) -> Entry:
-    """slot's block of positions [start, start + C) (C = block_like.shape[0]; its values unused)
-    with its ring and carry as they are now."""
-    block = block_like.shape[0]
+@functools.partial(jax.jit, static_argnames=("block",))
+def snapshot(state: DecodeState, slot: jax.Array, start: jax.Array, *, block: int) -> Entry:
+    """slot's block of positions [start, start + C = `block`) with its ring and carry as they are now."""
     take = lambda x: jax.lax.dynamic_slice_in_dim(x[:, slot], start, block, axis=1)  # noqa: E731
     return Entry(take(state.keys), take(state.values), state.window_keys[:, slot], state.window_values[:, slot],
                  jax.tree.map(lambda x: x[:, slot], state.carry))
 
 
-@jax.jit
+@functools.partial(jax.jit, donate_argnums=(0,))
 def restore(state: DecodeState, slot: jax.Array, start: jax.Array, entry: Entry) -> DecodeState:
-    """The state with `entry` put into `slot`: its keys and values at [start, start + C), its ring
-    and carry (lengths is the engine's to set)."""
+    """The state (donated) with `entry` put into `slot`: its keys and values at [start, start + C),
+    its ring and carry (lengths is the engine's to set)."""
     def put(x, e):
         return x.at[:, slot].set(jax.lax.dynamic_update_slice_in_dim(x[:, slot], e, start, axis=1))
     return state._replace(keys=put(state.keys, entry.keys), values=put(state.values, entry.values),
                           window_keys=state.window_keys.at[:, slot].set(entry.window_keys),
                           window_values=state.window_values.at[:, slot].set(entry.window_values),
                           carry=jax.tree.map(lambda x, e: x.at[:, slot].set(e), state.carry, entry.carry))
+
+
+def entry_bytes(cfg: ModelConfig, block: int, cache_size: int) -> int:
+    """Bytes one entry of C = `block` tokens holds, read off the abstract shapes (no allocation)."""
+    state = state_shapes(cfg, 1, cache_size)
+    entry = jax.eval_shape(functools.partial(snapshot, block=block), state, np.int32(0), np.int32(0))
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(entry))
 
 
 def block_keys(tokens: np.ndarray, block: int) -> list[bytes]:
@@ -87,10 +94,11 @@ class PrefixCache:
                     prefix_entries=len(self._entries), prefix_bytes=self.bytes,
                     prefix_evictions=self.evictions)
 
-    def lookup(self, prompt: np.ndarray) -> list[Entry]:
-        """-> the entries of the longest cached prefix of prompt[:-1], in order (a hit if any)."""
-        found, chain = [], block_keys(prompt[:-1], self.block)
-        for i, key in enumerate(chain):
+    def lookup(self, prompt: np.ndarray, chain: list[bytes]) -> list[Entry]:
+        """prompt: [S]; chain: its block_keys -> the entries of the longest cached prefix of
+        prompt[:-1], in order (a hit if any)."""
+        found = []
+        for i, key in enumerate(chain[:(len(prompt) - 1) // self.block]):
             held = self._entries.get(key)
             if held is None or not np.array_equal(held[0], prompt[i * self.block:(i + 1) * self.block]):
                 break
@@ -100,17 +108,15 @@ class PrefixCache:
         self.tokens_reused += len(found) * self.block
         return found
 
-    def wants(self, prompt: np.ndarray, end: int) -> bytes | None:
-        """The key of prompt's block ending at `end` if that block is worth storing (a full block,
-        not held yet, whose parent block is held: a lookup never reaches an orphan), else None."""
-        if end % self.block or end == 0:
-            return None
-        chain = block_keys(prompt[:end], self.block)
-        held = chain[-1] in self._entries or (len(chain) > 1 and chain[-2] not in self._entries)
-        return None if held else chain[-1]
+    def wants(self, chain: list[bytes], end: int) -> bool:
+        """Whether the prompt's block ending at `end` is worth storing: a full block, not held yet,
+        whose parent block is held (a lookup never reaches an orphan)."""
+        blocks = end // self.block
+        return (end % self.block == 0 and blocks > 0 and chain[blocks - 1] not in self._entries
+                and (blocks == 1 or chain[blocks - 2] in self._entries))
 
-    def insert(self, prompt: np.ndarray, end: int, key: bytes, entry: Entry) -> None:
-        """Store the block of prompt ending at `end` under `key`, evicting least recently used
+    def insert(self, prompt: np.ndarray, chain: list[bytes], end: int, entry: Entry) -> None:
+        """Store the block of prompt ending at `end` (that `wants`), evicting least recently used
         entries to stay within the budget (an entry larger than the budget is not kept)."""
         size = sum(x.nbytes for x in jax.tree.leaves(entry))
         if size > self.budget:
@@ -119,9 +125,9 @@ class PrefixCache:
             _, (_, _, freed) = self._entries.popitem(last=False)
             self.bytes -= freed
             self.evictions += 1
-        self._entries[key] = (np.array(prompt[end - self.block:end]), entry, size)
+        self._entries[chain[end // self.block - 1]] = (np.array(prompt[end - self.block:end]), entry, size)
         self.bytes += size
-        self._touch(block_keys(prompt[:end], self.block))
+        self._touch(chain[:end // self.block])
 
     def _touch(self, chain: list[bytes]) -> None:
         """Mark a chain used, deepest block first: each block ends more recent than its descendants."""

@@ -1,7 +1,8 @@
 """One compiled engine iteration: extend every slot by its chunk, then choose each row's next token.
 
 Shapes: N slots, C tokens per slot and call (the prefill chunk, or 1 for a decode step), V vocab,
-K = max_top_logprobs. One jitted function serves both; each (C, K) is one compilation.
+K = max_top_logprobs. One jitted function serves both; each (C, K) is one compilation. The state
+is donated: the step updates the engine's cache in place instead of copying it.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def pick(logits: jax.Array, rows: RowSampling, top: int) -> Picked:
     return Picked(token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0], best_tokens.astype(jnp.int32), best)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("top",))
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("top",), donate_argnums=(2,))
 def engine_step(graphdef, params, state: DecodeState, lengths: jax.Array, ids: jax.Array, counts: jax.Array,
                 rows: RowSampling, *, top: int) -> tuple[DecodeState, Picked]:
     """lengths: [N] tokens each slot holds (the host's count, which also resets a reused slot);

@@ -7,8 +7,8 @@
 
 A job is one request's n choices: n engine requests with the same prompt and the seeds seed,
 seed + 1, ... (a request without a seed draws one), each with its ResponseText (stop strings,
-detokenization). Tokens come from the engine's thread through the event loop's
-call_soon_threadsafe into one asyncio queue per job. Leaving `run` early (the client went away,
+detokenization). Events come from the engine's thread (its `events` queue argument, here an
+object whose put() goes through the event loop's call_soon_threadsafe) into one asyncio queue per job. Leaving `run` early (the client went away,
 the server is stopping) cancels the job's engine requests, so their slots are free at once.
 """
 
@@ -162,23 +162,16 @@ class Service:
     # ---- running a job --------------------------------------------------------------------------
     async def run(self, job: Job) -> AsyncIterator[Piece]:
         """Submits the job's choices; yields their Pieces as tokens come, until every choice has ended."""
-        loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        by_request: dict[int, Choice] = {}
-
-        def deliver(request_id, event):
-            loop.call_soon_threadsafe(events.put_nowait, (request_id, event))
         try:
             for choice, params in zip(job.choices, job.params):
-                choice.request_id = self.engine.submit(job.prompt, params, deliver)
-                by_request[choice.request_id] = choice
+                choice.request_id = self.engine.submit(job.prompt, params, events=_ToLoop(events, choice))
             if self.metrics is not None:
                 self.metrics.prompt_tokens.inc(len(job.prompt) * len(job.choices))
             open_choices = len(job.choices)
             first = True
             while open_choices:
-                request_id, event = await events.get()
-                choice = by_request[request_id]
+                choice, event = await events.get()
                 if isinstance(event, Finished):
                     open_choices -= 1
                     choice.finish_reason = "stop" if event.reason == "stop" or choice.text.stopped else event.reason
@@ -268,3 +261,14 @@ class Service:
         return {"tokens": [self._token_text(e.token) for e in tokens],
                 "token_logprobs": [e.logprob for e in tokens],
                 "top_logprobs": [{self._token_text(t): lp for t, lp in e.top_logprobs} for e in tokens]}
+
+
+class _ToLoop:
+    """The engine's `events` queue for one choice: each event the engine thread puts goes, with its
+    choice, to an asyncio queue of the event loop running the job."""
+
+    def __init__(self, events: asyncio.Queue, choice: Choice):
+        self.events, self.choice, self.loop = events, choice, asyncio.get_running_loop()
+
+    def put(self, event) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (self.choice, event))
