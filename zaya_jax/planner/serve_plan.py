@@ -155,6 +155,7 @@ def max_context(cfg: ModelConfig, free_bytes: float) -> int:
 
 
 def check_context(cfg: ModelConfig, context: int) -> None:
+    """A ConfigError unless 1 <= context <= model.max_position_embeddings."""
     if not 1 <= context <= cfg.max_position_embeddings:
         raise ConfigError(f"--context {context}: the model serves 1 to {cfg.max_position_embeddings} tokens "
                           f"(model.max_position_embeddings)\nfix: a --context from 1 to {cfg.max_position_embeddings}")
