@@ -12,9 +12,10 @@ from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.hardware import PROFILES
 from zaya_jax.infer.cache import empty_state
 from zaya_jax.infer.quantize import param_bytes, quantize_model
+from zaya_jax.model.accounting import model_summary
 from zaya_jax.model.build import create_model
-from zaya_jax.planner.serve_plan import (decode_step, distinct_experts, plan_serving, request_state_bytes, slots,
-                                         weight_bytes)
+from zaya_jax.planner.serve_plan import (decode_flops_per_token, decode_step, distinct_experts, plan_serving,
+                                         request_state_bytes, slots, weight_bytes)
 
 ZAYA1 = model_config(load_config_file("configs/zaya1_8b.py"))
 TINY = model_config(load_config_file("configs/tiny.py"))
@@ -57,11 +58,14 @@ def test_weight_bytes_are_what_quantize_model_stores(mode):
     assert weights["expert"] * TINY.num_layers * TINY.num_experts == weights["experts"]
 
 
-def test_zaya1_bf16_weights_are_two_bytes_a_parameter():
+def test_zaya1_weight_bytes_per_format():
     weights = weight_bytes(ZAYA1, "bfloat16", 64)
     # the parameters (8.84B), the first layer's unused EDA scale and the routers' balancing biases [L, E+1]
     assert abs(weights["total"] / 2 - 8.84e9) < 0.01e9
     assert weights["experts"] == 2 * 40 * 16 * 3 * 2048 * 2048
+    # quantized experts: 1 (int8) or 1/2 (int4) byte an entry and a float32 scale per 64 entries
+    for mode, entry_bytes in (("int8", 1), ("int4", 0.5)):
+        assert weight_bytes(ZAYA1, mode, 64)["experts"] == 40 * 16 * 3 * 2048 * 2048 * (entry_bytes + 4 / 64)
 
 
 def test_slots_at_a_known_memory():
@@ -105,3 +109,13 @@ def test_serve_cli_json():
 ])
 def test_serve_cli_errors(args, fragments):
     _assert_user_error(_plan_cli("--config", "configs/zaya1_8b.py", "--serve", *args), *fragments)
+
+
+def test_decode_flops_are_twice_the_active_weights_plus_scores_and_head():
+    """One token (B <= E: one expert row): 2 FLOPs per active non-embedding parameter, QK^T and AV
+    over the 4096 held keys of each of the 40 full layers (N = 8 heads of 128), and the tied head 2 D V."""
+    per_token = decode_flops_per_token(ZAYA1, 4096, 1)
+    scores, head = 2 * 2 * 8 * 128 * 4096 * 40, 2 * 2048 * 262_272
+    assert per_token - scores - head == pytest.approx(2 * model_summary(ZAYA1)["params_active_non_embedding"], rel=0.01)
+    assert decode_flops_per_token(ZAYA1, 4097, 1) - per_token == 2 * 2 * 8 * 128 * 40
+    assert decode_flops_per_token(ZAYA1, 4096, 64) == per_token  # the GPU's ragged dispatch: one row a token

@@ -38,6 +38,7 @@ from zaya_jax import cli
 from zaya_jax.config import ConfigError
 from zaya_jax.config_files import model_config, vision_config
 from zaya_jax.hardware import PROFILES, calibrated
+from zaya_jax.infer.quantize import MODES
 from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES, check_mesh
 from zaya_jax.parallel.mesh import parse_mesh_flag, resolve_mesh_shape
@@ -192,17 +193,18 @@ def render_serving(plans: list[dict]) -> list[str]:
              f"(KV cache full layers {state['kv_full_layers'] / 2**20:.1f} MiB, sliding layers "
              f"{state['kv_sliding_layers'] / 2**20:.1f} MiB, CCA carry {state['cca_carry'] / 1024:.1f} KiB)"]
     for p in plans:
-        lines.append(f"on one {p['hardware']} ({p['memory_bytes'] / 1e9:.0f} GB, {p['reserve_fraction']:.0%} reserved for "
-                     f"activations/workspace; achieved HBM {p['achieved_hbm_bytes_per_s'] / 1e9:.0f} GB/s, matmul "
-                     f"{p['achieved_matmul_flops_per_s'] / 1e12:.0f} TFLOP/s):")
+        lines.append(f"on one {p['hardware']} ({p['memory_bytes'] / 1e9:.0f} GB, {p['reserve_fraction']:.0%} "
+                     f"reserved for activations/workspace; achieved HBM {p['achieved_hbm_bytes_per_s'] / 1e9:.0f} "
+                     f"GB/s, matmul {p['achieved_matmul_flops_per_s'] / 1e12:.0f} TFLOP/s):")
         for name, f in p["formats"].items():
             w = f["weight_bytes"]
-            group = f", group {p['group_size']} scales" if name in ("int8", "int4") else ""
+            group = f", group {p['group_size']} scales" if name in MODES else ""
             lines.append(f"  {name} weights{group}: {w['total'] / 1e9:.2f} GB (experts {w['experts'] / 1e9:.2f}, "
                          f"always read {w['always'] / 1e9:.2f}); "
                          + (f"{f['slots']} concurrent requests" if f["slots"] else "not one request fits"))
             if f["decode"]:
-                lines.append(f"    {'batch':>6}{'experts/layer':>15}{'GB/step':>9}{'ms/step':>9}{'tokens/s':>10}  bound")
+                lines.append(f"    {'batch':>6}{'experts/layer':>15}{'GB/step':>9}{'ms/step':>9}{'tokens/s':>10}"
+                             "  bound")
             for d in f["decode"]:
                 lines.append(f"    {d['batch']:>6}{d['experts_per_layer']:>15.2f}{d['bytes'] / 1e9:>9.2f}"
                              f"{d['step_s'] * 1e3:>9.2f}{d['tokens_per_s']:>10.0f}  {d['bound_by']}")
@@ -397,7 +399,8 @@ def main(argv):
         if not 0 <= _RESERVE.value < 1:
             raise app.UsageError(f"--memory_reserve {_RESERVE.value}: a fraction of device memory in [0, 1), e.g. 0.1")
         if _GROUP_SIZE.value < 2 or _GROUP_SIZE.value % 2:
-            raise app.UsageError(f"--group_size {_GROUP_SIZE.value}: a positive even number (int4 packs pairs), e.g. 64")
+            raise app.UsageError(f"--group_size {_GROUP_SIZE.value}: a positive even number (int4 packs pairs), "
+                                 "e.g. 64")
         summary["serve"] = [plan_serving(cfg, p, _CONTEXT.value, _MEMORY.value or p.memory_gb, _RESERVE.value,
                                          _GROUP_SIZE.value) for p in ([hw] if hw else PROFILES.values())]
         print(json.dumps(summary, indent=2) if _JSON.value else render(summary))

@@ -122,7 +122,8 @@ def decode_flops_per_token(cfg: ModelConfig, context: int, batch: int) -> float:
                  if op.name != "attention/scores")
     state = state_shapes(cfg, 1, context)
     keys_held = state.keys.shape[0] * state.keys.shape[2] + state.window_keys.shape[0] * state.window_keys.shape[2]
-    return cfg.num_layers * layers + 2 * 2 * cfg.num_q_heads * cfg.head_dim * keys_held + 2 * cfg.hidden_size * cfg.vocab_size
+    scores = 2 * 2 * cfg.num_q_heads * cfg.head_dim * keys_held
+    return cfg.num_layers * layers + scores + 2 * cfg.hidden_size * cfg.vocab_size
 
 
 def decode_step(cfg: ModelConfig, weights: dict[str, float], state_bytes: int, context: int, batch: int,
