@@ -118,8 +118,8 @@ def decode_flops_per_token(cfg: ModelConfig, context: int, batch: int) -> float:
     """Matmul FLOPs of one decoded token in a batch of `batch` at `context` cache slots (module doc)."""
     backend = resolve_moe_backend(cfg.moe_backend, "gpu")
     rows = 1.0 if batch <= cfg.num_experts else expert_rows_per_token(cfg, backend, batch)
-    layers = sum(op.forward_per_token for op in layer_matmuls(cfg, context, backend, rows)
-                 if op.name != "attention/scores")
+    # only the training scores op reads the sequence length (1 here); the decode's replace it below
+    layers = sum(op.forward_per_token for op in layer_matmuls(cfg, 1, backend, rows) if op.name != "attention/scores")
     state = state_shapes(cfg, 1, context)
     keys_held = state.keys.shape[0] * state.keys.shape[2] + state.window_keys.shape[0] * state.window_keys.shape[2]
     scores = 2 * 2 * cfg.num_q_heads * cfg.head_dim * keys_held
