@@ -42,6 +42,7 @@ RUNS: dict[str, list[str]] = {
     "compiled_collectives_cpu": ["compiled_collectives.py"],
     "planner_flops_vs_xla_cpu": ["planner_flops_vs_xla.py"],
     "planner_predictions": ["planner_predictions.py"],
+    "serve_predictions": ["serve_predictions.py"],  # the planner's --serve for ZAYA1-8B on one H200 / MI300X
     # the demos' figures differ by stack (the demo corpus holds that Python's standard library): each
     # runs under its own interpreter (STACK_SUFFIXES); GRPO starts from the SFT run of the same stack's
     # post-training demo, so the README's two tables share their baseline
