@@ -62,13 +62,18 @@ class ServerMetrics:
         self.generation_tokens.inc(count)
         with self._lock:
             self._recent.append((time.monotonic(), count))
+            self._forget_old()
 
     def tokens_per_second(self) -> float:
-        now = time.monotonic()
         with self._lock:
-            while self._recent and self._recent[0][0] < now - WINDOW_S:
-                self._recent.popleft()
+            self._forget_old()
             return sum(c for _, c in self._recent) / WINDOW_S
+
+    def _forget_old(self) -> None:
+        """Drops the sends older than WINDOW_S (on every send, so the window stays bounded unscraped)."""
+        now = time.monotonic()
+        while self._recent and self._recent[0][0] < now - WINDOW_S:
+            self._recent.popleft()
 
     def scrape(self) -> bytes:
         """The text exposition format (the engine's figures read now)."""
