@@ -403,3 +403,16 @@ def test_serving_predictions_are_the_results_file():
             row = (f"| {hw} | {label} | {f['weights_gb']:.2f} GB | {f['slots']} | {t['1']:,.0f} | {t['8']:,.0f} | "
                    f"{t['32']:,.0f} | {t[str(f['slots'])]:,.0f} |")
             assert row in text, row
+
+
+def test_serve_soak_figures_are_the_results_file():
+    run = _load("serve_soak_cpu_py311")
+    assert run["clean"] and run["minutes"] == 2 and run["clients"] == 6
+    rss = run["rss_mb_every_5s"]
+    cache = run["prefix_cache"]
+    text = _flat(_doc("serving.md"))
+    for figure in (f"{run['requests']['served']:,} requests served and {run['requests']['dropped']:,} dropped "
+                   f"({run['aborted']:.0f} aborted", f"{cache['hits']:,.0f} prefix hits and {cache['evictions']:,.0f} "
+                   f"evictions", f"{cache['bytes']:,.0f} cache bytes within the {cache['budget_bytes']:,.0f} budget",
+                   f"resident memory {rss[-17]:.1f} MB to {rss[-1]:.1f} MB over its last 80 s"):
+        assert figure in text, figure
