@@ -42,6 +42,7 @@ RUNS: dict[str, list[str]] = {
     "compiled_collectives_cpu": ["compiled_collectives.py"],
     "planner_flops_vs_xla_cpu": ["planner_flops_vs_xla.py"],
     "planner_predictions": ["planner_predictions.py"],
+    "serve_predictions": ["serve_predictions.py"],  # the planner's --serve for ZAYA1-8B on one H200 / MI300X
     # the demos' figures differ by stack (the demo corpus holds that Python's standard library): each
     # runs under its own interpreter (STACK_SUFFIXES); GRPO starts from the SFT run of the same stack's
     # post-training demo, so the README's two tables share their baseline
@@ -56,6 +57,7 @@ RUNS: dict[str, list[str]] = {
     "vl_demo_cpu_no_augmentation_py311": ["vl_demo.py", *(f"--override=train.{o}" for o in (  # the demo as it was
         "steps=150", "augment_shift=0", "augment_scale=0", "augment_contrast=0"))],
     "xla_cpu_flags_cpu": ["xla_cpu_flags.py"],
+    "serve_soak_cpu_py311": ["serve_soak.py", "--minutes", "2"],  # a server process under random load and disconnects
     # 2 CPU processes, one late at a collective; each file from its stack's interpreter (the script checks)
     "gloo_skew_cpu_py311": ["gloo_skew.py"],
     "gloo_skew_cpu_py312": ["gloo_skew.py"],

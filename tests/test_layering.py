@@ -1,5 +1,7 @@
 """The package layers import downwards only: parallel/ (mesh, rules, collectives, sharded kernels)
-and model/ know nothing of the trainer or the planner, train/ nothing of the planner. Read from
+and model/ know nothing of the trainer or the planner, train/ nothing of the planner, infer/ nothing
+of the serving engine built on it,
+the engine nothing of the HTTP server built on it. Read from
 the sources' import statements (module level and inside functions)."""
 
 import ast
@@ -10,7 +12,8 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "zaya_jax"
 # package -> the packages above it, which it must not import
 FORBIDDEN = {"parallel": ("zaya_jax.train", "zaya_jax.planner"), "model": ("zaya_jax.train", "zaya_jax.planner"),
-             "train": ("zaya_jax.planner",)}
+             "train": ("zaya_jax.planner",), "infer": ("zaya_jax.engine", "zaya_jax.serve"),
+             "engine": ("zaya_jax.serve",)}
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:

@@ -387,3 +387,32 @@ def test_grpo_vs_trl_figures_are_the_results_file():
             f"{ours['generation_s']} s, update {ours['update_s']} s) and a TRL step {theirs['step_s']} s" in doc)
     assert (f"{run['ratio_zaya_jax_over_trl']} of TRL's time, {run['speedup_of_zaya_jax']:.2f}x faster, generation "
             f"alone {run['ratio_generation']} of TRL's" in doc)
+
+
+def test_serving_predictions_are_the_results_file():
+    """docs/parallel.md's --serve table and state size are benchmarks/serve_predictions.py's."""
+    result = _load("serve_predictions")
+    text = _doc("parallel.md")
+    state = result["plans"]["h200"]["state_bytes_per_request"]
+    assert (f"{state['total'] / 2**20:.1f} MiB ({state['kv_full_layers'] / 2**20:.1f} MiB of KV cache, 40 KiB per "
+            f"token, and a {state['cca_carry'] / 1024:.0f} KiB CCA carry)") in _flat(text)
+    for hw, formats in result["summary"].items():
+        for name, label in (("bfloat16", "bf16"), ("int8", "int8"), ("int4", "int4")):
+            f = formats[name]
+            t = f["tokens_per_s"]
+            row = (f"| {hw} | {label} | {f['weights_gb']:.2f} GB | {f['slots']} | {t['1']:,.0f} | {t['8']:,.0f} | "
+                   f"{t['32']:,.0f} | {t[str(f['slots'])]:,.0f} |")
+            assert row in text, row
+
+
+def test_serve_soak_figures_are_the_results_file():
+    run = _load("serve_soak_cpu_py311")
+    assert run["clean"] and run["minutes"] == 2 and run["clients"] == 6
+    rss = run["rss_mb_every_5s"]
+    cache = run["prefix_cache"]
+    text = _flat(_doc("serving.md"))
+    for figure in (f"{run['requests']['served']:,} requests served and {run['requests']['dropped']:,} dropped "
+                   f"({run['aborted']:.0f} aborted", f"{cache['hits']:,.0f} prefix hits and {cache['evictions']:,.0f} "
+                   f"evictions", f"{cache['bytes']:,.0f} cache bytes within the {cache['budget_bytes']:,.0f} budget",
+                   f"resident memory {rss[-17]:.1f} MB to {rss[-1]:.1f} MB over its last 80 s"):
+        assert figure in text, figure

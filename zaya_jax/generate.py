@@ -43,7 +43,6 @@ would shadow it with the module, so the module itself is made callable as that f
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import types
@@ -57,7 +56,7 @@ from zaya_jax.errors import UserError
 from zaya_jax.data.chat_template import IMAGE
 from zaya_jax.infer.chat import chat_template_for, read_messages
 from zaya_jax.infer.generate import generate, stop_tokens, text_model
-from zaya_jax.infer.loading import load_checkpoint, load_hf
+from zaya_jax.infer.loading import load_checkpoint, load_hf, tokenizer_for
 from zaya_jax.infer.quantize import MODES
 from zaya_jax.vision.model import ZayaVL
 from zaya_jax.vision.processor import ImageProcessor, read_image
@@ -160,20 +159,9 @@ def checked_images() -> tuple[list, ImageProcessor | None]:
 
 
 def tokenizer_file() -> str:
-    """--checkpoint: the tokenizer the checkpoint carries (the file its run was trained with; a
-    --tokenizer that is another file is refused). --hf: --tokenizer, else the export's DIR/tokenizer.json."""
-    if _CHECKPOINT.value is not None:
-        from zaya_jax.train.carried_tokenizer import checkpoint_tokenizer
-        path, told = checkpoint_tokenizer(_CHECKPOINT.value, _STEP.value, _TOKENIZER.value)
-        print(told, file=sys.stderr)
-        return path
-    if _TOKENIZER.value is not None:
-        return _TOKENIZER.value
-    read_hf_config(_HF.value)  # a directory that is no HF export is named before its tokenizer
-    path = os.path.join(_HF.value, "tokenizer.json")
-    if not os.path.isfile(path):
-        raise UserError(f"--hf {_HF.value} holds no tokenizer.json: pass --tokenizer FILE (or --prompt_ids)")
-    print(f"[tokenizer: {path}]", file=sys.stderr)
+    """The tokenizer the flags name (zaya_jax.infer.loading.tokenizer_for), said on stderr."""
+    path, told = tokenizer_for(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value, given=_TOKENIZER.value)
+    print(told, file=sys.stderr)
     return path
 
 

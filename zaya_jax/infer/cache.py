@@ -95,24 +95,27 @@ def ring_from_prompt(kv: jax.Array, lengths: jax.Array, slots: int) -> jax.Array
     """kv: [Ls,B,S,K,H] every prompt position; lengths: [B] -> [Ls,B,W=slots,K,H], slot j holding
     the latest position t < length with t % W == j (slots no position fills yet hold position 0,
     hidden by the decode mask until written)."""
-    last = lengths[:, None] - 1
-    held = jnp.clip(last - (last - jnp.arange(slots)[None, :]) % slots, 0, kv.shape[2] - 1)  # [B,W]
+    held = jnp.clip(ring_positions(lengths, slots), 0, kv.shape[2] - 1)  # [B,W]
     return jnp.take_along_axis(kv, held[None, :, :, None, None], axis=2)
 
 
-def cached_attention(q: jax.Array, keys: jax.Array, values: jax.Array, positions: jax.Array) -> jax.Array:
-    """q: [B,1,N,H] at `positions` [B]; keys, values: [B,T,K,H] holding slots 0..positions -> [B,1,N,H].
-    A ring buffer of W slots (slot t % W holding position t) is read the same way: once positions
-    >= W - 1 every slot is visible and holds the window.
+def ring_positions(lengths: jax.Array, slots: int) -> jax.Array:
+    """lengths: [B] tokens held -> [B,W=slots] int32: the position each ring slot holds (slot j: the
+    latest position t < length with t % W == j), negative where no position has filled it yet."""
+    last = lengths[:, None] - 1
+    return last - (last - jnp.arange(slots)[None, :]) % slots
+
+
+def chunk_attention(q: jax.Array, keys: jax.Array, values: jax.Array, visible: jax.Array) -> jax.Array:
+    """q: [B,C,N,H]; keys, values: [B,S,K,H]; visible: [B,C,S] bool (query c sees key s) -> [B,C,N,H].
 
     Query head n uses KV head n // (N // K); logits and softmax in fp32, scale 1/sqrt(H), as
-    zaya_jax.model.attention_core.xla_attention.
-    """
-    b, _, n, h = q.shape
+    zaya_jax.model.attention_core.xla_attention. A query that sees no key gets garbage (the
+    chunk's padding)."""
+    b, c, n, h = q.shape
     kv = keys.shape[2]
-    qg = q.reshape(b, kv, n // kv, h)
-    logits = jnp.einsum("bkgh,btkh->bkgt", qg, keys, preferred_element_type=jnp.float32) * (h ** -0.5)
-    visible = jnp.arange(keys.shape[1])[None, :] <= positions[:, None]                 # [B,T]
-    logits = jnp.where(visible[:, None, None], logits, jnp.finfo(jnp.float32).min)
+    qg = q.reshape(b, c, kv, n // kv, h)
+    logits = jnp.einsum("bckgh,bskh->bckgs", qg, keys, preferred_element_type=jnp.float32) * (h ** -0.5)
+    logits = jnp.where(visible[:, :, None, None], logits, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
-    return jnp.einsum("bkgt,btkh->bkgh", weights, values).reshape(b, 1, n, h)
+    return jnp.einsum("bckgs,bskh->bckgh", weights, values).reshape(b, c, n, h)

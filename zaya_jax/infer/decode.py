@@ -1,4 +1,4 @@
-"""Prefill and single-token decode of a ZayaLM over a DecodeState (zaya_jax.infer.cache).
+"""Prefill, chunked extension and single-token decode of a ZayaLM over a DecodeState (zaya_jax.infer.cache).
 
 Conventions: B sequences, S prompt width, T cache slots, D hidden, V vocab, L layers.
 Both walk the same stacked layers as ZayaLM._run_layers (lax.scan, or a Python loop when
@@ -13,16 +13,19 @@ Both walk the same stacked layers as ZayaLM._run_layers (lax.scan, or a Python l
                token.
                RoPE scaling that reads the sequence length (dynamic, longrope) takes the longest
                prompt, not the padded width S.
-  decode_step  one token per sequence at position `lengths`: CCA continues from the carry,
-               writes its key and value into slot `lengths` (a sliding layer: slot lengths % W)
-               and attends to the slots holding positions 0..lengths (a sliding layer: the last
-               W); with both layer types, a lax.cond per layer picks its stack.
-               When the batch has no more tokens than there are experts, each token's expert
+  extend       C tokens per sequence (counts [B] of them real) at positions `lengths`...: CCA
+               continues from the carry; a full layer writes the keys and values into slots
+               `lengths`... and attends to the slots holding positions 0..position; a sliding
+               layer attends to its ring before the write and the chunk, within the window, then
+               writes the last W positions (slot position % W); with both layer types, a lax.cond
+               per layer picks its stack.
+  decode_step  extend by one token per sequence.
+               Both: when a chunk has no more tokens than there are experts, each token's expert
                weights are gathered (rows of integers, for a quantized model) instead of
                running the dispatch backend over every expert.
 
-On the native CPU grouped matmul (float weights, one device), both read each layer's experts in
-place from the stacked [L,E,K,N] weights (`stacked_experts_dispatch`): on CPU, XLA copies every
+On the native CPU grouped matmul (float weights, one device), prefill and extend read each
+layer's experts in place from the stacked [L,E,K,N] weights (`stacked_experts_dispatch`): on CPU, XLA copies every
 slice, and slicing a layer's experts out copies 3 x E x D x I weights per layer (bench_small:
 48 MB per layer, more than the prefill's own work) and a gathered expert 3 x D x I per token.
 """
@@ -37,7 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from zaya_jax.infer.cache import DecodeState, cache_index, cached_attention, ring_from_prompt, ring_slots
+from zaya_jax.infer.cache import (DecodeState, cache_index, chunk_attention, ring_from_prompt, ring_positions,
+                                  ring_slots)
 from zaya_jax.infer.quantize import QuantizedArray, rows
 from zaya_jax.model import moe_dispatch
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn, resolve_moe_backend
@@ -160,22 +164,45 @@ def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int,
     return model.logits(hidden), state
 
 
-def decode_step(model: ZayaLM, state: DecodeState, tokens: jax.Array) -> tuple[jax.Array, DecodeState]:
-    """tokens: [B] int, one per sequence, at positions state.lengths -> logits [B,V] float32 and
-    the state holding them (lengths + 1). Slots must remain: state.lengths < T."""
+def extend(model: ZayaLM, state: DecodeState, ids: jax.Array, counts: jax.Array) -> tuple[jax.Array, DecodeState]:
+    """ids: [B,C] int; counts: [B] int in [0, C]: row b's first counts[b] tokens go at positions
+    state.lengths[b] + 0..counts[b]-1 (the rest is padding) -> logits [B,V] float32 at each row's
+    last new token (rows with counts 0: meaningless) and the state holding the new tokens
+    (lengths + counts; rows with counts 0 unchanged). Slots must remain: lengths + counts <= T.
+
+    A chunked prefill that continues a state, and with C = 1 the decode step. CCA continues from
+    the carry (a row at length 0 starts its sequence). A full layer writes the chunk's keys and
+    values into their slots, then its queries read slots 0..position. A sliding layer's queries
+    read [the ring before the write ++ the chunk] (the write could overwrite a ring key an earlier
+    query of the chunk still sees), each key visible within the window; then the last W new
+    positions are written into the ring (earlier ones would be overwritten by later ones of the
+    same chunk: a scatter with repeated slots has no defined winner).
+    """
     cfg = model.config
     dtype = jnp.dtype(cfg.dtype)
     stream_dtype = jnp.float32 if cfg.residual_in_fp32 else dtype
-    b = tokens.shape[0]
-    positions = state.lengths
-    kinds = layer_kinds(cfg, positions[:, None])
-    continues = jnp.ones((b, 1), bool)
-    few_tokens = b <= cfg.num_experts
+    b, c = ids.shape
+    counts = counts.astype(jnp.int32)
+    lengths = state.lengths
+    ends = lengths + counts
+    offsets = jnp.arange(c)
+    positions = lengths[:, None] + offsets                                            # [B,C]
+    valid = offsets[None, :] < counts[:, None]                                        # [B,C]
+    kinds = layer_kinds(cfg, positions, seq_len=jnp.max(ends))
+    continues = positions > 0
+    few_tokens = b * c <= cfg.num_experts
     dispatch = moe_dispatch_fn(cfg)
     in_place = stacked_experts_dispatch(model)
     graphdef, layer_states = nnx.split(model.layers)
-    batch = jnp.arange(b)
-    ring = state.window_keys.shape[2]  # W slots of each sliding layer
+    rows = jnp.arange(b)[:, None]
+    slots, ring, window = state.keys.shape[2], state.window_keys.shape[2], cfg.sliding_window
+    full_visible = jnp.arange(slots)[None, None, :] <= positions[:, :, None]         # [B,C,T]
+    full_written = jnp.where(valid, positions, slots)                                 # out of range: dropped
+    earliest = positions[:, :, None] - window                                         # [B,C,1] keys must be later
+    ring_visible = jnp.concatenate([
+        (ring_positions(lengths, ring)[:, None, :] > jnp.maximum(earliest, -1)),      # [B,C,W] before the write
+        (offsets[None, None, :] <= offsets[None, :, None]) & (positions[:, None, :] > earliest)], axis=2)
+    ring_written = jnp.where(valid & (positions >= ends[:, None] - ring), positions % max(ring, 1), ring)
 
     def body(carry, xs):
         stream, router_state, caches = carry
@@ -186,10 +213,13 @@ def decode_step(model: ZayaLM, state: DecodeState, tokens: jax.Array) -> tuple[j
 
         def attend(caches, windowed: bool):
             keys, values = caches[2:] if windowed else caches[:2]
-            written = positions % ring if windowed else positions
-            keys = keys.at[slot, batch, written].set(k[:, 0])
-            values = values.at[slot, batch, written].set(v[:, 0])
-            o = cached_attention(q, keys[slot], values[slot], positions)
+            if windowed:
+                o = chunk_attention(q, jnp.concatenate([keys[slot], k], axis=1),
+                                    jnp.concatenate([values[slot], v], axis=1), ring_visible)
+            keys = keys.at[slot, rows, ring_written if windowed else full_written].set(k, mode="drop")
+            values = values.at[slot, rows, ring_written if windowed else full_written].set(v, mode="drop")
+            if not windowed:
+                o = chunk_attention(q, keys[slot], values[slot], full_visible)
             return o, ((*caches[:2], keys, values) if windowed else (keys, values, *caches[2:]))
         if len(kinds.types) == 2:
             o, caches = jax.lax.cond(sliding, functools.partial(attend, windowed=True),
@@ -199,17 +229,31 @@ def decode_step(model: ZayaLM, state: DecodeState, tokens: jax.Array) -> tuple[j
         stream = layer.attention_residual(layer.attention.output(o), stream, stream_dtype)
         x = layer.post_attention_norm(stream, dtype)
         if in_place is not None:
-            m, router_state, _ = layer.moe(x, router_state, jnp.ones((b, 1), bool), in_place(index))
+            m, router_state, _ = layer.moe(x, router_state, valid, in_place(index))
         elif few_tokens:
             m, router_state = gathered_moe(layer.moe, x, router_state)
         else:
-            m, router_state, _ = layer.moe(x, router_state, jnp.ones((b, 1), bool), dispatch)
+            m, router_state, _ = layer.moe(x, router_state, valid, dispatch)
         stream = layer.moe_residual(m, stream, stream_dtype)
-        return (stream, router_state, caches), jax.tree.map(lambda x: x[:, 0], new)
+        return (stream, router_state, caches), jax.tree.map(lambda n, p: at_last(n, p, counts), new, prev)
 
-    init = (_embed(model, tokens[:, None]), jnp.zeros((b, 1, cfg.router_hidden_size), jnp.float32),
+    init = (_embed(model, ids), jnp.zeros((b, c, cfg.router_hidden_size), jnp.float32),
             (state.keys, state.values, state.window_keys, state.window_values))
     xs = (layer_states, jnp.arange(cfg.num_layers), state.carry, layer_flags(cfg), jnp.asarray(cache_index(cfg)))
     (stream, _, caches), carry = _over_layers(body, init, xs, cfg.num_layers, cfg.scan_layers)
-    logits = model.logits(model.final_norm(stream[:, 0], dtype))
-    return logits, DecodeState(*caches, carry, state.lengths + 1)
+    logits = model.logits(model.final_norm(stream[jnp.arange(b), jnp.maximum(counts - 1, 0)], dtype))
+    return logits, DecodeState(*caches, carry, ends)
+
+
+def at_last(per_token: jax.Array, before: jax.Array, counts: jax.Array) -> jax.Array:
+    """per_token: [B,C,...]; before: [B,...]; counts: [B] -> [B,...]: row b's entry at counts[b] - 1,
+    or `before` where counts[b] is 0."""
+    b = per_token.shape[0]
+    last = per_token[jnp.arange(b), jnp.maximum(counts - 1, 0)]
+    return jnp.where((counts > 0).reshape((b,) + (1,) * (last.ndim - 1)), last, before)
+
+
+def decode_step(model: ZayaLM, state: DecodeState, tokens: jax.Array) -> tuple[jax.Array, DecodeState]:
+    """tokens: [B] int, one per sequence, at positions state.lengths -> logits [B,V] float32 and
+    the state holding them (lengths + 1): `extend` by one token. Slots must remain: state.lengths < T."""
+    return extend(model, state, tokens[:, None], jnp.ones_like(state.lengths))

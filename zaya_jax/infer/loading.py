@@ -4,6 +4,7 @@
   load_checkpoint(dir)  a training run's Orbax checkpoint (zaya_jax.train.checkpoint): the saved
                         run config gives the model; the `model` item gives weights and biases,
                         restored onto this process's first device whatever mesh wrote them
+  tokenizer_for(...)    the tokenizer.json that goes with either
 """
 
 from __future__ import annotations
@@ -54,3 +55,22 @@ def load_checkpoint(directory: str | os.PathLike, *, step: int | None = None, qu
         raise UserError(f"--quantize: {os.fspath(directory)} holds a vision-language model; quantization is for "
                         "text models")
     return _maybe_quantize(model, quantize, group_size)
+
+
+def tokenizer_for(*, checkpoint: str | None = None, hf: str | None = None, step: int | None = None,
+                  given: str | None = None) -> tuple[str, str]:
+    """(the tokenizer file for a model, one line saying which it is). A checkpoint: the copy it
+    carries of the file its run was trained with (zaya_jax.train.carried_tokenizer; `given`, the
+    --tokenizer flag, only when it is that file). An HF directory: `given`, else DIR/tokenizer.json
+    (what `convert to_hf` writes). UserError naming the input and the fix when there is none."""
+    if checkpoint is not None:
+        from zaya_jax.train.carried_tokenizer import checkpoint_tokenizer
+        return checkpoint_tokenizer(checkpoint, step, given)
+    if given is not None:
+        return given, f"[tokenizer: {given}]"
+    from zaya_jax.convert.hf_load import read_hf_config
+    read_hf_config(hf)  # a directory that is no HF export is named before its tokenizer
+    path = os.path.join(hf, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise UserError(f"--hf {hf} holds no tokenizer.json: pass --tokenizer FILE (or --prompt_ids)")
+    return path, f"[tokenizer: {path}]"

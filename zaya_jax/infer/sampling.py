@@ -32,18 +32,25 @@ class Sampler(NamedTuple):
 
 def filter_logits(logits: jax.Array, sampler: Sampler) -> jax.Array:
     """logits: [B,V] float32 -> tempered logits with the tokens top_k / top_p drop set to -inf."""
-    logits = logits / sampler.temperature
-    if sampler.top_k is not None:
-        kth = jax.lax.top_k(logits, sampler.top_k)[0][:, -1:]
-        logits = jnp.where(logits < kth, -jnp.inf, logits)
-    if sampler.top_p is not None and sampler.top_p < 1:
-        ordered = jnp.sort(logits, axis=-1)[:, ::-1]
-        probs = jax.nn.softmax(ordered, axis=-1)
-        mass_before = jnp.cumsum(probs, axis=-1) - probs
-        # the smallest kept logit: the last sorted one whose preceding mass is still below top_p
-        threshold = jnp.min(jnp.where(mass_before < sampler.top_p, ordered, jnp.inf), axis=-1, keepdims=True)
-        logits = jnp.where(logits < threshold, -jnp.inf, logits)
-    return logits
+    b, v = logits.shape
+    per_row = lambda value, off: jnp.full((b,), off if value is None else value)  # noqa: E731
+    return filter_rows(logits, per_row(sampler.temperature, 1.0), per_row(sampler.top_k, v), per_row(sampler.top_p, 1.0))
+
+
+def filter_rows(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """filter_logits with settings per row, as arrays (no static shape per setting): logits [B,V]
+    float32; temperature [B] > 0; top_k [B] int in [1, V] (V: off); top_p [B] in (0, 1] (1: off)."""
+    logits = logits / temperature[:, None]
+    ordered = jnp.sort(logits, axis=-1)[:, ::-1]
+    kth = jnp.take_along_axis(ordered, top_k[:, None].astype(jnp.int32) - 1, axis=-1)
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+    ordered = jnp.where(ordered < kth, -jnp.inf, ordered)
+    probs = jax.nn.softmax(ordered, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    # the smallest kept logit: the last sorted one whose preceding mass is still below top_p
+    threshold = jnp.min(jnp.where(mass_before < top_p[:, None], ordered, jnp.inf), axis=-1, keepdims=True)
+    threshold = jnp.where(top_p[:, None] < 1, threshold, -jnp.inf)
+    return jnp.where(logits < threshold, -jnp.inf, logits)
 
 
 def sample(logits: jax.Array, key: jax.Array, sampler: Sampler) -> jax.Array:

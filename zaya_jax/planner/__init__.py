@@ -6,6 +6,7 @@
   step_time    predicted step time from FLOPs, HBM bytes and collectives on a hardware profile
   phase_plan   a curriculum phase's step shape, mesh and prediction
   mesh_search  every feasible mesh of N devices, ranked per phase and for the whole run
+  serve_plan   serving on one GPU: weight and per-request decode-state bytes, slots, decode tokens/s
   __main__     the CLI: python -m zaya_jax.planner --config configs/zaya1_base.py [--mesh ...|--search]
 It sits above zaya_jax.train (it reads the trainer's settings, data phases, loss, objectives and
 optimizer) and zaya_jax.parallel (the mesh, the sharding rules); nothing below imports it.

@@ -4,6 +4,7 @@
   python -m zaya_jax.planner --config configs/zaya1_base.py --mesh data=128,fsdp=8 [--device_memory_gb 192]
   python -m zaya_jax.planner --config configs/zaya1_base.py --mesh data=1024 --hardware mi300x [--calibration rates.json]
   python -m zaya_jax.planner --config configs/zaya1_base.py --search --devices 1024 --hardware mi300x
+  python -m zaya_jax.planner --config configs/zaya1_8b.py --serve [--hardware h200] [--context 4096]
 
 Always: parameter counts and the KV-cache size (with a `vision` section, ZAYA1-VL's: the tower's
 parameters and its forward FLOPs on one --image_size image). With --mesh: per-device bytes of
@@ -18,7 +19,9 @@ weight-gradient matmuls (zaya_jax.planner.step_plan, tower_plan). With
 --hardware, per curriculum phase: FLOPs, HBM traffic and collectives per device and step, the
 predicted step time, tokens/s, MFU and what bounds it (docs/parallel.md, Planner). With
 --search: every feasible mesh of --devices ranked by predicted step time, per phase and for the
-whole run.
+whole run. With --serve: serving on one GPU of --hardware (default: every profile) at --context
+tokens per request: weight bytes (the compute dtype, int8, int4), one request's decode state, the
+requests that fit and the decode tokens/s roofline at batches up to that (zaya_jax.planner.serve_plan).
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ from zaya_jax import cli
 from zaya_jax.config import ConfigError
 from zaya_jax.config_files import model_config, vision_config
 from zaya_jax.hardware import PROFILES, calibrated
+from zaya_jax.infer.quantize import MODES
 from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES, check_mesh
 from zaya_jax.parallel.mesh import parse_mesh_flag, resolve_mesh_shape
+from zaya_jax.planner.serve_plan import RESERVE_FRACTION, SERVE_ASSUMPTIONS, plan_serving
 from zaya_jax.planner.mesh_search import VISION_CONTEXT, mesh_name, search
 from zaya_jax.planner.phase_plan import (config_phases, grpo_step_fields, phase_mesh, phase_shape, plan_phase,
                                          run_time)
@@ -73,6 +78,13 @@ _IMAGE_SIZE = flags.DEFINE_string("image_size", "448x448", "A config with a visi
                                   "pixels) whose tower FLOPs are counted.")
 _ZERO1 = flags.DEFINE_bool("shard_optimizer_over_data", None,
                            "Optimizer state also sharded over data x context (default: config mesh.shard_optimizer_over_data).")
+_SERVE = flags.DEFINE_bool("serve", False, "Predict serving on one GPU of --hardware (default: every profile): "
+                           "memory per request, slots, decode tokens/s (zaya_jax.planner.serve_plan).")
+_CONTEXT = flags.DEFINE_integer("context", 4096, "--serve: tokens each request holds (cache slots).")
+_RESERVE = flags.DEFINE_float("memory_reserve", RESERVE_FRACTION, "--serve: fraction of device memory kept for "
+                              "activations and workspace (not for weights or decode state).")
+_GROUP_SIZE = flags.DEFINE_integer("group_size", 64, "--serve: entries per scale of the int8/int4 weights "
+                                   "(zaya_jax.infer.quantize).")
 
 
 def _human(n: float) -> str:
@@ -125,6 +137,8 @@ def render(summary: dict) -> str:
         lines += render_prediction(summary["prediction"])
     if "search" in summary:
         lines += render_search(summary["search"], _TOP.value)
+    if "serve" in summary:
+        lines += render_serving(summary["serve"])
     return "\n".join(lines)
 
 
@@ -170,6 +184,31 @@ def render_prediction(prediction: dict) -> list[str]:
         lines.append(f"whole run: {run['tokens_total'] / 1e12:.2f}T tokens in {run['days_total']:.1f} days ("
                      + ", ".join(f"{d:.1f}" for d in run["days_per_phase"]) + " per phase)")
     lines.append("overlap assumptions: " + OVERLAP_ASSUMPTIONS)
+    return lines
+
+
+def render_serving(plans: list[dict]) -> list[str]:
+    state = plans[0]["state_bytes_per_request"]
+    lines = [f"serving one request of {plans[0]['context']} tokens: decode state {state['total'] / 2**20:.1f} MiB "
+             f"(KV cache full layers {state['kv_full_layers'] / 2**20:.1f} MiB, sliding layers "
+             f"{state['kv_sliding_layers'] / 2**20:.1f} MiB, CCA carry {state['cca_carry'] / 1024:.1f} KiB)"]
+    for p in plans:
+        lines.append(f"on one {p['hardware']} ({p['memory_bytes'] / 1e9:.0f} GB, {p['reserve_fraction']:.0%} "
+                     f"reserved for activations/workspace; achieved HBM {p['achieved_hbm_bytes_per_s'] / 1e9:.0f} "
+                     f"GB/s, matmul {p['achieved_matmul_flops_per_s'] / 1e12:.0f} TFLOP/s):")
+        for name, f in p["formats"].items():
+            w = f["weight_bytes"]
+            group = f", group {p['group_size']} scales" if name in MODES else ""
+            lines.append(f"  {name} weights{group}: {w['total'] / 1e9:.2f} GB (experts {w['experts'] / 1e9:.2f}, "
+                         f"always read {w['always'] / 1e9:.2f}); "
+                         + (f"{f['slots']} concurrent requests" if f["slots"] else "not one request fits"))
+            if f["decode"]:
+                lines.append(f"    {'batch':>6}{'experts/layer':>15}{'GB/step':>9}{'ms/step':>9}{'tokens/s':>10}"
+                             "  bound")
+            for d in f["decode"]:
+                lines.append(f"    {d['batch']:>6}{d['experts_per_layer']:>15.2f}{d['bytes'] / 1e9:>9.2f}"
+                             f"{d['step_s'] * 1e3:>9.2f}{d['tokens_per_s']:>10.0f}  {d['bound_by']}")
+    lines.append("serving assumptions: " + SERVE_ASSUMPTIONS)
     return lines
 
 
@@ -354,6 +393,18 @@ def main(argv):
     summary = model_summary(cfg) if vision is None else vl_model_summary(cfg, vision[0], image_size())
     hw = _hardware()
     memory_gb = _MEMORY.value or (hw.memory_gb if hw else 192.0)
+    if _SERVE.value:
+        if _MESH.value or _SEARCH.value:
+            raise app.UsageError("--serve plans one GPU: drop --mesh and --search")
+        if not 0 <= _RESERVE.value < 1:
+            raise app.UsageError(f"--memory_reserve {_RESERVE.value}: a fraction of device memory in [0, 1), e.g. 0.1")
+        if _GROUP_SIZE.value < 2 or _GROUP_SIZE.value % 2:
+            raise app.UsageError(f"--group_size {_GROUP_SIZE.value}: a positive even number (int4 packs pairs), "
+                                 "e.g. 64")
+        summary["serve"] = [plan_serving(cfg, p, _CONTEXT.value, _MEMORY.value or p.memory_gb, _RESERVE.value,
+                                         _GROUP_SIZE.value) for p in ([hw] if hw else PROFILES.values())]
+        print(json.dumps(summary, indent=2) if _JSON.value else render(summary))
+        return
     mesh, devices = _explicit_mesh(_DEVICES.value)
     config = _CONFIG.value
     if vision is not None and (mesh or hw or _SEARCH.value):

@@ -1,0 +1,85 @@
+"""Chunked prefill that continues a decode state (zaya_jax.infer.decode.extend) == the full forward:
+chunks of any size from 1 to C, across the sliding window and wrapping its ring several times, rows
+that skip a chunk unchanged, and a chunk of one token == decode_step."""
+
+import jax
+import numpy as np
+import pytest
+
+import zaya_jax
+
+from tests.model_fixtures import random_tiny_model
+from zaya_jax.infer.decode import decode_step, extend, prefill
+
+WINDOW = 6
+MIXED = dict(layer_types=("hybrid_sliding", "hybrid"), sliding_window=WINDOW, sliding_rope_theta=500.0)
+CHUNK, CACHE = 8, 48
+SEQ = 36
+GREEDY = 6
+# per row: the prefilled first part, then the chunk sizes (0: the row sits that call out)
+FIRST = [2, 5]
+CHUNKS = [[1, 8, 3, 0, 7, 8, 1, 5], [8, 8, 0, 1, 7, 6, 1, 0]]
+
+extend_jit = jax.jit(extend)
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["scan", "loop"])
+def model(request):
+    return random_tiny_model(**MIXED, scan_layers=request.param)
+
+
+@pytest.fixture(scope="module")
+def sequences(model):
+    return np.random.default_rng(3).integers(3, model.config.vocab_size, (2, SEQ)).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def full_logits(model, sequences):
+    return np.asarray(jax.jit(lambda m, x: m(x))(model, sequences))
+
+
+def _prefill(model, sequences, lengths):
+    ids = np.where(np.arange(16)[None] < np.asarray(lengths)[:, None], sequences[:, :16], 0)
+    return jax.jit(prefill, static_argnums=3)(model, ids, np.asarray(lengths, np.int32), CACHE)
+
+
+def test_chunks_of_every_size_across_the_window_match_the_full_forward(model, sequences, full_logits):
+    logits, state = _prefill(model, sequences, FIRST)
+    at, last = np.array(FIRST), np.array(logits)
+    for step in range(len(CHUNKS[0])):
+        counts = np.array([row[step] for row in CHUNKS], np.int32)
+        ids = np.zeros((2, CHUNK), np.int32)
+        for b, n in enumerate(counts):
+            ids[b, :n] = sequences[b, at[b]:at[b] + n]
+        before = state
+        logits, state = extend_jit(model, state, ids, counts)
+        for b, n in enumerate(counts):
+            if n:
+                last[b] = np.asarray(logits[b])
+                np.testing.assert_allclose(np.asarray(logits[b]), full_logits[b, at[b] + n - 1], atol=1e-5, rtol=0,
+                                           err_msg=f"row {b} after position {at[b] + n - 1}")
+            else:  # a row with no tokens is left exactly as it was
+                for old, new in zip(jax.tree.leaves(before), jax.tree.leaves(state)):
+                    np.testing.assert_array_equal(np.asarray(old)[:, b] if old.ndim > 1 else np.asarray(old)[b],
+                                                  np.asarray(new)[:, b] if new.ndim > 1 else np.asarray(new)[b])
+        at += counts
+    assert at.tolist() == [SEQ - 1, SEQ] and (at > 4 * WINDOW).all()  # the ring wrapped several times
+    np.testing.assert_array_equal(np.asarray(state.lengths), at)
+    # greedy decoding on from the extended state == zaya_jax.generate after a plain prefill of each prefix
+    step, tokens = jax.jit(decode_step), [last.argmax(-1).astype(np.int32)]
+    for _ in range(GREEDY - 1):
+        logits, state = step(model, state, tokens[-1])
+        tokens.append(np.asarray(jax.numpy.argmax(logits, -1)))
+    for b in range(2):
+        expected = zaya_jax.generate(model, [sequences[b, :at[b]].tolist()], GREEDY, stop_at_eos=False)[0]
+        np.testing.assert_array_equal(np.stack(tokens, 1)[b], expected, err_msg=f"row {b}")
+
+
+def test_a_chunk_of_one_token_is_a_decode_step(model, sequences):
+    _, state = _prefill(model, sequences, FIRST)
+    ids = np.zeros((2, CHUNK), np.int32)
+    ids[:, 0] = sequences[:, 5]
+    chunked = extend_jit(model, state, ids, np.ones(2, np.int32))
+    stepped = jax.jit(decode_step)(model, state, ids[:, 0])
+    for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(stepped)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)

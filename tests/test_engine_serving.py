@@ -1,0 +1,270 @@
+"""The serving engine (zaya_jax.engine): continuous batching, per-request sampling, exact prefix
+caching, cancellation, bounded compilation and argument checks, on a tiny mixed sliding/full model."""
+
+import queue
+
+import jax
+import numpy as np
+import pytest
+
+import zaya_jax
+from tests.model_fixtures import random_tiny_model
+from zaya_jax.config_files import load_config_file, model_config
+from zaya_jax.engine import Engine, Finished, SamplingParams
+from zaya_jax.engine.prefix_cache import entry_bytes
+
+WINDOW = 6
+MIXED = dict(layer_types=("hybrid_sliding", "hybrid"), sliding_window=WINDOW, sliding_rope_theta=500.0)
+SLOTS, CACHE, CHUNK = 3, 48, 8
+MAX_TOKENS = 8
+LENGTHS = [3, 11, 20, 5, 9, 17]  # some past C, several past the window
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_tiny_model(**MIXED)
+
+
+@pytest.fixture(scope="module")
+def prompts(model):
+    rng = np.random.default_rng(5)
+    return [rng.integers(3, model.config.vocab_size, n).tolist() for n in LENGTHS]
+
+
+@pytest.fixture(scope="module")
+def forward(model):
+    step = jax.jit(lambda m, x: jax.nn.log_softmax(m(x), axis=-1))
+
+    def log_probs(tokens: list[int]) -> np.ndarray:
+        """[len(tokens), V] log_softmax of the full forward (padded to CACHE: causal, so exact)."""
+        ids = np.zeros((1, CACHE), np.int32)
+        ids[0, :len(tokens)] = tokens
+        return np.asarray(step(model, ids))[0, :len(tokens)]
+    return log_probs
+
+
+def run(engine: Engine, batches: list[list[tuple[list[int], SamplingParams]]]) -> list[tuple[Finished, list]]:
+    """Submit each batch one engine step after the previous one, step until all are done -> each
+    request's Finished and TokenEvents, in submission order."""
+    queues = []
+    for batch in batches:
+        queues += [submit(engine, p, params) for p, params in batch]
+        engine.step()
+    while engine.has_work():
+        engine.step()
+    return [drain(q) for q in queues]
+
+
+def submit(engine: Engine, prompt: list[int], params: SamplingParams) -> queue.Queue:
+    engine.submit(prompt, params, events=(events := queue.Queue()))
+    return events
+
+
+def drain(events) -> tuple[Finished, list]:
+    tokens = []
+    while not isinstance(event := events.get_nowait(), Finished):
+        tokens.append(event)
+    return event, tokens
+
+
+def greedy(**kw) -> SamplingParams:
+    return SamplingParams(max_tokens=MAX_TOKENS, logprobs=True, top_logprobs=3, **kw)
+
+
+def test_mixed_load_equals_each_request_alone(model, prompts, forward):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK)
+    batches = [[(p, greedy()) for p in prompts[:4]], [], [(prompts[4], greedy())], [(prompts[5], greedy())]]
+    done = run(engine, batches)
+    for prompt, (finished, events) in zip(prompts, done):
+        alone = zaya_jax.generate(model, [prompt], MAX_TOKENS)[0].tolist()
+        n = len(finished.tokens)
+        assert finished.tokens == alone[:n] and (n == MAX_TOKENS or finished.tokens[-1] == model.config.eos_token_id)
+        assert finished.reason == ("length" if n == MAX_TOKENS else "stop")
+        reference = forward(prompt + finished.tokens)[len(prompt) - 1:-1]
+        chosen = reference[np.arange(n), finished.tokens]
+        np.testing.assert_allclose(finished.logprobs, chosen, atol=1e-4, rtol=0)
+        assert [e.token for e in events] == finished.tokens
+        for event, row in zip(events, reference):
+            best = np.argsort(-row)[:3]
+            assert [t for t, _ in event.top_logprobs] == best.tolist()
+            np.testing.assert_allclose([lp for _, lp in event.top_logprobs], row[best], atol=1e-4, rtol=0)
+    assert engine.stats()["generated_tokens"] == sum(len(f.tokens) for f, _ in done)
+
+
+
+def test_stop_ids_and_the_stop_predicate_end_a_response(model, prompts):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK)
+    (free, _), = run(engine, [[(prompts[4], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))]])
+    assert free.reason == "length" and len(free.tokens) == MAX_TOKENS
+    first = free.tokens.index(free.tokens[3])
+    by_id, by_predicate = run(engine, [[(prompts[4], SamplingParams(MAX_TOKENS, stop_ids=[free.tokens[3]], ignore_eos=True)),
+                                        (prompts[4], SamplingParams(MAX_TOKENS, ignore_eos=True, stop=lambda t: len(t) == 5))]])
+    assert by_id[0] == Finished("stop", free.tokens[:first + 1], [])
+    assert by_predicate[0] == Finished("stop", free.tokens[:5], [])
+    broken, unharmed = run(engine, [[(prompts[4], SamplingParams(MAX_TOKENS, ignore_eos=True, stop=lambda t: t[9])),
+                                     (prompts[4], SamplingParams(MAX_TOKENS, ignore_eos=True))]])
+    assert broken[0] == Finished("error", free.tokens[:1], []) and unharmed[0] == free
+
+def sampled(seed: int) -> SamplingParams:
+    return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, top_k=20, top_p=0.9, seed=seed, ignore_eos=True)
+
+
+def test_a_seeded_sampled_response_does_not_depend_on_the_batch(model, prompts):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK)
+    (alone, _), = run(engine, [[(prompts[2], sampled(7))]])
+    among = run(engine, [[(prompts[0], sampled(1)), (prompts[5], greedy())], [(prompts[2], sampled(7))],
+                         [(prompts[1], sampled(7))]])
+    assert among[2][0].tokens == alone.tokens
+    (other_seed, _), = run(engine, [[(prompts[2], sampled(8))]])
+    assert other_seed.tokens != alone.tokens
+
+
+@pytest.fixture(scope="module")
+def shared(model):
+    """Prompts sharing prefixes of 0-3 blocks of C, and one equal to an earlier one."""
+    rng = np.random.default_rng(9)
+    base = rng.integers(3, model.config.vocab_size, 30).tolist()
+    tail = lambda n: rng.integers(3, model.config.vocab_size, n).tolist()  # noqa: E731
+    return [base[:26], base[:17] + tail(3), base[:26], base[:8], base[:9], base + tail(2), tail(12), base[:16] + tail(1)]
+
+
+def serve_shared(engine: Engine, shared) -> list[Finished]:
+    """The first prompt alone, the others two steps later and after."""
+    batches = [[(shared[0], greedy())], [], [], [(p, greedy()) for p in shared[1:4]], [(p, greedy()) for p in shared[4:]]]
+    return [finished for finished, _ in run(engine, batches)]
+
+
+@pytest.fixture(scope="module")
+def uncached(model, shared):
+    return serve_shared(Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK), shared)
+
+
+@pytest.mark.parametrize("budget", [1 << 20, 6000])  # ample; two entries of 2,624 bytes
+def test_prefix_cache_hits_compute_what_misses_compute(model, shared, uncached, budget):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=budget)
+    cached = serve_shared(engine, shared)
+    for i, (hit, miss) in enumerate(zip(cached, uncached)):
+        assert hit.tokens == miss.tokens, f"request {i}"
+        np.testing.assert_allclose(hit.logprobs, miss.logprobs, atol=1e-6, rtol=0, err_msg=f"request {i}")
+    stats = engine.stats()
+    assert stats["prefix_hits"] > 0 and stats["prefix_tokens_reused"] >= CHUNK * stats["prefix_hits"]
+    assert stats["prefix_hits"] + stats["prefix_misses"] == len(shared)
+    assert 0 < stats["prefix_bytes"] <= budget and (stats["prefix_evictions"] > 0) == (budget < 1 << 20)
+    assert stats["prefix_bytes"] == stats["prefix_entries"] * entry_bytes(model.config, CHUNK, CACHE)
+
+
+def test_a_prefix_entry_holds_a_blocks_keys_the_ring_and_the_carry(model):
+    # fp32: keys+values of 1 full layer x 8 positions, 1 ring of 6, and 2 layers' carry (6+6+1 heads of 8)
+    assert entry_bytes(model.config, CHUNK, CACHE) == 4 * (2 * 8 * 2 * 8 + 2 * 6 * 2 * 8 + 2 * 13 * 8) == 2624
+    zaya1 = model_config(load_config_file("configs/zaya1_base.py"))  # bf16, 40 full layers, K=2, H=128, 10+10+1 heads
+    assert entry_bytes(zaya1, 16, 4096) == 2 * (40 * 16 * 2 * 2 * 128 + 40 * 21 * 128)  # 40 KiB a token + 210 KiB
+
+def test_cancel_frees_the_slot_at_once_and_nothing_leaks(model, prompts):
+    engine = Engine(model, slots=2, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=6000)
+    long = SamplingParams(max_tokens=20, ignore_eos=True)
+    queues = [queue.Queue() for _ in range(4)]
+    first, second, third, fourth = (engine.submit(p, params, events=q) for (p, params), q in
+                                    zip([(prompts[2], long), (prompts[1], greedy()), (prompts[5], greedy()),
+                                         (prompts[3], long)], queues))
+    for _ in range(3):  # the first (20 tokens) prefilled in 3 chunks, and decoding
+        engine.step()
+    assert engine.stats()["running"] == 2 and engine.stats()["waiting"] == 2
+    assert engine.cancel(first) and engine.cancel(fourth) and not engine.cancel(first)
+    assert engine.stats()["free_slots"] == 1 and engine.stats()["waiting"] == 1
+    while engine.has_work():
+        engine.step()
+    results = {i: drain(q)[0] for i, q in zip((first, second, third, fourth), queues)}
+    assert results[first].reason == results[fourth].reason == "cancelled" and results[fourth].tokens == []
+    assert 0 < len(results[first].tokens) < 20
+    # the third request took the cancelled one's slot mid-flight, and is what it is alone
+    for i, prompt in ((second, prompts[1]), (third, prompts[5])):
+        alone = zaya_jax.generate(model, [prompt], MAX_TOKENS)[0].tolist()
+        assert results[i].tokens == alone[:len(results[i].tokens)]
+    stats = engine.stats()
+    assert (stats["running"], stats["waiting"], stats["free_slots"]) == (0, 0, 2)
+    assert stats["prefix_bytes"] == stats["prefix_entries"] * entry_bytes(model.config, CHUNK, CACHE) <= 6000
+
+
+def test_background_loop_streams_to_the_callback_and_the_queue(model, prompts):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK)
+    seen = []
+    engine.start()
+    try:
+        engine.submit(prompts[1], greedy(), events=(events := queue.Queue()), on_token=lambda i, e: seen.append(e.token))
+        tokens = []
+        while not isinstance(event := events.get(timeout=60), Finished):
+            tokens.append(event.token)
+    finally:
+        engine.stop()
+    assert tokens == seen == event.tokens and len(tokens) >= 1
+
+
+def test_nothing_compiles_after_warm_up(model, prompts, shared):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=1 << 20)
+    run(engine, [[(shared[0], greedy())], [], [], [(shared[2], sampled(3))]])  # chunks, decode, store, restore
+    assert engine.stats()["prefix_hits"] == 1
+    compiled = []
+
+    def listen(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(duration)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        queues = [submit(engine, p, params) for p, params in
+                  [(prompts[2], sampled(4)), (shared[1], greedy()), (prompts[0], SamplingParams(max_tokens=3)),
+                   (shared[5], SamplingParams(max_tokens=5, temperature=0.5, top_p=0.5, logprobs=True)),
+                   (prompts[4], greedy())]]
+        engine.step()
+        engine.cancel(engine.submit(prompts[3], greedy()))
+        while engine.has_work():
+            engine.step()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiled == []
+    assert all(drain(q)[0].reason in ("stop", "length") for q in queues)
+    assert engine.stats()["prefix_hits"] > 1
+
+
+BAD = {
+    "temperature": (dict(temperature=-0.5), "temperature must be >= 0, got -0.5"),
+    "top_p": (dict(top_p=1.5), r"top_p must lie in \(0, 1\], got 1.5"),
+    "top_p zero": (dict(top_p=0.0), r"top_p must lie in \(0, 1\], got 0.0"),
+    "top_k": (dict(top_k=0), r"top_k must be an integer in \[1, vocab_size=64\]"),
+    "max_tokens": (dict(max_tokens=0), "max_tokens must be a positive integer"),
+    "top_logprobs": (dict(top_logprobs=6), r"top_logprobs must be an integer in \[0, 5\]"),
+    "stop_ids": (dict(stop_ids=[64]), "outside the vocabulary"),
+    "seed": (dict(seed=-1), r"seed must be an integer in \[0, 2\*\*32\)"),
+    "too long": (dict(max_tokens=40), "prompt of 11 tokens \\+ max_tokens 40 needs 50 positions, 2 more than "
+                                      "cache_size=48: shorten the prompt or lower max_tokens by 2"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_params_fail_clearly_before_anything_runs(model, prompts, case):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK)
+    kwargs, message = BAD[case]
+    with pytest.raises(ValueError, match=message):
+        engine.submit(prompts[1], SamplingParams(**kwargs))
+    assert not engine.has_work() and engine.stats()["waiting"] == 0
+
+
+def test_a_callback_may_cancel_its_own_or_another_request_mid_step(model, prompts):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK)
+    long = SamplingParams(max_tokens=20, ignore_eos=True)
+    ids = {}
+
+    def cancel_after_two(request, event):
+        if len(seen.setdefault(request, [])) == 1:
+            engine.cancel(ids["other"] if request == ids["first"] else request)
+        seen[request].append(event.token)
+    seen = {}
+    queues = [queue.Queue() for _ in range(3)]
+    ids["first"] = engine.submit(prompts[0], long, events=queues[0], on_token=cancel_after_two)  # cancels "other"
+    ids["other"] = engine.submit(prompts[3], long, events=queues[1])
+    ids["self"] = engine.submit(prompts[1], long._replace(stop=lambda t: len(t) == 2), events=queues[2],
+                                on_token=cancel_after_two)  # cancels itself, as its stop rule would too
+    while engine.has_work():
+        engine.step()
+    first, other, itself = (drain(q)[0] for q in queues)
+    assert first.reason == "length" and len(first.tokens) == 20
+    assert other.reason == itself.reason == "cancelled" and len(itself.tokens) == 2 and len(other.tokens) < 20

@@ -1,0 +1,278 @@
+"""`python -m zaya_jax.serve` as its users drive it: OpenAI's own client over HTTP, against a server
+process on port 0, every response compared with `zaya_jax.generate` of that request alone.
+
+One server (a tiny random model saved as a training checkpoint with its tokenizer, 3 slots, an API
+key) serves the whole module, in file order: the SIGTERM test, which stops it, comes last.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from tests.harness_fixtures import TEXTS, TINY_LM
+from tests.train_helpers import REPO, cli_env
+
+pytestmark = pytest.mark.xdist_group("serve")
+
+openai = pytest.importorskip("openai")
+
+KEY = "test-key"
+NAME = "tiny"
+SLOTS, CHUNK, CONTEXT = 3, 8, 160
+MODEL = dataclasses.replace(TINY_LM, max_position_embeddings=CONTEXT)
+TEMPLATE = f"{REPO}/zaya_jax/data/chat_templates/plain.jinja"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A model-only checkpoint of a tiny random model whose config names its tokenizer."""
+    from zaya_jax.data.tokenizer import train_bpe
+    from zaya_jax.model.build import create_model
+    from zaya_jax.train.checkpoint import save_model
+    from zaya_jax.train.state import ModelParts
+    root = tmp_path_factory.mktemp("served")
+    tokenizer = train_bpe(TEXTS, root / "tokenizer.json", vocab_size=300)
+    params, biases = ModelParts.arrays(create_model(MODEL, seed=0))
+    save_model(str(root / NAME), params, biases, {"model": dataclasses.asdict(MODEL), "data": {"tokenizer": tokenizer}})
+    return root / NAME
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    """(base URL, the server process) once it says it serves."""
+    proc = subprocess.Popen([sys.executable, "-m", "zaya_jax.serve", "--checkpoint", str(checkpoint), "--port", "0",
+                             "--api_key", KEY, "--slots", str(SLOTS), "--chunk", str(CHUNK), "--max_waiting", "4",
+                             "--max_top_logprobs", "3", "--chat_template", TEMPLATE, "--shutdown_grace_s", "60"],
+                            cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    found = re.match(r"serving (http://127\.0\.0\.1:\d+/v1) \(model tiny, 3 slots of 160 tokens\)", line)
+    if not found:
+        proc.kill()
+        pytest.fail(f"no serving line: {line!r}\n{proc.stderr.read()[-3000:]}")
+    yield found.group(1), proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0], api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint):
+    """ids, max_tokens, stop ids -> (the tokens generate gives that request alone, up to its stop,
+    their log-probabilities under the full forward over prompt + tokens)."""
+    import zaya_jax
+    from zaya_jax.infer.loading import load_checkpoint
+    model = load_checkpoint(str(checkpoint))
+    forward = nnx.jit(lambda m, ids: jax.nn.log_softmax(m(ids), axis=-1))
+
+    def run(ids, max_tokens, stop_ids=()):
+        new = zaya_jax.generate(model, [ids], max_tokens, stop_ids=stop_ids)[0].tolist()
+        stops = {MODEL.eos_token_id, *stop_ids}
+        end = next((i + 1 for i, t in enumerate(new) if t in stops), len(new))
+        new = new[:end]
+        full = np.zeros((1, -(-(len(ids) + len(new)) // 32) * 32), np.int32)
+        full[0, :len(ids) + len(new)] = ids + new
+        logp = np.asarray(forward(model, full))[0]
+        return new, [float(logp[len(ids) - 1 + i, t]) for i, t in enumerate(new)]
+    return run
+
+
+@pytest.fixture(scope="module")
+def tokenizer(checkpoint):
+    from zaya_jax.data.tokenizer import Tokenizer
+    return Tokenizer(str(checkpoint.parent / "tokenizer.json"), bos_id=2, eos_id=1, pad_id=0)
+
+
+def metric(server, name: str) -> float:
+    text = httpx.get(server[0].removesuffix("/v1") + "/metrics").text
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert found, f"{name} not in /metrics"
+    return float(found.group(1))
+
+
+def prompt_ids(length: int, offset: int = 0) -> list[int]:
+    """bos and then a fixed walk through the vocabulary."""
+    return [2] + [5 + (offset + 7 * i) % 290 for i in range(length - 1)]
+
+
+def completion(client, ids, max_tokens, stream=False, ignore_eos=False) -> tuple[list[str], list[float], str]:
+    """(token strings, logprobs, finish reason) of a greedy completion of prompt ids, streamed or not."""
+    response = client.completions.create(model=NAME, prompt=ids, max_tokens=max_tokens, temperature=0, logprobs=1,
+                                         stream=stream, extra_body={"ignore_eos": ignore_eos})
+    if not stream:
+        choice = response.choices[0]
+        return choice.logprobs.tokens, choice.logprobs.token_logprobs, choice.finish_reason
+    tokens, logprobs, reason = [], [], None
+    for chunk in response:
+        for choice in chunk.choices:
+            if choice.logprobs is not None:
+                tokens += choice.logprobs.tokens
+                logprobs += choice.logprobs.token_logprobs
+            reason = choice.finish_reason or reason
+    return tokens, logprobs, reason
+
+
+def test_concurrent_mixed_requests_each_equal_generate_alone(server, client, reference, tokenizer):
+    """Nine requests into 3 slots, arriving over time: prompts of 1 to 70 tokens (chunks of 8, some
+    sharing a 40-token prefix), streamed and not: each one's tokens are generate's for it alone, its
+    logprobs the full forward's. The shared prefixes hit the prefix cache; nothing compiles."""
+    shared = prompt_ids(40, offset=3)
+    requests = [(prompt_ids(1), 12), (prompt_ids(9), 30), (prompt_ids(70, 1), 20), (shared + [9, 10], 16),
+                (prompt_ids(17, 2), 25), (shared + [11], 16), (shared + prompt_ids(20, 5)[1:], 8), (prompt_ids(8), 1),
+                (shared + [9, 10, 12], 10)]
+    hits_before = metric(server, "zaya_prefix_cache_hits_total")
+
+    def send(i):
+        time.sleep(0.05 * i)
+        return completion(client, *requests[i], stream=i % 2 == 1)
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(send, range(len(requests))))
+    for (ids, max_tokens), (tokens, logprobs, reason) in zip(requests, answers):
+        expected, expected_logprobs = reference(ids, max_tokens)
+        assert tokens == [tokenizer.decode([t], skip_special=False) for t in expected]
+        np.testing.assert_allclose(logprobs, expected_logprobs, atol=2e-4)
+        assert reason == ("stop" if expected[-1] == MODEL.eos_token_id else "length")
+    assert metric(server, "zaya_prefix_cache_hits_total") >= hits_before + 3
+    assert metric(server, "zaya_compilations_total") == 0
+    assert metric(server, "zaya_slots_in_use") == 0 and metric(server, "zaya_requests_waiting") == 0
+
+
+def test_chat_streamed_and_not_with_usage_equals_generate(server, client, reference, tokenizer):
+    """A chat request renders the run's template (plain.jinja here) and stops at its end of turn; the
+    streamed deltas join to the whole message; usage counts prompt and output tokens."""
+    from zaya_jax.data.chat_template import ChatTemplate, encode_prompt
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The quick brown fox"}]
+    ids = encode_prompt(ChatTemplate.load(TEMPLATE), tokenizer, messages).tolist()
+    expected, _ = reference(ids, 20)
+    whole = client.chat.completions.create(model=NAME, messages=messages, max_tokens=20, temperature=0)
+    text = tokenizer.decode([t for t in expected if t != MODEL.eos_token_id])
+    assert whole.choices[0].message.content == text and whole.choices[0].message.role == "assistant"
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (len(ids), len(expected))
+    chunks = list(client.chat.completions.create(model=NAME, messages=messages, max_tokens=20, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens == len(expected) and not chunks[-1].choices
+
+
+def test_seeded_sampling_is_the_same_alone_and_among_others(client):
+    """n=2 with a seed: choice i is the request with seed + i alone, whatever runs beside it."""
+    ask = dict(model=NAME, prompt=prompt_ids(6), max_tokens=12, temperature=0.9, top_p=0.9)
+    together = client.completions.create(n=2, seed=11, **ask)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        noise = [pool.submit(completion, client, prompt_ids(30, k), 20) for k in range(2)]
+        alone = [client.completions.create(seed=11 + i, **ask).choices[0].text for i in range(2)]
+        [n.result() for n in noise]
+    assert [c.text for c in sorted(together.choices, key=lambda c: c.index)] == alone
+    assert alone[0] != alone[1]
+
+
+def test_stop_strings_end_the_text_before_them(client, reference, tokenizer):
+    ids = prompt_ids(5, 4)
+    expected, _ = reference(ids, 24)
+    text = tokenizer.decode([t for t in expected if t != MODEL.eos_token_id])
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    answer = client.completions.create(model=NAME, prompt=ids, max_tokens=24, temperature=0, stop=[stop])
+    assert answer.choices[0].text == text[:text.index(stop)] and answer.choices[0].finish_reason == "stop"
+
+
+BAD = [  # (body, status, words the message must hold)
+    ({"model": "other", "prompt": "x"}, 404, "'tiny'"),
+    ({"model": NAME, "prompt": [2] * 200, "max_tokens": 1}, 400, "40 more than"),
+    ({"model": NAME, "prompt": [2] * 100, "max_tokens": 80}, 400, "ask for at most 61"),
+    ({"model": NAME, "prompt": "x", "temperature": -1}, 400, "temperature"),
+    ({"model": NAME, "prompt": "x", "top_p": 0}, 400, "top_p"),
+    ({"model": NAME, "prompt": "x", "logprobs": 5}, 400, "at most 3"),
+    ({"model": NAME, "prompt": [2, 400]}, 400, "outside the vocabulary"),
+    ({"model": NAME, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, 400, "text only"),
+]
+
+
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, client):
+    base = server[0]
+    auth = {"Authorization": f"Bearer {KEY}"}
+    malformed = httpx.post(f"{base}/completions", content=b"{not json", headers={**auth, "Content-Type": "application/json"})
+    assert malformed.status_code == 400 and "not valid JSON" in malformed.json()["error"]["message"]
+    for body, status, words in BAD:
+        route = "chat/completions" if "messages" in body else "completions"
+        answer = httpx.post(f"{base}/{route}", json=body, headers=auth)
+        assert answer.status_code == status, (body, answer.text)
+        error = answer.json()["error"]
+        assert words in error["message"] and error["type"], (body, error)
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        assert httpx.get(f"{base}/models", headers=headers).status_code == 401
+    assert httpx.get(base.removesuffix("/v1") + "/health").status_code == 200  # no key needed
+    assert client.models.list().data[0].id == NAME
+    assert completion(client, prompt_ids(3), 2)[2] in ("stop", "length")
+
+
+def test_a_full_queue_answers_429_and_the_rest_are_served(server, client):
+    """3 slots and at most 4 waiting: of 12 requests sent at once, some are refused with 429."""
+    def send(i):
+        try:
+            return completion(client, prompt_ids(10, i), 40, ignore_eos=True)[2]
+        except openai.RateLimitError:
+            return 429
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        outcomes = list(pool.map(send, range(12)))
+    assert 429 in outcomes and outcomes.count("length") >= SLOTS + 1, outcomes
+    assert metric(server, "zaya_slots_in_use") == 0
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(server):
+    """The engine stops generating for it at once: far fewer than its 150 tokens are made."""
+    aborted = metric(server, 'zaya_requests_total{finish_reason="abort"}')
+    generated = metric(server, "zaya_engine_generated_tokens_total")
+    body = {"model": NAME, "prompt": prompt_ids(4), "max_tokens": 150, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server[0]}/completions", json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}) as answer:
+        next(answer.iter_lines())
+    deadline = time.monotonic() + 10
+    while metric(server, "zaya_slots_in_use") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(server, "zaya_slots_in_use") == 0
+    assert metric(server, 'zaya_requests_total{finish_reason="abort"}') == aborted + 1
+    assert metric(server, "zaya_engine_generated_tokens_total") - generated < 75
+
+
+def test_sigterm_finishes_the_requests_in_flight_and_exits_0(server, client):
+    """Runs last: it stops the module's server."""
+    base, proc = server
+    chunks = client.completions.create(model=NAME, prompt=prompt_ids(4), max_tokens=120, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    first = next(iter(chunks))
+    proc.send_signal(signal.SIGTERM)
+    rest = list(chunks)
+    assert rest[-1].choices[0].finish_reason == "length"
+    assert proc.wait(timeout=60) == 0
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(base.removesuffix("/v1") + "/health")
+    assert first.choices[0].text is not None
+
+
+def test_a_taken_port_is_one_error_line():
+    with __import__("socket").socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "zaya_jax.serve", "--checkpoint", "/nonexistent", "--port",
+                               str(port)], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"--port {port}: cannot listen there" in done.stderr

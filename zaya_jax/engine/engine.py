@@ -1,0 +1,291 @@
+"""The serving engine: continuous batching over a fixed number of decode slots, in process.
+
+Shapes: N = `slots` rows of one DecodeState of T = `cache_size` slots each, C = `chunk`.
+
+A request (prompt ids, SamplingParams) waits until a slot is free, then joins it: its longest
+cached prefix (prefix_cache.py) is restored into the slot, and the rest of its prompt is
+prefilled C tokens per engine step. Each `step()` runs at most two compiled calls of
+`engine_step`: one [N,C] extend for every slot still prefilling (the others sit it out), whose
+last chunk also samples the first new token, then one [N,1] decode step for every slot that has
+a token to feed; idle slots are masked (count 0). So the engine compiles `engine_step` twice,
+`snapshot` and `restore` once, and nothing after warm-up. A response ends on a stop id (eos
+unless ignore_eos, and the request's stop_ids), max_tokens, the request's `stop` predicate, or
+`cancel`; its slot is free at once. A request whose callback or stop predicate raises ends with
+reason "error" (the exception is logged) and the others go on.
+
+Each new token goes as a TokenEvent to the request's queue and its `on_token` callback (either
+optional, given to `submit`), from the thread running `step()`; a final Finished closes the queue.
+`submit`, `cancel`, `stats` and `step` are thread-safe; `start()` runs `step()` on a background
+thread while there is work.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import queue
+import threading
+from typing import Callable, Iterator, NamedTuple
+
+import jax
+import numpy as np
+from flax import nnx
+
+from zaya_jax.engine.params import SamplingParams
+from zaya_jax.engine.prefix_cache import PrefixCache, block_keys, restore, snapshot
+from zaya_jax.engine.step import Picked, RowSampling, engine_step
+from zaya_jax.infer.cache import empty_state
+from zaya_jax.model.zaya import ZayaLM
+
+
+class TokenEvent(NamedTuple):
+    token: int
+    logprob: float | None                  # with params.logprobs
+    top_logprobs: list[tuple[int, float]]  # params.top_logprobs best (token, logprob), best first
+
+
+class Finished(NamedTuple):
+    reason: str  # "stop" (a stop id or the stop predicate), "length" (max_tokens), "cancelled", or "error"
+    #              (its on_token callback or stop predicate raised; logged, the other requests go on)
+    tokens: list[int]
+    logprobs: list[float]
+
+
+@dataclasses.dataclass
+class _Request:
+    id: int
+    prompt: np.ndarray            # [S] int32
+    params: SamplingParams
+    stops: frozenset[int]
+    on_token: Callable[[int, TokenEvent], None] | None
+    events: queue.Queue | None
+    prefilled: int = 0            # prompt tokens in the slot's state
+    blocks: list[bytes] = dataclasses.field(default_factory=list)  # the prompt's block keys (prefix cache)
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, model: ZayaLM, *, slots: int, cache_size: int, chunk: int, prefix_cache_bytes: int = 0,
+                 max_top_logprobs: int = 5):
+        """model: a ZayaLM; slots: N decode rows; cache_size: T positions per row; chunk: C prompt
+        tokens per row and step (also the prefix cache's block); prefix_cache_bytes: its budget
+        (0: off); max_top_logprobs: the most top_logprobs a request may ask for (one compiled size)."""
+        self.config = model.config
+        self._graphdef, self._params = nnx.split(model)
+        self.slots, self.cache_size, self.chunk, self.max_top_logprobs = slots, cache_size, chunk, max_top_logprobs
+        self._state = empty_state(self.config, slots, cache_size)
+        self._prefix = PrefixCache(chunk, prefix_cache_bytes) if prefix_cache_bytes else None
+        self._rows: list[_Request | None] = [None] * slots
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._ids = itertools.count()
+        self._lock = threading.RLock()
+        self._work = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._prompt_tokens = self._generated_tokens = 0
+
+    # ---- requests -------------------------------------------------------------------------------
+    def submit(self, prompt_ids, params: SamplingParams = SamplingParams(), *, events: queue.Queue | None = None,
+               on_token: Callable[[int, TokenEvent], None] | None = None) -> int:
+        """-> the request id. Its TokenEvents, then one Finished, go to `events` and each TokenEvent
+        to on_token(id, event). ValueError, before anything runs, for bad params or a prompt that
+        does not fit: prompt + max_tokens - 1 positions must fit cache_size (the last token is
+        never fed)."""
+        cfg = self.config
+        params.validate(cfg.vocab_size, self.max_top_logprobs)
+        prompt = np.asarray(prompt_ids, np.int64).reshape(-1)
+        if prompt.size == 0 or prompt.min() < 0 or prompt.max() >= cfg.vocab_size:
+            raise ValueError(f"the prompt needs at least one token, all in the vocabulary [0, {cfg.vocab_size})")
+        needed = prompt.size + params.max_tokens - 1
+        if needed > self.cache_size:
+            raise ValueError(f"prompt of {prompt.size} tokens + max_tokens {params.max_tokens} needs {needed} "
+                             f"positions, {needed - self.cache_size} more than cache_size={self.cache_size}: "
+                             f"shorten the prompt or lower max_tokens by {needed - self.cache_size}")
+        if cfg.position_limit is not None and needed > cfg.position_limit:
+            raise ValueError(f"prompt + max_tokens needs {needed} positions, more than the model's "
+                             f"max_position_embeddings={cfg.max_position_embeddings}")
+        stops = frozenset(map(int, params.stop_ids)) | (frozenset() if params.ignore_eos else {cfg.eos_token_id})
+        with self._lock:
+            request = _Request(next(self._ids), prompt.astype(np.int32), params, stops, on_token, events)
+            self._waiting.append(request)
+            self._work.notify()
+        return request.id
+
+    def cancel(self, request_id: int) -> bool:
+        """End a waiting or running request now (its slot is free for the next step) -> whether it was found."""
+        with self._lock:
+            for r in self._waiting:
+                if r.id == request_id:
+                    self._waiting.remove(r)
+                    self._deliver(r, Finished("cancelled", [], []))
+                    return True
+            for slot, r in enumerate(self._rows):
+                if r is not None and r.id == request_id:
+                    self._finish(slot, "cancelled")
+                    return True
+        return False
+
+    def stats(self) -> dict:
+        """waiting, running, free_slots, prompt_tokens (prefilled), generated_tokens, and the prefix
+        cache's hits, misses (per admitted request), tokens_reused, entries, bytes and evictions."""
+        with self._lock:
+            running = sum(r is not None for r in self._rows)
+            prefix = (self._prefix or PrefixCache(self.chunk, 0)).stats()  # all 0 without a prefix cache
+            return dict(waiting=len(self._waiting), running=running, free_slots=self.slots - running,
+                        prompt_tokens=self._prompt_tokens, generated_tokens=self._generated_tokens, **prefix)
+
+    def slot_bytes(self) -> int:
+        """Bytes of one slot's decode state (keys, values, rings, carry, length)."""
+        return sum(x.nbytes for x in jax.tree.leaves(self._state)) // self.slots
+
+    def warm_up(self) -> None:
+        """Compiles every program serving runs (the [N,C] and [N,1] steps, the prefix cache's
+        snapshot and restore) on two throwaway requests, then forgets them (their cache entries
+        and token counts are not kept): nothing compiles after this. Call it before start()."""
+        with self._lock:
+            if self.has_work():
+                raise RuntimeError("warm_up() runs on an idle engine, before start()")
+            kept, counts = self._prefix, (self._prompt_tokens, self._generated_tokens)
+            if kept is not None:
+                self._prefix = PrefixCache(self.chunk, kept.budget)
+            prompt = np.full(min(self.chunk + 1, self.cache_size - 1), self.config.bos_token_id)
+            for _ in range(2):  # the second restores the block the first stored
+                self.submit(prompt, SamplingParams(max_tokens=2))
+                while self.has_work():
+                    self.step()
+            self._prefix, (self._prompt_tokens, self._generated_tokens) = kept, counts
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self._waiting) or any(r is not None for r in self._rows)
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def step(self) -> None:
+        """One engine iteration: admit waiting requests into free slots, one prefill chunk for
+        every slot still prefilling, one decode step for every slot with a token to feed."""
+        with self._lock:
+            self._admit()
+            prefilling = {slot: min(self.chunk, r.prompt.size - r.prefilled) for slot, r in enumerate(self._rows)
+                          if r is not None and r.prefilled < r.prompt.size}
+            if prefilling:
+                ids = np.zeros((self.slots, self.chunk), np.int32)
+                for slot, n in prefilling.items():
+                    r = self._rows[slot]
+                    ids[slot, :n] = r.prompt[r.prefilled:r.prefilled + n]
+                for slot, r, picked in self._run(ids, prefilling):
+                    r.prefilled += prefilling[slot]
+                    self._prompt_tokens += prefilling[slot]
+                    self._store_prefix(slot, r)
+                    if r.prefilled == r.prompt.size:
+                        self._emit(slot, r, picked)
+            feeding = {slot: 1 for slot, r in enumerate(self._rows) if r is not None and r.tokens}
+            if feeding:
+                ids = np.zeros((self.slots, 1), np.int32)
+                for slot in feeding:
+                    ids[slot, 0] = self._rows[slot].tokens[-1]
+                for slot, r, picked in self._run(ids, feeding):
+                    self._emit(slot, r, picked)
+
+    def start(self) -> None:
+        """Run step() on a background thread whenever there is work, until stop()."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="zaya-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._work.notify_all()
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopping and not self.has_work():
+                    self._work.wait()
+                if self._stopping:
+                    return
+            self.step()
+
+    # ---- inside a step --------------------------------------------------------------------------
+    def _admit(self) -> None:
+        for slot in range(self.slots):
+            if self._rows[slot] is None and self._waiting:
+                r = self._waiting.popleft()
+                self._rows[slot] = r
+                if self._prefix is None:
+                    continue
+                r.blocks = block_keys(r.prompt, self.chunk)
+                for i, entry in enumerate(self._prefix.lookup(r.prompt, r.blocks)):
+                    self._state = restore(self._state, np.int32(slot), np.int32(i * self.chunk), entry)
+                    r.prefilled += self.chunk
+
+    def _lengths(self) -> np.ndarray:
+        """[N] tokens each slot's state holds (0 for a free slot)."""
+        return np.array([0 if r is None else r.prefilled + max(len(r.tokens) - 1, 0) for r in self._rows], np.int32)
+
+    def _run(self, ids: np.ndarray, counts: dict[int, int]) -> Iterator[tuple[int, _Request, Picked]]:
+        """Run one engine_step over all slots (ids [N,C]; `counts`: slot -> its new tokens, others 0)
+        -> (slot, request, numpy picks) for each counted slot whose request is still there when its
+        turn comes (an on_token callback may cancel another), checked lazily; the step runs at the call."""
+        n = np.zeros(self.slots, np.int32)
+        rows = RowSampling(np.zeros(self.slots, np.float32), np.full(self.slots, self.config.vocab_size, np.int32),
+                           np.ones(self.slots, np.float32), np.zeros(self.slots, np.uint32),
+                           np.zeros(self.slots, np.int32))
+        requests = {slot: self._rows[slot] for slot in counts}
+        for slot, r in requests.items():
+            p, n[slot] = r.params, counts[slot]
+            rows.temperature[slot], rows.seed[slot], rows.index[slot] = p.temperature, p.seed, len(r.tokens)
+            rows.top_k[slot] = p.top_k or self.config.vocab_size
+            rows.top_p[slot] = 1.0 if p.top_p is None else p.top_p
+        self._state, picked = engine_step(self._graphdef, self._params, self._state, self._lengths(), ids, n, rows,
+                                          top=max(self.max_top_logprobs, 1))
+        picked = Picked(*map(np.asarray, picked))
+        return ((slot, r, picked) for slot, r in requests.items() if self._rows[slot] is r)
+
+    def _store_prefix(self, slot: int, r: _Request) -> None:
+        if self._prefix is not None and self._prefix.wants(r.blocks, r.prefilled):
+            entry = snapshot(self._state, np.int32(slot), np.int32(r.prefilled - self.chunk), block=self.chunk)
+            self._prefix.insert(r.prompt, r.blocks, r.prefilled, entry)
+
+    def _emit(self, slot: int, r: _Request, picked: Picked) -> None:
+        token = int(picked.token[slot])
+        r.tokens.append(token)
+        r.logprobs.append(float(picked.logprob[slot]))
+        self._generated_tokens += 1
+        top = [(int(t), float(lp)) for t, lp in zip(picked.top_tokens[slot, :r.params.top_logprobs],
+                                                     picked.top_logprobs[slot, :r.params.top_logprobs])]
+        event = TokenEvent(token, r.logprobs[-1] if r.params.logprobs else None, top)
+        self._deliver(r, event)
+        try:
+            if r.on_token is not None:
+                r.on_token(r.id, event)
+            stop = r.params.stop is not None and r.params.stop(list(r.tokens))
+        except Exception:  # one request's hook must not stop the others
+            logging.exception("request %d: its on_token callback or stop predicate raised; ending it", r.id)
+            stop = None
+        if self._rows[slot] is not r:  # the callback cancelled it
+            return
+        if stop is None:
+            self._finish(slot, "error")
+        elif token in r.stops or stop:
+            self._finish(slot, "stop")
+        elif len(r.tokens) == r.params.max_tokens:
+            self._finish(slot, "length")
+
+    def _finish(self, slot: int, reason: str) -> None:
+        r, self._rows[slot] = self._rows[slot], None
+        self._deliver(r, Finished(reason, r.tokens, r.logprobs if r.params.logprobs else []))
+
+    @staticmethod
+    def _deliver(r: _Request, event: TokenEvent | Finished) -> None:
+        if r.events is not None:
+            r.events.put(event)

@@ -1,0 +1,136 @@
+"""Exact prefix caching for CCA: a prompt's state at block boundaries, reused by later prompts.
+
+Shapes: Lf full / Ls sliding / L layers, C tokens per block (the engine's prefill chunk), W ring
+slots, K KV heads, H head dim, P = N + K packed q|k heads.
+
+An entry is what one block of a prompt adds to a slot's DecodeState, taken right after the
+prefill chunk that ends the block (the engine prefills in blocks from position 0, or from a
+restored block boundary, so every chunk ends on a boundary until the prompt's last one):
+
+  keys, values                [Lf,C,K,H] the full layers' keys and values of the block's positions
+  window_keys, window_values  [Ls,W,K,H] the sliding layers' whole ring at the block's end
+  carry                       CCACarry [L,...]: the CCA carry of the block's last token (pre-conv
+                              column [L,P,H], depthwise output [L,P,H], delayed value [L,K/2,H])
+
+Restoring blocks 1..n of a prompt writes each block's keys and values into its slots and the
+last block's ring and carry: the slot then holds exactly the state the chunked prefill of those
+n x C tokens left, so a hit computes what a miss computes. Entries are keyed by a hash chained
+over the blocks (block i's key hashes block i-1's key and block i's tokens) and hold their
+tokens, compared on lookup. A prompt reuses at most its first len - 1 tokens: its last token's
+logits are needed. LRU eviction under a byte budget; a block is always used more recently than
+the blocks after it, so the LRU entry is never one whose descendants stay behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from zaya_jax.config import ModelConfig
+from zaya_jax.infer.cache import DecodeState, state_shapes
+from zaya_jax.model.cca import CCACarry
+
+
+class Entry(NamedTuple):
+    keys: jax.Array           # [Lf,C,K,H]
+    values: jax.Array         # [Lf,C,K,H]
+    window_keys: jax.Array    # [Ls,W,K,H]
+    window_values: jax.Array  # [Ls,W,K,H]
+    carry: CCACarry           # [L,P,H], [L,P,H], [L,K/2,H]
+
+
+@functools.partial(jax.jit, static_argnames=("block",))
+def snapshot(state: DecodeState, slot: jax.Array, start: jax.Array, *, block: int) -> Entry:
+    """slot's block of positions [start, start + C = `block`) with its ring and carry as they are now."""
+    take = lambda x: jax.lax.dynamic_slice_in_dim(x[:, slot], start, block, axis=1)  # noqa: E731
+    return Entry(take(state.keys), take(state.values), state.window_keys[:, slot], state.window_values[:, slot],
+                 jax.tree.map(lambda x: x[:, slot], state.carry))
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def restore(state: DecodeState, slot: jax.Array, start: jax.Array, entry: Entry) -> DecodeState:
+    """The state (donated) with `entry` put into `slot`: its keys and values at [start, start + C),
+    its ring and carry (lengths is the engine's to set)."""
+    def put(x, e):
+        return x.at[:, slot].set(jax.lax.dynamic_update_slice_in_dim(x[:, slot], e, start, axis=1))
+    return state._replace(keys=put(state.keys, entry.keys), values=put(state.values, entry.values),
+                          window_keys=state.window_keys.at[:, slot].set(entry.window_keys),
+                          window_values=state.window_values.at[:, slot].set(entry.window_values),
+                          carry=jax.tree.map(lambda x, e: x.at[:, slot].set(e), state.carry, entry.carry))
+
+
+def entry_bytes(cfg: ModelConfig, block: int, cache_size: int) -> int:
+    """Bytes one entry of C = `block` tokens holds, read off the abstract shapes (no allocation)."""
+    state = state_shapes(cfg, 1, cache_size)
+    entry = jax.eval_shape(functools.partial(snapshot, block=block), state, np.int32(0), np.int32(0))
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(entry))
+
+
+def block_keys(tokens: np.ndarray, block: int) -> list[bytes]:
+    """tokens: [S] -> the chained key of each full block of C = `block` tokens (S // C keys)."""
+    keys, parent = [], b""
+    for start in range(0, len(tokens) - block + 1, block):
+        parent = hashlib.blake2b(parent + np.asarray(tokens[start:start + block], np.int64).tobytes(),
+                                 digest_size=16).digest()
+        keys.append(parent)
+    return keys
+
+
+class PrefixCache:
+    """Entries by chained block key, least recently used first, within `budget` bytes."""
+
+    def __init__(self, block: int, budget: int):
+        self.block, self.budget = block, budget
+        self._entries: collections.OrderedDict[bytes, tuple[np.ndarray, Entry, int]] = collections.OrderedDict()
+        self.bytes = self.hits = self.misses = self.tokens_reused = self.evictions = 0
+
+    def stats(self) -> dict:
+        return dict(prefix_hits=self.hits, prefix_misses=self.misses, prefix_tokens_reused=self.tokens_reused,
+                    prefix_entries=len(self._entries), prefix_bytes=self.bytes,
+                    prefix_evictions=self.evictions)
+
+    def lookup(self, prompt: np.ndarray, chain: list[bytes]) -> list[Entry]:
+        """prompt: [S]; chain: its block_keys -> the entries of the longest cached prefix of
+        prompt[:-1], in order (a hit if any)."""
+        found = []
+        for i, key in enumerate(chain[:(len(prompt) - 1) // self.block]):
+            held = self._entries.get(key)
+            if held is None or not np.array_equal(held[0], prompt[i * self.block:(i + 1) * self.block]):
+                break
+            found.append(held[1])
+        self._touch(chain[:len(found)])
+        self.hits, self.misses = self.hits + bool(found), self.misses + (not found)
+        self.tokens_reused += len(found) * self.block
+        return found
+
+    def wants(self, chain: list[bytes], end: int) -> bool:
+        """Whether the prompt's block ending at `end` is worth storing: a full block, not held yet,
+        whose parent block is held (a lookup never reaches an orphan)."""
+        blocks = end // self.block
+        return (end % self.block == 0 and blocks > 0 and chain[blocks - 1] not in self._entries
+                and (blocks == 1 or chain[blocks - 2] in self._entries))
+
+    def insert(self, prompt: np.ndarray, chain: list[bytes], end: int, entry: Entry) -> None:
+        """Store the block of prompt ending at `end` (that `wants`), evicting least recently used
+        entries to stay within the budget (an entry larger than the budget is not kept)."""
+        size = sum(x.nbytes for x in jax.tree.leaves(entry))
+        if size > self.budget:
+            return
+        while self.bytes + size > self.budget:
+            _, (_, _, freed) = self._entries.popitem(last=False)
+            self.bytes -= freed
+            self.evictions += 1
+        self._entries[chain[end // self.block - 1]] = (np.array(prompt[end - self.block:end]), entry, size)
+        self.bytes += size
+        self._touch(chain[:end // self.block])
+
+    def _touch(self, chain: list[bytes]) -> None:
+        """Mark a chain used, deepest block first: each block ends more recent than its descendants."""
+        for key in reversed(chain):
+            if key in self._entries:
+                self._entries.move_to_end(key)

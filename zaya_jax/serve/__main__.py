@@ -1,0 +1,164 @@
+"""CLI: serve a ZAYA model over an OpenAI-compatible HTTP API, with continuous batching.
+
+  python -m zaya_jax.serve --checkpoint runs/demo [--port 8000] [--api_key KEY]
+  python -m zaya_jax.serve --hf DIR [--host 0.0.0.0] [--quantize int8|int4] [--slots 8]
+
+Then any OpenAI client: `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=KEY or "none")`,
+`client.completions.create(model=NAME, prompt=...)`, `client.chat.completions.create(model=NAME,
+messages=[...])`, streaming or not; GET /metrics for Prometheus, /health for a load balancer.
+
+The model is served under --served_model_name (default: the checkpoint or HF directory's name).
+Its tokenizer is the one the checkpoint carries (--hf: DIR/tokenizer.json), its chat template
+the one its run recorded (--hf: DIR/tokenizer_config.json's; --chat_template FILE otherwise),
+its context --max_model_len tokens of each slot's decode state (default: the model's
+max_position_embeddings, at most 4096). The engine (zaya_jax.engine) holds --slots requests at
+once, prefills prompts --chunk tokens per step between decode steps, and keeps shared prompt
+prefixes in a prefix cache of --prefix_cache_mb MiB (0: off). It compiles before the server
+listens; the line `serving http://HOST:PORT/v1 (model NAME)` on stdout says it is ready (with
+--port 0, the port the system chose). Listens on 127.0.0.1 unless --host says otherwise.
+SIGTERM or Ctrl-C: the server stops accepting connections, finishes the requests in flight within
+--shutdown_grace_s seconds (cancelling what is left then) and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+
+from absl import app, flags
+
+from zaya_jax import cli
+from zaya_jax.errors import UserError
+from zaya_jax.infer.quantize import MODES
+
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training run WORKDIR, its checkpoints/ directory, or a "
+                                                      "`convert to_orbax` output.")
+_HF = flags.DEFINE_string("hf", None, "HF ZAYA checkpoint directory (config.json + safetensors).")
+_STEP = flags.DEFINE_integer("step", None, "With --checkpoint: the step to serve (default: the newest).", lower_bound=0)
+_TOKENIZER = flags.DEFINE_string("tokenizer", None, "tokenizer.json (default: the checkpoint's, or DIR/tokenizer.json).")
+_CHAT_TEMPLATE = flags.DEFINE_string("chat_template", None, "Chat template (.jinja or tokenizer_config.json) "
+                                                            "for /v1/chat/completions (default: the run's).")
+_NAME = flags.DEFINE_string("served_model_name", None, "The model's name in the API (default: the directory name).")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
+_PORT = flags.DEFINE_integer("port", 8000, "Port to listen on (0: any free port, printed).", lower_bound=0,
+                             upper_bound=65535)
+_API_KEY = flags.DEFINE_string("api_key", None, "Require `Authorization: Bearer KEY` on /v1 routes (401 without).")
+_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Compute dtype (default: the checkpoint's; "
+                                                                   "float32 for --hf).")
+_QUANTIZE = flags.DEFINE_enum("quantize", None, sorted(MODES), "Weight-only quantization.")
+_GROUP_SIZE = flags.DEFINE_integer("group_size", 64, "Quantization group along the input axis.", lower_bound=1)
+_SLOTS = flags.DEFINE_integer("slots", 8, "Requests decoded at once.", lower_bound=1)
+_MAX_MODEL_LEN = flags.DEFINE_integer("max_model_len", None, "Tokens per request, prompt and output (default: "
+                                                             "max_position_embeddings, at most 4096).", lower_bound=2)
+_CHUNK = flags.DEFINE_integer("chunk", 32, "Prompt tokens prefilled per slot and engine step (and the prefix "
+                                           "cache's block).", lower_bound=1)
+_PREFIX_CACHE_MB = flags.DEFINE_float("prefix_cache_mb", 256.0, "Prefix cache budget in MiB (0: off).", lower_bound=0)
+_MAX_WAITING = flags.DEFINE_integer("max_waiting", 64, "Requests queued for a slot before 429.", lower_bound=1)
+_MAX_TOP_LOGPROBS = flags.DEFINE_integer("max_top_logprobs", 20, "The most top_logprobs a request may ask for.",
+                                         lower_bound=0)
+_GRACE = flags.DEFINE_float("shutdown_grace_s", 30.0, "On SIGTERM, seconds to finish the requests in flight.",
+                            lower_bound=0)
+
+DEFAULT_CONTEXT = 4096
+
+
+def check_flags() -> None:
+    if (_HF.value is None) == (_CHECKPOINT.value is None):
+        raise app.UsageError("give exactly one of --checkpoint and --hf")
+    if _STEP.value is not None and _CHECKPOINT.value is None:
+        raise app.UsageError("--step goes with --checkpoint (an HF directory holds one model)")
+
+
+def load_served():
+    """(the model, the ServedModel: name, tokenizer, chat template, end-of-turn ids)."""
+    from zaya_jax.data.chat_template import end_of_turn_ids
+    from zaya_jax.data.tokenizer import Tokenizer
+    from zaya_jax.infer.chat import chat_template_for
+    from zaya_jax.infer.loading import load_checkpoint, load_hf, tokenizer_for
+    from zaya_jax.model.zaya import ZayaLM
+    from zaya_jax.serve.service import ServedModel
+    source = _CHECKPOINT.value or _HF.value
+    path, told = tokenizer_for(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value, given=_TOKENIZER.value)
+    print(told, file=sys.stderr)
+    try:
+        template = chat_template_for(checkpoint=_CHECKPOINT.value, hf=_HF.value, override=_CHAT_TEMPLATE.value)
+    except UserError as err:
+        if _CHAT_TEMPLATE.value is not None:
+            raise
+        print(f"note: /v1/chat/completions is off: {err}", file=sys.stderr)
+        template = None
+    options = dict(quantize=_QUANTIZE.value, group_size=_GROUP_SIZE.value)
+    if _DTYPE.value is not None:
+        options["dtype"] = _DTYPE.value
+    model = (load_hf(_HF.value, **options) if _HF.value is not None
+             else load_checkpoint(_CHECKPOINT.value, step=_STEP.value, **options))
+    if not isinstance(model, ZayaLM):
+        raise UserError(f"{source}: a vision-language model; the server serves text models for now "
+                        "(python -m zaya_jax.generate --image serves one request at a time)")
+    cfg = model.config
+    tokenizer = Tokenizer(path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
+    end_of_turn = end_of_turn_ids(template, tokenizer) if template is not None else []
+    name = _NAME.value or os.path.basename(os.path.normpath(source))
+    return model, ServedModel(name, tokenizer, template, end_of_turn)
+
+
+def context_length(cfg) -> int:
+    limit = cfg.max_position_embeddings if cfg.position_limit is not None else None
+    if _MAX_MODEL_LEN.value is None:
+        return min(limit or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+    if limit is not None and _MAX_MODEL_LEN.value > limit:
+        raise UserError(f"--max_model_len {_MAX_MODEL_LEN.value}: past the model's max_position_embeddings {limit}; "
+                        f"give at most {limit}")
+    return _MAX_MODEL_LEN.value
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise UserError(f"--host {host} --port {port}: cannot listen there ({err.strerror}); pick another port "
+                        "(--port 0: any free one)") from None
+    sock.listen(2048)
+    return sock
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    check_flags()
+    import uvicorn
+    from zaya_jax.engine.engine import Engine
+    from zaya_jax.serve.app import create_app
+    from zaya_jax.serve.metrics import ServerMetrics
+    from zaya_jax.serve.service import Service
+    sock = listening_socket(_HOST.value, _PORT.value)  # a taken port is named before the weights load
+    model, served = load_served()
+    engine = Engine(model, slots=_SLOTS.value, cache_size=context_length(model.config), chunk=_CHUNK.value,
+                    prefix_cache_bytes=int(_PREFIX_CACHE_MB.value * 2 ** 20), max_top_logprobs=_MAX_TOP_LOGPROBS.value)
+    engine.warm_up()
+    metrics = ServerMetrics(engine)
+    service = Service(engine, served, max_waiting=_MAX_WAITING.value, metrics=metrics)
+    server = uvicorn.Server(uvicorn.Config(create_app(service, _API_KEY.value), log_level="warning",
+                                           timeout_graceful_shutdown=_GRACE.value, lifespan="off"))
+    host, port = sock.getsockname()[:2]
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        # uvicorn handles both while it runs and raises them again once stopped: this makes that a no-op
+        signal.signal(stop_signal, lambda *_: None)
+    engine.start()
+    print(f"serving http://{host}:{port}/v1 (model {served.name}, {engine.slots} slots of "
+          f"{engine.cache_size} tokens)", flush=True)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.stop()
+    print("server stopped", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,146 @@
+"""The OpenAI request bodies the server accepts, checked, and the error object it answers with.
+
+  CompletionRequest       POST /v1/completions        prompt: a string or one list of token ids
+  ChatCompletionRequest   POST /v1/chat/completions   messages: [{role, content}], content a string
+                                                      or a list of {"type": "text"} parts
+
+Fields and defaults are OpenAI's (temperature 1, top_p 1, max_tokens 16 for completions and the
+rest of the context for chat), with vLLM's extensions `top_k` (-1: off) and `ignore_eos`. A value
+OpenAI allows but this server cannot honour (echo, best_of, suffix, penalties, logit_bias, several
+prompts in one request) is refused by name rather than ignored. Every refusal is an `APIError`:
+the HTTP status and OpenAI's error object, {"error": {"message", "type", "param", "code"}}.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_STRINGS = 4
+
+
+class APIError(Exception):
+    """A request the server refuses: `status` (400, 401, 404, 429, 503) and OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """What both endpoints share: the model, sampling, stopping and streaming."""
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    n: int = Field(default=1, ge=1, le=16)
+    seed: int | None = Field(default=None, ge=0, lt=2 ** 63)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict | None = None
+    user: str | None = None
+
+    def stop_strings(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
+            raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} non-empty strings, got {stops!r}", "stop")
+        return stops
+
+    def refuse_unsupported(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise APIError(400, f"{name}: not supported by this server (send 0 or leave it out)", name)
+        if self.logit_bias:
+            raise APIError(400, "logit_bias: not supported by this server", "logit_bias")
+        if self.top_k == 0:
+            raise APIError(400, "top_k: 0 keeps no token; use -1 (off) or a positive count", "top_k")
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.echo:
+            raise APIError(400, "echo: not supported by this server", "echo")
+        if self.best_of not in (None, 1) or self.suffix:
+            raise APIError(400, f"{'best_of' if self.suffix is None else 'suffix'}: not supported by this server",
+                           "best_of" if self.suffix is None else "suffix")
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt: a string or token ids (a list of one of either is unwrapped)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise APIError(400, f"prompt: {len(prompt)} prompts in one request; send one per request "
+                               "(they are batched together anyway)", "prompt")
+            prompt = prompt[0]
+        if not prompt:
+            raise APIError(400, "prompt: empty", "prompt")
+        return prompt
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ImageURL(BaseModel):
+    url: str
+
+
+class ImagePart(BaseModel):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[TextPart | ImagePart]
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.top_logprobs and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+
+
+def error_from_validation(errors: list[dict]) -> APIError:
+    """pydantic's first complaint as one 400: the field's dotted path and what is wrong with it."""
+    first = errors[0]
+    where = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(where) or None
+    return APIError(400, f"{param or 'body'}: {first.get('msg', 'invalid')}", param)

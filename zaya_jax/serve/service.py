@@ -1,0 +1,274 @@
+"""What the server does with an OpenAI request: prompt ids, engine requests, response bodies.
+
+    service = Service(engine, ServedModel(...), max_waiting=64)
+    job = service.completion_job(CompletionRequest(...))        # or chat_job(ChatCompletionRequest)
+    async for piece in service.run(job): ...                    # Piece per choice and token batch
+    body = service.response(job, pieces)                        # the non-streaming JSON body
+
+A job is one request's n choices: n engine requests with the same prompt and the seeds seed,
+seed + 1, ... (a request without a seed draws one), each with its ResponseText (stop strings,
+detokenization). Events come from the engine's thread (its `events` queue argument, here an
+object whose put() goes through the event loop's call_soon_threadsafe) into one asyncio queue per job. Leaving `run` early (the client went away,
+the server is stopping) cancels the job's engine requests, so their slots are free at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import secrets
+import time
+from typing import AsyncIterator, NamedTuple
+
+from zaya_jax.engine.engine import Engine, Finished, TokenEvent
+from zaya_jax.engine.params import SamplingParams
+from zaya_jax.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, SamplingFields
+from zaya_jax.serve.text import ResponseText
+
+
+@dataclasses.dataclass
+class ServedModel:
+    """The model's name in the API, and how its prompts are written: tokenizer (zaya_jax.data.tokenizer.
+    Tokenizer), chat template (None: /v1/chat/completions refused), its end-of-turn ids."""
+    name: str
+    tokenizer: object
+    template: object | None
+    end_of_turn: list[int]
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+
+@dataclasses.dataclass
+class Choice:
+    index: int
+    text: ResponseText
+    request_id: int | None = None
+    tokens: list[TokenEvent] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclasses.dataclass
+class Job:
+    kind: str                 # "completion" or "chat"
+    id: str
+    model: str
+    prompt: list[int]
+    params: list[SamplingParams]
+    choices: list[Choice]
+    logprobs: int | None      # None: no logprobs; else how many top alternatives per token
+    include_usage: bool
+    arrived: float = dataclasses.field(default_factory=time.perf_counter)
+    last_token: float = 0.0   # when the last token came (time per output token)
+
+
+class Piece(NamedTuple):
+    """What one choice adds: new text, the tokens behind it, its finish reason once done."""
+    index: int
+    text: str
+    tokens: list[TokenEvent]
+    finish_reason: str | None
+
+
+class Service:
+    def __init__(self, engine: Engine, served: ServedModel, max_waiting: int, metrics=None):
+        self.engine, self.served, self.max_waiting, self.metrics = engine, served, max_waiting, metrics
+
+    # ---- requests -> jobs -----------------------------------------------------------------------
+    def completion_job(self, request: CompletionRequest) -> Job:
+        self._check_common(request)
+        prompt = request.single_prompt()
+        tok = self.served.tokenizer
+        if isinstance(prompt, str):
+            ids = [tok.bos_id] + tok.encode(prompt)
+        else:
+            vocab = self.engine.config.vocab_size
+            outside = [i for i in prompt if not 0 <= i < vocab]
+            if outside:
+                raise APIError(400, f"prompt: token ids {outside[:5]} outside the vocabulary [0, {vocab})", "prompt")
+            ids = list(prompt)
+        return self._job("completion", "cmpl", request, ids, request.max_tokens, stop_ids=[],
+                         logprobs=request.logprobs)
+
+    def chat_job(self, request: ChatCompletionRequest) -> Job:
+        self._check_common(request)
+        if self.served.template is None:
+            raise APIError(400, f"model {self.served.name} has no chat template: use /v1/completions, or start the "
+                           "server with --chat_template FILE", "messages")
+        from zaya_jax.data.chat_template import encode_prompt
+        from zaya_jax.errors import UserError
+        messages = []
+        for i, m in enumerate(request.messages):
+            if isinstance(m.content, str):
+                text = m.content
+            else:
+                if any(part.type == "image_url" for part in m.content):
+                    raise APIError(400, f"messages[{i}].content: image_url parts need a vision-language model; "
+                                   f"{self.served.name} is text only", f"messages.{i}.content")
+                text = "".join(part.text for part in m.content)
+            messages.append({"role": "system" if m.role == "developer" else m.role, "content": text})
+        try:
+            ids = encode_prompt(self.served.template, self.served.tokenizer, messages).tolist()
+        except UserError as err:
+            raise APIError(400, f"messages: {err}", "messages") from None
+        return self._job("chat", "chatcmpl", request, ids, request.token_limit(), stop_ids=self.served.end_of_turn,
+                         logprobs=(request.top_logprobs or 0) if request.logprobs else None)
+
+    def _check_common(self, request: SamplingFields) -> None:
+        if request.model != self.served.name:
+            raise APIError(404, f"model {request.model!r} does not exist; this server serves {self.served.name!r} "
+                           "(GET /v1/models)", "model", "model_not_found")
+        request.refuse_unsupported()
+
+    def _job(self, kind: str, prefix: str, request: SamplingFields, ids: list[int], max_tokens: int | None,
+             stop_ids: list[int], logprobs: int | None) -> Job:
+        room = self.engine.cache_size - len(ids) + 1  # the last new token is never fed back
+        if room < 1:
+            raise APIError(400, f"the prompt is {len(ids)} tokens, {len(ids) - self.engine.cache_size} more than "
+                           f"this server's context of {self.engine.cache_size} tokens allows (one new token needs "
+                           f"a prompt of at most {self.engine.cache_size}); shorten it", "messages"
+                           if kind == "chat" else "prompt", "context_length_exceeded")
+        if max_tokens is None:
+            max_tokens = room
+        elif max_tokens > room:
+            raise APIError(400, f"max_tokens {max_tokens}: the {len(ids)}-token prompt leaves room for {room} new "
+                           f"tokens in this server's context of {self.engine.cache_size}; ask for at most {room}",
+                           "max_tokens", "context_length_exceeded")
+        if logprobs is not None and logprobs > self.engine.max_top_logprobs:
+            raise APIError(400, f"{'top_logprobs' if kind == 'chat' else 'logprobs'} {logprobs}: this server returns "
+                           f"at most {self.engine.max_top_logprobs} alternatives per token",
+                           "top_logprobs" if kind == "chat" else "logprobs")
+        if self.engine.stats()["waiting"] + request.n > self.max_waiting:
+            raise APIError(429, f"the server's queue is full ({self.max_waiting} requests waiting); retry later",
+                           None, "queue_full", kind="rate_limit_error")
+        temperature = 1.0 if request.temperature is None else request.temperature
+        seed = secrets.randbits(31) if request.seed is None else request.seed
+        stops = request.stop_strings()
+        texts = [ResponseText(self.served.tokenizer, stops, set(stop_ids)) for _ in range(request.n)]
+        params = [SamplingParams(max_tokens=max_tokens, temperature=temperature,
+                                 top_p=None if request.top_p in (None, 1.0) else request.top_p,
+                                 top_k=None if request.top_k in (None, -1) else request.top_k,
+                                 seed=(seed + i) % 2 ** 32, stop_ids=tuple(stop_ids), ignore_eos=request.ignore_eos,
+                                 stop=text.stop_matched if stops else None, logprobs=logprobs is not None,
+                                 top_logprobs=logprobs or 0)
+                  for i, text in enumerate(texts)]
+        try:
+            for p in params:
+                p.validate(self.engine.config.vocab_size, self.engine.max_top_logprobs)
+        except ValueError as err:
+            raise APIError(400, str(err)) from None
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        return Job(kind, f"{prefix}-{secrets.token_hex(12)}", self.served.name, ids, params,
+                   [Choice(i, text) for i, text in enumerate(texts)], logprobs, include_usage)
+
+    # ---- running a job --------------------------------------------------------------------------
+    async def run(self, job: Job) -> AsyncIterator[Piece]:
+        """Submits the job's choices; yields their Pieces as tokens come, until every choice has ended."""
+        events: asyncio.Queue = asyncio.Queue()
+        try:
+            for choice, params in zip(job.choices, job.params):
+                choice.request_id = self.engine.submit(job.prompt, params, events=_ToLoop(events, choice))
+            if self.metrics is not None:
+                self.metrics.prompt_tokens.inc(len(job.prompt) * len(job.choices))
+            open_choices = len(job.choices)
+            first = True
+            while open_choices:
+                choice, event = await events.get()
+                if isinstance(event, Finished):
+                    open_choices -= 1
+                    choice.finish_reason = "stop" if event.reason == "stop" or choice.text.stopped else event.reason
+                    if self.metrics is not None:
+                        self.metrics.finished.labels(choice.finish_reason).inc()
+                    yield Piece(choice.index, choice.text.finish(), [], choice.finish_reason)
+                    continue
+                self._timed(job, first)
+                first = False
+                choice.tokens.append(event)
+                yield Piece(choice.index, choice.text.add(event.token), [event], None)
+        finally:
+            for choice in job.choices:
+                if choice.request_id is not None and choice.finish_reason is None:
+                    self.engine.cancel(choice.request_id)
+                    choice.finish_reason = "abort"
+                    if self.metrics is not None:
+                        self.metrics.finished.labels("abort").inc()
+
+    def _timed(self, job: Job, first: bool) -> None:
+        if self.metrics is None:
+            return
+        now = time.perf_counter()
+        if first:
+            self.metrics.ttft.observe(now - job.arrived)
+        else:
+            self.metrics.tpot.observe(now - job.last_token)
+        job.last_token = now
+        self.metrics.tokens_sent(1)
+
+    # ---- bodies ---------------------------------------------------------------------------------
+    def usage(self, job: Job) -> dict:
+        completion = sum(len(c.tokens) for c in job.choices)
+        return {"prompt_tokens": len(job.prompt), "completion_tokens": completion,
+                "total_tokens": len(job.prompt) + completion}
+
+    def response(self, job: Job) -> dict:
+        """The whole (non-streaming) body once `run` has ended."""
+        choices = []
+        for c in job.choices:
+            if job.kind == "chat":
+                choices.append({"index": c.index, "message": {"role": "assistant", "content": c.text.sent},
+                                "logprobs": self.chat_logprobs(job, c.tokens), "finish_reason": c.finish_reason})
+            else:
+                choices.append({"index": c.index, "text": c.text.sent, "logprobs": self.completion_logprobs(job, c.tokens),
+                                "finish_reason": c.finish_reason})
+        return {"id": job.id, "object": "chat.completion" if job.kind == "chat" else "text_completion",
+                "created": int(time.time()), "model": job.model, "choices": choices, "usage": self.usage(job)}
+
+    def chunk(self, job: Job, piece: Piece, first: bool) -> dict | None:
+        """One server-sent event's body for `piece` (None when it adds nothing)."""
+        if not piece.text and not piece.tokens and piece.finish_reason is None and not first:
+            return None
+        if job.kind == "chat":
+            delta = {"role": "assistant", "content": piece.text} if first else (
+                {"content": piece.text} if piece.text or piece.tokens else {})
+            choice = {"index": piece.index, "delta": delta, "logprobs": self.chat_logprobs(job, piece.tokens),
+                      "finish_reason": piece.finish_reason}
+        else:
+            choice = {"index": piece.index, "text": piece.text, "logprobs": self.completion_logprobs(job, piece.tokens),
+                      "finish_reason": piece.finish_reason}
+        return self._chunk_body(job, [choice])
+
+    def usage_chunk(self, job: Job) -> dict:
+        return {**self._chunk_body(job, []), "usage": self.usage(job)}
+
+    def _chunk_body(self, job: Job, choices: list) -> dict:
+        return {"id": job.id, "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
+                "created": int(time.time()), "model": job.model, "choices": choices}
+
+    def _token_text(self, token: int) -> str:
+        return self.served.tokenizer.decode([token], skip_special=False)
+
+    def chat_logprobs(self, job: Job, tokens: list[TokenEvent]) -> dict | None:
+        if job.logprobs is None or not tokens:
+            return None
+
+        def entry(token, logprob):
+            text = self._token_text(token)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"content": [{**entry(e.token, e.logprob), "top_logprobs": [entry(t, lp) for t, lp in e.top_logprobs]}
+                            for e in tokens]}
+
+    def completion_logprobs(self, job: Job, tokens: list[TokenEvent]) -> dict | None:
+        if job.logprobs is None or not tokens:
+            return None
+        return {"tokens": [self._token_text(e.token) for e in tokens],
+                "token_logprobs": [e.logprob for e in tokens],
+                "top_logprobs": [{self._token_text(t): lp for t, lp in e.top_logprobs} for e in tokens]}
+
+
+class _ToLoop:
+    """The engine's `events` queue for one choice: each event the engine thread puts goes, with its
+    choice, to an asyncio queue of the event loop running the job."""
+
+    def __init__(self, events: asyncio.Queue, choice: Choice):
+        self.events, self.choice, self.loop = events, choice, asyncio.get_running_loop()
+
+    def put(self, event) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (self.choice, event))
