@@ -1,5 +1,5 @@
-"""The engine on a mesh of 8 fake devices (data=2, tensor=2, expert=2), weights placed by the
-trainer's rules: the same greedy tokens as the one-device engine for a mixed load with prefix
+"""The engine on meshes of 8 fake devices (data=2,tensor=2,expert=2 and tensor=2,expert=4), weights
+placed by the trainer's rules: the same greedy tokens as the one-device engine for a mixed load with prefix
 hits, log-probs within 1e-4 (fp32; the sharded sums add in another order), the weights and the
 slots really split, and collectives in the compiled step. A mesh the model cannot use fails first."""
 
@@ -17,6 +17,7 @@ from zaya_jax.engine.step import RowSampling
 from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
 
 LAYOUT = "data=2,tensor=2,expert=2"
+LAYOUTS = [LAYOUT, "tensor=2,expert=4"]  # slots over data; without data they are replicated
 SLOTS, CACHE, CHUNK, MAX_TOKENS, TOP = 4, 48, 8, 6, 3
 TOLERANCE = 1e-4
 
@@ -47,11 +48,12 @@ def one_device(model):
                         max_top_logprobs=TOP), model)
 
 
-@pytest.fixture(scope="module")
-def sharded(model):
-    """(the engine, each request's Finished and events, the compilations while serving after warm_up)."""
+@pytest.fixture(scope="module", params=LAYOUTS)
+def sharded(model, request):
+    """(the engine on the layout, each request's Finished and events, the compilations while serving
+    after warm_up)."""
     engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=1 << 20,
-                    max_top_logprobs=TOP, mesh=make_mesh(parse_mesh_flag(LAYOUT)))
+                    max_top_logprobs=TOP, mesh=make_mesh(parse_mesh_flag(request.param)))
     engine.warm_up()
     with compilations() as compiled:
         done = serve(engine, model)
@@ -76,8 +78,10 @@ def test_weights_and_slots_are_split_and_the_step_has_collectives(sharded):
     moe, attention = engine._params["layers"]["moe"], engine._params["layers"]["attention"]
     assert moe["gate"].get_value().sharding.spec == P(None, "expert", None, "tensor")
     assert attention["k_proj"].get_value().sharding.spec == P(None, None, "tensor", None)
-    assert engine._state.keys.sharding.spec == P(None, "data")  # still after restores and steps
-    assert engine._state.lengths.sharding.spec == P("data")
+    if engine.mesh.shape["data"] > 1:  # still after restores and steps
+        assert engine._state.keys.sharding.spec == P(None, "data") and engine._state.lengths.sharding.spec == P("data")
+    else:
+        assert engine._state.keys.sharding.is_fully_replicated and engine._state.lengths.sharding.is_fully_replicated
     assert len(engine._state.keys.sharding.device_set) == 8
     zeros = np.zeros(SLOTS, np.int32)
     rows = RowSampling(np.zeros(SLOTS, np.float32), zeros, np.ones(SLOTS, np.float32), zeros.astype(np.uint32), zeros)
@@ -86,7 +90,7 @@ def test_weights_and_slots_are_split_and_the_step_has_collectives(sharded):
     # the MoE's own sharded dispatch (moe_sharding: a shard_map, only under the engine's mesh), not
     # just the partitioner's resharding of sharded weights (which has all-to-alls and all-reduces too)
     found = collectives(hlo)
-    assert any(op == "all-to-all" and "experts/shard_map/all_to_all" in name for op, name in found)  # expert=2
+    assert any(op == "all-to-all" and "experts/shard_map/all_to_all" in name for op, name in found)  # expert
     assert any(op == "all-reduce" and "experts/shard_map/psum" in name for op, name in found)  # tensor=2
 
 

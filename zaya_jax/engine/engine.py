@@ -167,6 +167,12 @@ class Engine:
                     self.step()
             self._prefix, (self._prompt_tokens, self._generated_tokens) = kept, counts
 
+    def devices(self) -> list[jax.Device]:
+        """The devices holding the engine's weights and decode state (one without a mesh), by id."""
+        held = {d for x in jax.tree.leaves((self._params, self._state)) if isinstance(x, jax.Array)
+                for d in x.sharding.device_set}
+        return sorted(held, key=lambda d: d.id)
+
     def has_work(self) -> bool:
         with self._lock:
             return bool(self._waiting) or any(r is not None for r in self._rows)

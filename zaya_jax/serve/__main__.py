@@ -123,23 +123,27 @@ def context_length(cfg) -> int:
 
 def serving_mesh(model):
     """--mesh as a Mesh over every device (None without it), checked against the model and --slots
-    before anything compiles; says on stderr which devices serve."""
-    import jax
+    before anything compiles."""
     from zaya_jax.engine.placement import check_mesh, mesh_text
     from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
     if _MESH.value is None:
-        device = jax.devices()[0]
-        print(f"serving on 1 device ({device.platform}:{device.id} {device.device_kind}); --mesh shards over "
-              f"all {jax.device_count()}", file=sys.stderr)
         return None
     mesh = make_mesh(parse_mesh_flag(_MESH.value))
     shape = dict(mesh.shape)
     check_mesh(model, shape, _SLOTS.value, f"--mesh {_MESH.value}",
                lambda axis, size: f"--mesh {mesh_text({**shape, axis: size})}")
-    device = mesh.devices.flat[0]
-    print(f"serving on {mesh.size} devices ({device.platform} {device.device_kind}), mesh {mesh_text(shape)}",
-          file=sys.stderr)
     return mesh
+
+
+def say_devices(engine) -> None:
+    """The devices the engine's weights and state are on, and its mesh, on stderr."""
+    import jax
+    from zaya_jax.engine.placement import mesh_text
+    devices = engine.devices()
+    kinds = ", ".join(sorted({f"{d.platform} {d.device_kind}" for d in devices}))
+    layout = (f"mesh {mesh_text(dict(engine.mesh.shape))}" if engine.mesh is not None
+              else f"no mesh (--mesh shards over all {jax.device_count()})")
+    print(f"serving on {len(devices)} device{'s' if len(devices) > 1 else ''} ({kinds}), {layout}", file=sys.stderr)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -171,6 +175,7 @@ def main(argv: list[str]) -> None:
     engine = Engine(model, slots=_SLOTS.value, cache_size=context_length(model.config), chunk=_CHUNK.value,
                     prefix_cache_bytes=int(_PREFIX_CACHE_MB.value * 2 ** 20), max_top_logprobs=_MAX_TOP_LOGPROBS.value,
                     mesh=mesh)
+    say_devices(engine)
     engine.warm_up()
     metrics = ServerMetrics(engine)
     service = Service(engine, served, max_waiting=_MAX_WAITING.value, metrics=metrics)
