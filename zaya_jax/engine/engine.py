@@ -34,6 +34,7 @@ import numpy as np
 from flax import nnx
 
 from zaya_jax.engine.params import SamplingParams
+from zaya_jax.engine.placement import place
 from zaya_jax.engine.prefix_cache import PrefixCache, block_keys, restore, snapshot
 from zaya_jax.engine.step import Picked, RowSampling, engine_step
 from zaya_jax.infer.cache import empty_state
@@ -69,14 +70,22 @@ class _Request:
 
 class Engine:
     def __init__(self, model: ZayaLM, *, slots: int, cache_size: int, chunk: int, prefix_cache_bytes: int = 0,
-                 max_top_logprobs: int = 5):
+                 max_top_logprobs: int = 5, mesh: jax.sharding.Mesh | None = None):
         """model: a ZayaLM; slots: N decode rows; cache_size: T positions per row; chunk: C prompt
         tokens per row and step (also the prefix cache's block); prefix_cache_bytes: its budget
-        (0: off); max_top_logprobs: the most top_logprobs a request may ask for (one compiled size)."""
+        (0: off); max_top_logprobs: the most top_logprobs a request may ask for (one compiled size);
+        mesh: None (one device) or a mesh with the trainer's axes (parallel.mesh.make_mesh): weights
+        sharded by the trainer's rules, slots split over data, every compiled call sharded
+        (zaya_jax.engine.placement; a mesh the model cannot use is a ConfigError here)."""
         self.config = model.config
         self._graphdef, self._params = nnx.split(model)
         self.slots, self.cache_size, self.chunk, self.max_top_logprobs = slots, cache_size, chunk, max_top_logprobs
+        self.mesh = mesh
         self._state = empty_state(self.config, slots, cache_size)
+        self._step_fn, self._snapshot, self._restore = engine_step, snapshot, restore
+        if mesh is not None:
+            self._params, self._state, self._step_fn, self._snapshot, self._restore = place(
+                model, self._params, self._state, mesh, slots)
         self._prefix = PrefixCache(chunk, prefix_cache_bytes) if prefix_cache_bytes else None
         self._rows: list[_Request | None] = [None] * slots
         self._waiting: collections.deque[_Request] = collections.deque()
@@ -158,6 +167,12 @@ class Engine:
                     self.step()
             self._prefix, (self._prompt_tokens, self._generated_tokens) = kept, counts
 
+    def devices(self) -> list[jax.Device]:
+        """The devices holding the engine's weights and decode state (one without a mesh), by id."""
+        held = {d for x in jax.tree.leaves((self._params, self._state)) if isinstance(x, jax.Array)
+                for d in x.sharding.device_set}
+        return sorted(held, key=lambda d: d.id)
+
     def has_work(self) -> bool:
         with self._lock:
             return bool(self._waiting) or any(r is not None for r in self._rows)
@@ -225,7 +240,7 @@ class Engine:
                     continue
                 r.blocks = block_keys(r.prompt, self.chunk)
                 for i, entry in enumerate(self._prefix.lookup(r.prompt, r.blocks)):
-                    self._state = restore(self._state, np.int32(slot), np.int32(i * self.chunk), entry)
+                    self._state = self._restore(self._state, np.int32(slot), np.int32(i * self.chunk), entry)
                     r.prefilled += self.chunk
 
     def _lengths(self) -> np.ndarray:
@@ -246,14 +261,14 @@ class Engine:
             rows.temperature[slot], rows.seed[slot], rows.index[slot] = p.temperature, p.seed, len(r.tokens)
             rows.top_k[slot] = p.top_k or self.config.vocab_size
             rows.top_p[slot] = 1.0 if p.top_p is None else p.top_p
-        self._state, picked = engine_step(self._graphdef, self._params, self._state, self._lengths(), ids, n, rows,
-                                          top=max(self.max_top_logprobs, 1))
+        self._state, picked = self._step_fn(self._graphdef, self._params, self._state, self._lengths(), ids, n, rows,
+                                            top=max(self.max_top_logprobs, 1))
         picked = Picked(*map(np.asarray, picked))
         return ((slot, r, picked) for slot, r in requests.items() if self._rows[slot] is r)
 
     def _store_prefix(self, slot: int, r: _Request) -> None:
         if self._prefix is not None and self._prefix.wants(r.blocks, r.prefilled):
-            entry = snapshot(self._state, np.int32(slot), np.int32(r.prefilled - self.chunk), block=self.chunk)
+            entry = self._snapshot(self._state, np.int32(slot), np.int32(r.prefilled - self.chunk), block=self.chunk)
             self._prefix.insert(r.prompt, r.blocks, r.prefilled, entry)
 
     def _emit(self, slot: int, r: _Request, picked: Picked) -> None:

@@ -44,16 +44,14 @@ class Entry(NamedTuple):
     carry: CCACarry           # [L,P,H], [L,P,H], [L,K/2,H]
 
 
-@functools.partial(jax.jit, static_argnames=("block",))
-def snapshot(state: DecodeState, slot: jax.Array, start: jax.Array, *, block: int) -> Entry:
+def snapshot_fn(state: DecodeState, slot: jax.Array, start: jax.Array, *, block: int) -> Entry:
     """slot's block of positions [start, start + C = `block`) with its ring and carry as they are now."""
     take = lambda x: jax.lax.dynamic_slice_in_dim(x[:, slot], start, block, axis=1)  # noqa: E731
     return Entry(take(state.keys), take(state.values), state.window_keys[:, slot], state.window_values[:, slot],
                  jax.tree.map(lambda x: x[:, slot], state.carry))
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
-def restore(state: DecodeState, slot: jax.Array, start: jax.Array, entry: Entry) -> DecodeState:
+def restore_fn(state: DecodeState, slot: jax.Array, start: jax.Array, entry: Entry) -> DecodeState:
     """The state (donated) with `entry` put into `slot`: its keys and values at [start, start + C),
     its ring and carry (lengths is the engine's to set)."""
     def put(x, e):
@@ -62,6 +60,12 @@ def restore(state: DecodeState, slot: jax.Array, start: jax.Array, entry: Entry)
                           window_keys=state.window_keys.at[:, slot].set(entry.window_keys),
                           window_values=state.window_values.at[:, slot].set(entry.window_values),
                           carry=jax.tree.map(lambda x, e: x.at[:, slot].set(e), state.carry, entry.carry))
+
+
+SNAPSHOT_JIT = dict(static_argnames=("block",))
+RESTORE_JIT = dict(donate_argnums=(0,))
+snapshot = jax.jit(snapshot_fn, **SNAPSHOT_JIT)
+restore = jax.jit(restore_fn, **RESTORE_JIT)
 
 
 def entry_bytes(cfg: ModelConfig, block: int, cache_size: int) -> int:

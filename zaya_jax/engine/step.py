@@ -7,7 +7,6 @@ is donated: the step updates the engine's cache in place instead of copying it.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -49,11 +48,15 @@ def pick(logits: jax.Array, rows: RowSampling, top: int) -> Picked:
     return Picked(token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0], best_tokens.astype(jnp.int32), best)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("top",), donate_argnums=(2,))
-def engine_step(graphdef, params, state: DecodeState, lengths: jax.Array, ids: jax.Array, counts: jax.Array,
-                rows: RowSampling, *, top: int) -> tuple[DecodeState, Picked]:
+def step_fn(graphdef, params, state: DecodeState, lengths: jax.Array, ids: jax.Array, counts: jax.Array,
+            rows: RowSampling, *, top: int) -> tuple[DecodeState, Picked]:
     """lengths: [N] tokens each slot holds (the host's count, which also resets a reused slot);
     ids: [N,C]; counts: [N] (0: the slot sits this call out) -> the extended state and each row's
-    pick after its last new token (meaningless where counts is 0)."""
+    pick after its last new token (meaningless where counts is 0). Unjitted: `engine_step` is it
+    jitted with STEP_JIT; zaya_jax.engine.placement jits it with a mesh's shardings."""
     logits, state = extend(nnx.merge(graphdef, params), state._replace(lengths=lengths), ids, counts)
     return state, pick(logits, rows, top)
+
+
+STEP_JIT = dict(static_argnums=(0,), static_argnames=("top",), donate_argnums=(2,))
+engine_step = jax.jit(step_fn, **STEP_JIT)

@@ -2,6 +2,7 @@
 
   python -m zaya_jax.serve --checkpoint runs/demo [--port 8000] [--api_key KEY]
   python -m zaya_jax.serve --hf DIR [--host 0.0.0.0] [--quantize int8|int4] [--slots 8]
+  python -m zaya_jax.serve --checkpoint runs/demo --mesh tensor=2,expert=4
 
 Then any OpenAI client: `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=KEY or "none")`,
 `client.completions.create(model=NAME, prompt=...)`, `client.chat.completions.create(model=NAME,
@@ -13,7 +14,9 @@ the one its run recorded (--hf: DIR/tokenizer_config.json's; --chat_template FIL
 its context --max_model_len tokens of each slot's decode state (default: the model's
 max_position_embeddings, at most 4096). The engine (zaya_jax.engine) holds --slots requests at
 once, prefills prompts --chunk tokens per step between decode steps, and keeps shared prompt
-prefixes in a prefix cache of --prefix_cache_mb MiB (0: off). It compiles before the server
+prefixes in a prefix cache of --prefix_cache_mb MiB (0: off). On one device unless --mesh (the trainer's
+syntax and rules: zaya_jax.engine.placement) shards the weights and slots over all devices; the
+devices it uses go to stderr. It compiles before the server
 listens; the line `serving http://HOST:PORT/v1 (model NAME)` on stdout says it is ready (with
 --port 0, the port the system chose). Listens on 127.0.0.1 unless --host says otherwise.
 SIGTERM or Ctrl-C: the server stops accepting connections, finishes the requests in flight within
@@ -58,6 +61,10 @@ _PREFIX_CACHE_MB = flags.DEFINE_float("prefix_cache_mb", 256.0, "Prefix cache bu
 _MAX_WAITING = flags.DEFINE_integer("max_waiting", 64, "Requests queued for a slot before 429.", lower_bound=1)
 _MAX_TOP_LOGPROBS = flags.DEFINE_integer("max_top_logprobs", 20, "The most top_logprobs a request may ask for.",
                                          lower_bound=0)
+_MESH = flags.DEFINE_string("mesh", None, "Serve on every device as the trainer's mesh, AXIS=SIZE,... over "
+                                         "data, fsdp, expert, tensor, context (e.g. tensor=2,expert=4; one may "
+                                         "be -1: the rest). Weights sharded by the trainer's rules, slots over "
+                                         "data. Default: one device.")
 _GRACE = flags.DEFINE_float("shutdown_grace_s", 30.0, "On SIGTERM, seconds to finish the requests in flight.",
                             lower_bound=0)
 
@@ -114,6 +121,31 @@ def context_length(cfg) -> int:
     return _MAX_MODEL_LEN.value
 
 
+def serving_mesh(model):
+    """--mesh as a Mesh over every device (None without it), checked against the model and --slots
+    before anything compiles."""
+    from zaya_jax.engine.placement import check_mesh, mesh_text
+    from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
+    if _MESH.value is None:
+        return None
+    mesh = make_mesh(parse_mesh_flag(_MESH.value))
+    shape = dict(mesh.shape)
+    check_mesh(model, shape, _SLOTS.value, f"--mesh {_MESH.value}",
+               lambda axis, size: f"--mesh {mesh_text({**shape, axis: size})}")
+    return mesh
+
+
+def say_devices(engine) -> None:
+    """The devices the engine's weights and state are on, and its mesh, on stderr."""
+    import jax
+    from zaya_jax.engine.placement import mesh_text
+    devices = engine.devices()
+    kinds = ", ".join(sorted({f"{d.platform} {d.device_kind}" for d in devices}))
+    layout = (f"mesh {mesh_text(dict(engine.mesh.shape))}" if engine.mesh is not None
+              else f"no mesh (--mesh shards over all {jax.device_count()})")
+    print(f"serving on {len(devices)} device{'s' if len(devices) > 1 else ''} ({kinds}), {layout}", file=sys.stderr)
+
+
 def listening_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -139,8 +171,11 @@ def main(argv: list[str]) -> None:
     from zaya_jax.serve.service import Service
     sock = listening_socket(_HOST.value, _PORT.value)  # a taken port is named before the weights load
     model, served = load_served()
+    mesh = serving_mesh(model)
     engine = Engine(model, slots=_SLOTS.value, cache_size=context_length(model.config), chunk=_CHUNK.value,
-                    prefix_cache_bytes=int(_PREFIX_CACHE_MB.value * 2 ** 20), max_top_logprobs=_MAX_TOP_LOGPROBS.value)
+                    prefix_cache_bytes=int(_PREFIX_CACHE_MB.value * 2 ** 20), max_top_logprobs=_MAX_TOP_LOGPROBS.value,
+                    mesh=mesh)
+    say_devices(engine)
     engine.warm_up()
     metrics = ServerMetrics(engine)
     service = Service(engine, served, max_waiting=_MAX_WAITING.value, metrics=metrics)
