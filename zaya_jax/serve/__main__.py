@@ -7,6 +7,10 @@ Then any OpenAI client: `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=KEY
 `client.completions.create(model=NAME, prompt=...)`, `client.chat.completions.create(model=NAME,
 messages=[...])`, streaming or not; GET /metrics for Prometheus, /health for a load balancer.
 
+A vision-language model (--checkpoint of a vision-language run, configs/demo_vl.py, or --hf of a
+zaya1_vl directory) also reads chat messages' image_url parts (base64 data: URLs only), resized by
+the processor its config records; each request with images is prefilled whole and alone
+(docs/serving.md).
 The model is served under --served_model_name (default: the checkpoint or HF directory's name).
 Its tokenizer is the one the checkpoint carries (--hf: DIR/tokenizer.json), its chat template
 the one its run recorded (--hf: DIR/tokenizer_config.json's; --chat_template FILE otherwise),
@@ -72,14 +76,16 @@ def check_flags() -> None:
 
 
 def load_served():
-    """(the model, the ServedModel: name, tokenizer, chat template, end-of-turn ids)."""
+    """(the model: a ZayaLM or a ZayaVL, the ServedModel: name, tokenizer, chat template, end-of-turn
+    ids, and the image processor the model's config records: None for a text model)."""
     from zaya_jax.data.chat_template import end_of_turn_ids
     from zaya_jax.data.tokenizer import Tokenizer
     from zaya_jax.infer.chat import chat_template_for
-    from zaya_jax.infer.loading import load_checkpoint, load_hf, tokenizer_for
-    from zaya_jax.model.zaya import ZayaLM
+    from zaya_jax.infer.generate import text_model
+    from zaya_jax.infer.loading import load_model, model_image_processor, tokenizer_for
     from zaya_jax.serve.service import ServedModel
     source = _CHECKPOINT.value or _HF.value
+    processor = model_image_processor(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value)
     path, told = tokenizer_for(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value, given=_TOKENIZER.value)
     print(told, file=sys.stderr)
     try:
@@ -92,16 +98,12 @@ def load_served():
     options = dict(quantize=_QUANTIZE.value, group_size=_GROUP_SIZE.value)
     if _DTYPE.value is not None:
         options["dtype"] = _DTYPE.value
-    model = (load_hf(_HF.value, **options) if _HF.value is not None
-             else load_checkpoint(_CHECKPOINT.value, step=_STEP.value, **options))
-    if not isinstance(model, ZayaLM):
-        raise UserError(f"{source}: a vision-language model; the server serves text models for now "
-                        "(python -m zaya_jax.generate --image serves one request at a time)")
-    cfg = model.config
+    model = load_model(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value, **options)
+    cfg = text_model(model).config
     tokenizer = Tokenizer(path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
     end_of_turn = end_of_turn_ids(template, tokenizer) if template is not None else []
     name = _NAME.value or os.path.basename(os.path.normpath(source))
-    return model, ServedModel(name, tokenizer, template, end_of_turn)
+    return model, ServedModel(name, tokenizer, template, end_of_turn), processor
 
 
 def context_length(cfg) -> int:
@@ -134,13 +136,15 @@ def main(argv: list[str]) -> None:
     check_flags()
     import uvicorn
     from zaya_jax.engine.engine import Engine
+    from zaya_jax.infer.generate import text_model
     from zaya_jax.serve.app import create_app
     from zaya_jax.serve.metrics import ServerMetrics
     from zaya_jax.serve.service import Service
     sock = listening_socket(_HOST.value, _PORT.value)  # a taken port is named before the weights load
-    model, served = load_served()
-    engine = Engine(model, slots=_SLOTS.value, cache_size=context_length(model.config), chunk=_CHUNK.value,
-                    prefix_cache_bytes=int(_PREFIX_CACHE_MB.value * 2 ** 20), max_top_logprobs=_MAX_TOP_LOGPROBS.value)
+    model, served, processor = load_served()
+    engine = Engine(model, slots=_SLOTS.value, cache_size=context_length(text_model(model).config),
+                    chunk=_CHUNK.value, prefix_cache_bytes=int(_PREFIX_CACHE_MB.value * 2 ** 20),
+                    max_top_logprobs=_MAX_TOP_LOGPROBS.value, image_processor=processor)
     engine.warm_up()
     metrics = ServerMetrics(engine)
     service = Service(engine, served, max_waiting=_MAX_WAITING.value, metrics=metrics)
