@@ -30,16 +30,19 @@ def model():
 @pytest.fixture(scope="module")
 def requests():
     """(prompt, images) pairs: two images (16x24 and 8x16: 6 and 2 tokens), text, one 16x16 image, text,
-    and the 16x16 one's prompt with another image of that size (same ids, other pixels)."""
+    the 16x16 one's prompt with another image of that size (same ids, other pixels), and the first
+    text prompt's first block (CHUNK tokens) before an 8x16 image."""
     rng = np.random.default_rng(7)
     pictures = [rng.integers(0, 256, shape, np.uint8) for shape in [(16, 24, 3), (8, 16, 3), (16, 16, 3), (16, 16)]]
 
     def with_images(short, images):
         return expand_placeholders(short, [PROCESSOR(p)[1] for p in images], IDS), images
     one = [2, 9, IDS.vision_start, IDS.image, IDS.vision_end, 7]
+    text = rng.integers(3, 89, 11).tolist()
     return [with_images([2, 17, 5, IDS.image, 33, IDS.image, 40, 41], pictures[:2]),
-            (rng.integers(3, 89, 11).tolist(), []), with_images(one, pictures[2:3]),
-            (rng.integers(3, 89, 19).tolist(), []), with_images(one, pictures[3:4])]
+            (text, []), with_images(one, pictures[2:3]),
+            (rng.integers(3, 89, 19).tolist(), []), with_images(one, pictures[3:4]),
+            with_images(text[:CHUNK] + [IDS.image, 7], pictures[1:2])]
 
 
 def text_logits(model, prompt: list[int]) -> np.ndarray:
@@ -57,10 +60,11 @@ def greedy() -> SamplingParams:
 
 
 def test_image_and_text_requests_together_equal_each_alone(model, requests):
-    """Arrivals at steps 0, 0, 1, 1 and 3 into 3 slots (the prefix cache on): the image requests are
+    """Arrivals at steps 0, 0, 1, 1, 3 and 3 into 3 slots (the prefix cache on): the image requests are
     prefilled whole beside text requests mid-prefill or decoding; each response is generate's for it
-    alone, its logprobs the whole model's over prompt + tokens. The last two share their ids and
-    differ in their image's pixels: different answers, no prefix hit (images bypass the cache)."""
+    alone, its logprobs the whole model's over prompt + tokens. Two share their ids and differ in
+    their image's pixels: different answers; the last one starts with a block the cache holds, yet
+    no prefix hit (images bypass the cache)."""
     engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=1 << 20,
                     image_processor=PROCESSOR)
     queues = []

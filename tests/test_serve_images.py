@@ -16,10 +16,12 @@ import subprocess
 import sys
 
 import httpx
+import jax
 import numpy as np
 import pytest
 from PIL import Image
 
+from tests.test_vision_generate import whole_model_logits
 from tests.train_helpers import REPO, cli_env
 from tests.vision_fixtures import IDS, TEXT, VISION, random_vl_model
 
@@ -96,7 +98,8 @@ def model(checkpoint):
 def test_chats_with_images_beside_text_equal_generate_alone(client, checkpoint, model):
     """Two chats, each an image (16x24: 6 image tokens; 16x16: 4) before the text, and a text
     completion, sent at once into 2 slots: each one's tokens are generate's for its prompt (the
-    chat template's, the image's span where its part was) and images alone."""
+    chat template's, the image's span where its part was) and images alone, its logprobs the whole
+    model's (tower and text model, no cache) over prompt + tokens."""
     import zaya_jax
     from zaya_jax.data.tokenizer import Tokenizer
     from zaya_jax.vision.processor import ImageProcessor
@@ -118,9 +121,12 @@ def test_chats_with_images_beside_text_equal_generate_alone(client, checkpoint, 
         prompt = [2, 3, IDS.vision_start, *[IDS.image] * (grid[1] * grid[2] // 4), IDS.vision_end, 7, 8, 4]
         want = zaya_jax.generate(model, [prompt], 5, images=[[picture]], image_processor=processor,
                                  stop_at_eos=False)[0].tolist()
-        assert [t.token for t in answer.choices[0].logprobs.content] == [
-            tokenizer.decode([t], skip_special=False) for t in want]
+        content = answer.choices[0].logprobs.content
+        assert [t.token for t in content] == [tokenizer.decode([t], skip_special=False) for t in want]
         assert answer.usage.prompt_tokens == len(prompt)
+        whole = [jax.nn.log_softmax(whole_model_logits(model, prompt + want[:k], [picture]))[t]
+                 for k, t in enumerate(want)]
+        np.testing.assert_allclose([t.logprob for t in content], whole, atol=2e-4)
     assert text.choices[0].text == tokenizer.decode(
         zaya_jax.generate(model, [[2, 9, 10, 11]], 5, stop_at_eos=False)[0].tolist())
 
