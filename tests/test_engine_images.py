@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 import zaya_jax
-from tests.test_engine_serving import drain, submit
+from tests.test_engine_serving import compilations, drain, submit
 from tests.test_vision_generate import PROCESSOR, WIDTH, whole_model_logits
 from tests.vision_fixtures import IDS, TEXT, random_vl_model
 from zaya_jax.engine import Engine, SamplingParams
@@ -99,13 +99,7 @@ def test_image_and_text_requests_together_equal_each_alone(model, requests):
 def test_warm_up_for_an_image_size_leaves_nothing_to_compile(model, requests):
     engine = Engine(model, slots=2, cache_size=CACHE, chunk=CHUNK, image_processor=PROCESSOR)
     engine.warm_up(image_sizes=((16, 16),))
-    compiled = []
-
-    def listen(event, duration, **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiled.append(duration)
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
+    with compilations() as compiled:
         queues = [submit(engine, requests[1][0], greedy())]
         engine.step()
         engine.submit(requests[2][0], SamplingParams(max_tokens=3), images=requests[2][1],
@@ -113,8 +107,6 @@ def test_warm_up_for_an_image_size_leaves_nothing_to_compile(model, requests):
         queues.append(events)
         while engine.has_work():
             engine.step()
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
     assert compiled == [] and all(drain(q)[0].reason in ("stop", "length") for q in queues)
 
 

@@ -1,7 +1,9 @@
 """The serving engine (zaya_jax.engine): continuous batching, per-request sampling, exact prefix
 caching, cancellation, bounded compilation and argument checks, on a tiny mixed sliding/full model."""
 
+import contextlib
 import queue
+from typing import Iterator
 
 import jax
 import numpy as np
@@ -65,6 +67,21 @@ def drain(events) -> tuple[Finished, list]:
     while not isinstance(event := events.get_nowait(), Finished):
         tokens.append(event)
     return event, tokens
+
+
+@contextlib.contextmanager
+def compilations() -> Iterator[list[float]]:
+    """The XLA compilations inside the block: a list of their durations, filled as they happen."""
+    compiled = []
+
+    def listen(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(duration)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield compiled
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def greedy(**kw) -> SamplingParams:
@@ -203,13 +220,7 @@ def test_nothing_compiles_after_warm_up(model, prompts, shared):
     engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=1 << 20)
     run(engine, [[(shared[0], greedy())], [], [], [(shared[2], sampled(3))]])  # chunks, decode, store, restore
     assert engine.stats()["prefix_hits"] == 1
-    compiled = []
-
-    def listen(event, duration, **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiled.append(duration)
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
+    with compilations() as compiled:
         queues = [submit(engine, p, params) for p, params in
                   [(prompts[2], sampled(4)), (shared[1], greedy()), (prompts[0], SamplingParams(max_tokens=3)),
                    (shared[5], SamplingParams(max_tokens=5, temperature=0.5, top_p=0.5, logprobs=True)),
@@ -218,8 +229,6 @@ def test_nothing_compiles_after_warm_up(model, prompts, shared):
         engine.cancel(engine.submit(prompts[3], greedy()))
         while engine.has_work():
             engine.step()
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
     assert compiled == []
     assert all(drain(q)[0].reason in ("stop", "length") for q in queues)
     assert engine.stats()["prefix_hits"] > 1

@@ -11,9 +11,6 @@ import base64
 import concurrent.futures
 import dataclasses
 import io
-import re
-import subprocess
-import sys
 
 import httpx
 import jax
@@ -21,8 +18,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.test_serve import started_server
 from tests.test_vision_generate import whole_model_logits
-from tests.train_helpers import REPO, cli_env
 from tests.vision_fixtures import IDS, TEXT, VISION, random_vl_model
 
 pytestmark = pytest.mark.xdist_group("serve_images")
@@ -71,17 +68,9 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(checkpoint):
     from zaya_jax.data.chat_template import PLAIN
-    proc = subprocess.Popen([sys.executable, "-m", "zaya_jax.serve", "--checkpoint", str(checkpoint), "--port", "0",
-                             "--slots", "2", "--chunk", "8", "--chat_template", PLAIN],
-                            cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    found = re.match(r"serving (http://127\.0\.0\.1:\d+/v1) \(model tiny-vl, 2 slots of 64 tokens\)", line)
-    if not found:
-        proc.kill()
-        pytest.fail(f"no serving line: {line!r}\n{proc.stderr.read()[-3000:]}")
-    yield found.group(1)
-    proc.kill()
-    proc.wait()
+    for url, _ in started_server(["--checkpoint", str(checkpoint), "--slots", "2", "--chunk", "8", "--chat_template",
+                                  PLAIN], f"model {NAME}, 2 slots of 64 tokens"):
+        yield url
 
 
 @pytest.fixture(scope="module")
