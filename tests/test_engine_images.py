@@ -120,6 +120,8 @@ def test_bad_image_requests_are_refused_before_anything_runs(model, requests):
     text = Engine(model.text, slots=1, cache_size=CACHE, chunk=CHUNK)
     with pytest.raises(ValueError, match="images need a vision-language model"):
         text.submit([2, 5], greedy(), images=images[:1])
+    with pytest.raises(ValueError, match="needs a vision-language model"):
+        text.warm_up(image_sizes=((16, 16),))
     assert not engine.has_work() and not text.has_work()
     submit(engine, [2, 5], SamplingParams(max_tokens=1))  # a text request on a vision-language engine
     while engine.has_work():

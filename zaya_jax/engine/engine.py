@@ -181,6 +181,8 @@ class Engine:
         with self._lock:
             if self.has_work():
                 raise RuntimeError("warm_up() runs on an idle engine, before start()")
+            if image_sizes and self._vl is None:
+                raise ValueError("warm_up(image_sizes=...) needs a vision-language model (a ZayaVL)")
             kept, counts = self._prefix, (self._prompt_tokens, self._generated_tokens)
             if kept is not None:
                 self._prefix = PrefixCache(self.chunk, kept.budget)
