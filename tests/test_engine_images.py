@@ -96,6 +96,26 @@ def test_image_and_text_requests_together_equal_each_alone(model, requests):
     assert stats["running"] == stats["waiting"] == 0
 
 
+def test_a_seeded_sampled_image_request_is_the_same_alone_and_among_others(model, requests):
+    """Its first token is drawn in the image prefill with its own seed and index, the rest in the
+    shared decode steps: the same tokens alone as beside a text request and a one-token image request."""
+    engine = Engine(model, slots=3, cache_size=CACHE, chunk=CHUNK, image_processor=PROCESSOR)
+    sampled = SamplingParams(max_tokens=NEW, temperature=1.5, seed=5, ignore_eos=True)
+    prompt, images = requests[0]
+    engine.submit(prompt, sampled, images=images, events=(alone := queue.Queue()))
+    while engine.has_work():
+        engine.step()
+    others = [submit(engine, requests[3][0], greedy())]
+    engine.step()
+    engine.submit(requests[2][0], SamplingParams(max_tokens=1), images=requests[2][1], events=(one := queue.Queue()))
+    engine.submit(prompt, sampled, images=images, events=(among := queue.Queue()))
+    while engine.has_work():
+        engine.step()
+    want = drain(alone)[0].tokens
+    assert drain(among)[0].tokens == want and len(want) == NEW
+    assert len(drain(one)[0].tokens) == 1 and drain(others[0])[0].reason in ("stop", "length")
+
+
 def test_warm_up_for_an_image_size_leaves_nothing_to_compile(model, requests):
     engine = Engine(model, slots=2, cache_size=CACHE, chunk=CHUNK, image_processor=PROCESSOR)
     engine.warm_up(image_sizes=((16, 16),))
