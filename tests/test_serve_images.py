@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.test_serve import started_server
+from tests.test_serve import metric, started_server
 from tests.test_vision_generate import whole_model_logits
 from tests.vision_fixtures import IDS, TEXT, VISION, random_vl_model
 
@@ -68,14 +68,13 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(checkpoint):
     from zaya_jax.data.chat_template import PLAIN
-    for url, _ in started_server(["--checkpoint", str(checkpoint), "--slots", "2", "--chunk", "8", "--chat_template",
-                                  PLAIN], f"model {NAME}, 2 slots of 64 tokens"):
-        yield url
+    yield from started_server(["--checkpoint", str(checkpoint), "--slots", "2", "--chunk", "8", "--chat_template",
+                               PLAIN, "--warm_up_images", "16x16"], f"model {NAME}, 2 slots of 64 tokens")
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server, api_key="none", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=server[0], api_key="none", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +83,9 @@ def model(checkpoint):
     return load_checkpoint(str(checkpoint))
 
 
-def test_chats_with_images_beside_text_equal_generate_alone(client, checkpoint, model):
+def test_chats_with_images_beside_text_equal_generate_alone(server, client, checkpoint, model):
     """Two chats, each an image (16x24: 6 image tokens; 16x16: 4) before the text, and a text
-    completion, sent at once into 2 slots: each one's tokens are generate's for its prompt (the
+    completion, sent at once into 2 slots, with nothing to compile after --warm_up_images 16x16: each one's tokens are generate's for its prompt (the
     chat template's, the image's span where its part was) and images alone, its logprobs the whole
     model's (tower and text model, no cache) over prompt + tokens."""
     import zaya_jax
@@ -118,6 +117,7 @@ def test_chats_with_images_beside_text_equal_generate_alone(client, checkpoint, 
         np.testing.assert_allclose([t.logprob for t in content], whole, atol=2e-4)
     assert text.choices[0].text == tokenizer.decode(
         zaya_jax.generate(model, [[2, 9, 10, 11]], 5, stop_at_eos=False)[0].tolist())
+    assert metric(server, "zaya_compilations_total") == 0   # --warm_up_images 16x16: both images' bucket
 
 
 def _png(size) -> str:
@@ -137,12 +137,12 @@ BAD = [  # (content parts, words the message must hold)
 
 def test_bad_images_are_400s_naming_the_part_and_the_server_keeps_serving(server, client):
     for parts, words in BAD:
-        answer = httpx.post(f"{server}/chat/completions", json={"model": NAME, "messages": [
+        answer = httpx.post(f"{server[0]}/chat/completions", json={"model": NAME, "messages": [
             {"role": "user", "content": parts}]})
         assert answer.status_code == 400, (words, answer.text)
         assert words in answer.json()["error"]["message"], answer.text
         assert answer.json()["error"]["param"].startswith("messages.0.content.")
-    answer = httpx.post(f"{server}/completions", json={"model": NAME, "prompt": [2, IDS.image, 5]})
+    answer = httpx.post(f"{server[0]}/completions", json={"model": NAME, "prompt": [2, IDS.image, 5]})
     assert answer.status_code == 400 and "image placeholder" in answer.json()["error"]["message"]
     ok = client.chat.completions.create(model=NAME, max_tokens=2, messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": _png((8, 8))}}]}])

@@ -10,7 +10,8 @@ messages=[...])`, streaming or not; GET /metrics for Prometheus, /health for a l
 A vision-language model (--checkpoint of a vision-language run, configs/demo_vl.py, or --hf of a
 zaya1_vl directory) also reads chat messages' image_url parts (base64 data: URLs only), resized by
 the processor its config records; each request with images is prefilled whole and alone
-(docs/serving.md).
+(docs/serving.md); --warm_up_images HxW,... compiles its prefill for those image sizes before the
+server listens (the others compile on first use).
 The model is served under --served_model_name (default: the checkpoint or HF directory's name).
 Its tokenizer is the one the checkpoint carries (--hf: DIR/tokenizer.json), its chat template
 the one its run recorded (--hf: DIR/tokenizer_config.json's; --chat_template FILE otherwise),
@@ -62,6 +63,8 @@ _PREFIX_CACHE_MB = flags.DEFINE_float("prefix_cache_mb", 256.0, "Prefix cache bu
 _MAX_WAITING = flags.DEFINE_integer("max_waiting", 64, "Requests queued for a slot before 429.", lower_bound=1)
 _MAX_TOP_LOGPROBS = flags.DEFINE_integer("max_top_logprobs", 20, "The most top_logprobs a request may ask for.",
                                          lower_bound=0)
+_WARM_UP_IMAGES = flags.DEFINE_list("warm_up_images", [], "Image sizes HxW (e.g. 448x448,224x336) whose image "
+                                    "prefill compiles before the server listens (a vision-language model).")
 _GRACE = flags.DEFINE_float("shutdown_grace_s", 30.0, "On SIGTERM, seconds to finish the requests in flight.",
                             lower_bound=0)
 
@@ -106,6 +109,21 @@ def load_served():
     return model, ServedModel(name, tokenizer, template, end_of_turn), processor
 
 
+def warm_up_image_sizes(vision_language: bool) -> tuple[tuple[int, int], ...]:
+    """--warm_up_images as ((height, width), ...); UserError for a malformed size or a text model."""
+    if not _WARM_UP_IMAGES.value:
+        return ()
+    if not vision_language:
+        raise UserError("--warm_up_images: the model is text only; image sizes are for a vision-language model")
+    sizes = []
+    for size in _WARM_UP_IMAGES.value:
+        height, x, width = size.strip().partition("x")
+        if not (x and height.isdigit() and width.isdigit()):
+            raise UserError(f"--warm_up_images {size!r}: give HEIGHTxWIDTH in pixels, e.g. 448x448")
+        sizes.append((int(height), int(width)))
+    return tuple(sizes)
+
+
 def context_length(cfg) -> int:
     limit = cfg.max_position_embeddings if cfg.position_limit is not None else None
     if _MAX_MODEL_LEN.value is None:
@@ -145,7 +163,7 @@ def main(argv: list[str]) -> None:
     engine = Engine(model, slots=_SLOTS.value, cache_size=context_length(text_model(model).config),
                     chunk=_CHUNK.value, prefix_cache_bytes=int(_PREFIX_CACHE_MB.value * 2 ** 20),
                     max_top_logprobs=_MAX_TOP_LOGPROBS.value, image_processor=processor)
-    engine.warm_up()
+    engine.warm_up(image_sizes=warm_up_image_sizes(processor is not None))
     metrics = ServerMetrics(engine)
     service = Service(engine, served, max_waiting=_MAX_WAITING.value, metrics=metrics)
     server = uvicorn.Server(uvicorn.Config(create_app(service, _API_KEY.value), log_level="warning",
