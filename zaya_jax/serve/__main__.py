@@ -109,17 +109,22 @@ def load_served():
     return model, ServedModel(name, tokenizer, template, end_of_turn), processor
 
 
-def warm_up_image_sizes(vision_language: bool) -> tuple[tuple[int, int], ...]:
-    """--warm_up_images as ((height, width), ...); UserError for a malformed size or a text model."""
+def warm_up_image_sizes(processor) -> tuple[tuple[int, int], ...]:
+    """--warm_up_images as ((height, width), ...); UserError for a text model (processor None), a
+    malformed size or one the model's image processor refuses."""
     if not _WARM_UP_IMAGES.value:
         return ()
-    if not vision_language:
+    if processor is None:
         raise UserError("--warm_up_images: the model is text only; image sizes are for a vision-language model")
     sizes = []
     for size in _WARM_UP_IMAGES.value:
         height, x, width = size.strip().partition("x")
         if not (x and height.isdigit() and width.isdigit()):
             raise UserError(f"--warm_up_images {size!r}: give HEIGHTxWIDTH in pixels, e.g. 448x448")
+        try:
+            processor.size(int(height), int(width))
+        except UserError as err:
+            raise UserError(f"--warm_up_images {size}: {err}") from None
         sizes.append((int(height), int(width)))
     return tuple(sizes)
 
@@ -160,10 +165,11 @@ def main(argv: list[str]) -> None:
     from zaya_jax.serve.service import Service
     sock = listening_socket(_HOST.value, _PORT.value)  # a taken port is named before the weights load
     model, served, processor = load_served()
+    image_sizes = warm_up_image_sizes(processor)
     engine = Engine(model, slots=_SLOTS.value, cache_size=context_length(text_model(model).config),
                     chunk=_CHUNK.value, prefix_cache_bytes=int(_PREFIX_CACHE_MB.value * 2 ** 20),
                     max_top_logprobs=_MAX_TOP_LOGPROBS.value, image_processor=processor)
-    engine.warm_up(image_sizes=warm_up_image_sizes(processor is not None))
+    engine.warm_up(image_sizes=image_sizes)
     metrics = ServerMetrics(engine)
     service = Service(engine, served, max_waiting=_MAX_WAITING.value, metrics=metrics)
     server = uvicorn.Server(uvicorn.Config(create_app(service, _API_KEY.value), log_level="warning",
