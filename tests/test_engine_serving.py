@@ -71,7 +71,7 @@ def drain(events) -> tuple[Finished, list]:
 
 @contextlib.contextmanager
 def compilations() -> Iterator[list[float]]:
-    """-> a list that gets the duration of each backend compilation while the block runs."""
+    """The XLA compilations inside the block: a list of their durations, filled as they happen."""
     compiled = []
 
     def listen(event, duration, **_):

@@ -52,12 +52,18 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(checkpoint):
     """(base URL, the server process) once it says it serves."""
-    proc = subprocess.Popen([sys.executable, "-m", "zaya_jax.serve", "--checkpoint", str(checkpoint), "--port", "0",
-                             "--api_key", KEY, "--slots", str(SLOTS), "--chunk", str(CHUNK), "--max_waiting", "4",
-                             "--max_top_logprobs", "3", "--chat_template", TEMPLATE, "--shutdown_grace_s", "60"],
+    yield from started_server(["--checkpoint", str(checkpoint), "--api_key", KEY, "--slots", str(SLOTS), "--chunk",
+                               str(CHUNK), "--max_waiting", "4", "--max_top_logprobs", "3", "--chat_template",
+                               TEMPLATE, "--shutdown_grace_s", "60"], "model tiny, 3 slots of 160 tokens")
+
+
+def started_server(flags: list[str], says: str):
+    """A fixture's body: `python -m zaya_jax.serve --port 0 FLAGS`, yielding (base URL, the process) once
+    its serving line (holding `says`) is printed; killed afterwards if still running."""
+    proc = subprocess.Popen([sys.executable, "-m", "zaya_jax.serve", "--port", "0", *flags],
                             cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
-    found = re.match(r"serving (http://127\.0\.0\.1:\d+/v1) \(model tiny, 3 slots of 160 tokens\)", line)
+    found = re.match(rf"serving (http://127\.0\.0\.1:\d+/v1) \({re.escape(says)}\)", line)
     if not found:
         proc.kill()
         pytest.fail(f"no serving line: {line!r}\n{proc.stderr.read()[-3000:]}")

@@ -51,12 +51,12 @@ import numpy as np
 from absl import app, flags
 
 from zaya_jax import cli
-from zaya_jax.convert.hf_load import read_hf_config
 from zaya_jax.errors import UserError
 from zaya_jax.data.chat_template import IMAGE
 from zaya_jax.infer.chat import chat_template_for, read_messages
 from zaya_jax.infer.generate import generate, stop_tokens, text_model
-from zaya_jax.infer.loading import load_checkpoint, load_hf, tokenizer_for
+from zaya_jax.infer import loading
+from zaya_jax.infer.loading import tokenizer_for
 from zaya_jax.infer.quantize import MODES
 from zaya_jax.vision.model import ZayaVL
 from zaya_jax.vision.processor import ImageProcessor, read_image
@@ -103,37 +103,16 @@ def check_flags() -> None:
 
 
 def load_model():
+    """The model the flags name (zaya_jax.infer.loading.load_model)."""
     options = dict(quantize=_QUANTIZE.value, group_size=_GROUP_SIZE.value)
     if _DTYPE.value is not None:
         options["dtype"] = _DTYPE.value
-    if _HF.value is not None:
-        if read_hf_config(_HF.value).get("model_type") == "zaya1_vl":
-            if _QUANTIZE.value is not None:
-                raise UserError(f"--quantize: {_HF.value} is a zaya1_vl checkpoint; quantization is for text models")
-            from zaya_jax.convert.hf_vl import load_vl_hf
-            return load_vl_hf(_HF.value, **{k: v for k, v in options.items() if k == "dtype"})
-        return load_hf(_HF.value, **options)
-    try:
-        return load_checkpoint(_CHECKPOINT.value, step=_STEP.value, **options)
-    except ModuleNotFoundError as err:
-        if "zaya_jax.train" not in str(err.name):
-            raise
-        raise UserError(f"--checkpoint: {err}") from err
+    return loading.load_model(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value, **options)
 
 
 def model_image_processor() -> ImageProcessor | None:
-    """The image processor of the model the flags name, read from its config before any weights load:
-    a vision-language run's (its vision section: the sizes its images were prepared with) or a zaya1_vl
-    --hf directory's (its preprocessor_config.json); None for a text model."""
-    if _HF.value is not None:
-        if read_hf_config(_HF.value).get("model_type") != "zaya1_vl":
-            return None
-        from zaya_jax.convert.hf_vl import load_vl_processor
-        return load_vl_processor(_HF.value)
-    from zaya_jax.config_files import image_processor
-    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
-    config = read_config(checkpoint_dir(_CHECKPOINT.value), _STEP.value)
-    return image_processor(config) if "vision" in config else None
+    """The image processor of the model the flags name (zaya_jax.infer.loading.model_image_processor)."""
+    return loading.model_image_processor(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value)
 
 
 def checked_images() -> tuple[list, ImageProcessor | None]:

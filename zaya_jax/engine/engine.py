@@ -17,6 +17,11 @@ Each new token goes as a TokenEvent to the request's queue and its `on_token` ca
 optional, given to `submit`), from the thread running `step()`; a final Finished closes the queue.
 `submit`, `cancel`, `stats` and `step` are thread-safe; `start()` runs `step()` on a background
 thread while there is work.
+
+A ZAYA1-VL model (ZayaVL) also takes requests with images (`submit(..., images=[...])`, the prompt
+holding each image's expanded span as generate takes it): such a request is prefilled whole and
+alone when it is admitted, its vision tower in that call (images.py: one compilation per prompt
+width and patch bucket), skips the prefix cache, and then decodes among the others as text.
 """
 
 from __future__ import annotations
@@ -33,12 +38,17 @@ import jax
 import numpy as np
 from flax import nnx
 
+from zaya_jax.engine.images import as_rows, fill_test_image, image_inputs, prefill_with_images
 from zaya_jax.engine.params import SamplingParams
 from zaya_jax.engine.placement import place
 from zaya_jax.engine.prefix_cache import PrefixCache, block_keys, restore, snapshot
 from zaya_jax.engine.step import Picked, RowSampling, engine_step
+from zaya_jax.errors import UserError
 from zaya_jax.infer.cache import empty_state
+from zaya_jax.infer.generate import text_model
 from zaya_jax.model.zaya import ZayaLM
+from zaya_jax.vision.model import ImageBatch, ZayaVL
+from zaya_jax.vision.processor import ImageProcessor, image_span
 
 
 class TokenEvent(NamedTuple):
@@ -66,19 +76,31 @@ class _Request:
     blocks: list[bytes] = dataclasses.field(default_factory=list)  # the prompt's block keys (prefix cache)
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    padded: np.ndarray | None = None     # with images: the prompt right-padded, [1,S] int32
+    images: ImageBatch | None = None     # with images: their patches, [1,P,...] (prefilled whole, alone)
 
 
 class Engine:
-    def __init__(self, model: ZayaLM, *, slots: int, cache_size: int, chunk: int, prefix_cache_bytes: int = 0,
-                 max_top_logprobs: int = 5, mesh: jax.sharding.Mesh | None = None):
-        """model: a ZayaLM; slots: N decode rows; cache_size: T positions per row; chunk: C prompt
-        tokens per row and step (also the prefix cache's block); prefix_cache_bytes: its budget
-        (0: off); max_top_logprobs: the most top_logprobs a request may ask for (one compiled size);
+    def __init__(self, model: ZayaLM | ZayaVL, *, slots: int, cache_size: int, chunk: int, prefix_cache_bytes: int = 0,
+                 max_top_logprobs: int = 5, image_processor: ImageProcessor | None = None,
+                 mesh: jax.sharding.Mesh | None = None):
+        """model: a ZayaLM, or a ZayaVL (then requests may carry images); slots: N decode rows;
+        cache_size: T positions per row; chunk: C prompt tokens per row and step (also the prefix
+        cache's block); prefix_cache_bytes: its budget (0: off); max_top_logprobs: the most
+        top_logprobs a request may ask for (one compiled size); image_processor: how a ZayaVL's
+        images are resized and cut (default: ImageProcessor.for_tower, Qwen2-VL's sizes);
         mesh: None (one device) or a mesh with the trainer's axes (parallel.mesh.make_mesh): weights
         sharded by the trainer's rules, slots split over data, every compiled call sharded
-        (zaya_jax.engine.placement; a mesh the model cannot use is a ConfigError here)."""
-        self.config = model.config
-        self._graphdef, self._params = nnx.split(model)
+        (zaya_jax.engine.placement; a mesh the model cannot use is a ConfigError here; a ZayaVL
+        is served on one device)."""
+        if mesh is not None and isinstance(model, ZayaVL):
+            raise UserError("a vision-language model is served on one device for now: drop --mesh")
+        self.config = text_model(model).config
+        self._graphdef, self._params = nnx.split(text_model(model))
+        self._vl = model if isinstance(model, ZayaVL) else None
+        self.image_ids = None if self._vl is None else model.ids  # ImageTokenIds, None for a text model
+        self.image_processor = None if self._vl is None else (
+            image_processor or ImageProcessor.for_tower(model.vision.config))
         self.slots, self.cache_size, self.chunk, self.max_top_logprobs = slots, cache_size, chunk, max_top_logprobs
         self.mesh = mesh
         self._state = empty_state(self.config, slots, cache_size)
@@ -98,11 +120,13 @@ class Engine:
 
     # ---- requests -------------------------------------------------------------------------------
     def submit(self, prompt_ids, params: SamplingParams = SamplingParams(), *, events: queue.Queue | None = None,
-               on_token: Callable[[int, TokenEvent], None] | None = None) -> int:
+               on_token: Callable[[int, TokenEvent], None] | None = None, images=None) -> int:
         """-> the request id. Its TokenEvents, then one Finished, go to `events` and each TokenEvent
         to on_token(id, event). ValueError, before anything runs, for bad params or a prompt that
         does not fit: prompt + max_tokens - 1 positions must fit cache_size (the last token is
-        never fed)."""
+        never fed). images (a ZayaVL's engine only): uint8 [H, W(, C)] arrays or Pillow images in
+        the order of the prompt's image spans (zaya_jax.vision.prompts.expand_placeholders); their
+        placeholders must number their tokens, and a prompt without images holds none (ValueError)."""
         cfg = self.config
         params.validate(cfg.vocab_size, self.max_top_logprobs)
         prompt = np.asarray(prompt_ids, np.int64).reshape(-1)
@@ -117,8 +141,17 @@ class Engine:
             raise ValueError(f"prompt + max_tokens needs {needed} positions, more than the model's "
                              f"max_position_embeddings={cfg.max_position_embeddings}")
         stops = frozenset(map(int, params.stop_ids)) | (frozenset() if params.ignore_eos else {cfg.eos_token_id})
+        padded, batch = None, None
+        if self._vl is not None:
+            try:
+                padded, batch = image_inputs(self._vl, prompt, images, self.image_processor, self.cache_size)
+            except UserError as err:
+                raise ValueError(str(err)) from None
+        elif images:
+            raise ValueError("images need a vision-language model (a ZayaVL); this engine serves a text model")
         with self._lock:
-            request = _Request(next(self._ids), prompt.astype(np.int32), params, stops, on_token, events)
+            request = _Request(next(self._ids), prompt.astype(np.int32), params, stops, on_token, events,
+                               padded=padded, images=batch)
             self._waiting.append(request)
             self._work.notify()
         return request.id
@@ -150,19 +183,31 @@ class Engine:
         """Bytes of one slot's decode state (keys, values, rings, carry, length)."""
         return sum(x.nbytes for x in jax.tree.leaves(self._state)) // self.slots
 
-    def warm_up(self) -> None:
+    def warm_up(self, image_sizes: tuple[tuple[int, int], ...] = ()) -> None:
         """Compiles every program serving runs (the [N,C] and [N,1] steps, the prefix cache's
         snapshot and restore) on two throwaway requests, then forgets them (their cache entries
-        and token counts are not kept): nothing compiles after this. Call it before start()."""
+        and token counts are not kept): nothing compiles after this for text requests. Call it
+        before start(). image_sizes (a ZayaVL's engine): for each (height, width), a request of bos
+        and one grey image of that size compiles the image prefill of its patch and prompt-width
+        buckets (a longer prompt around the image may fall in a later width bucket, compiled on
+        first use)."""
         with self._lock:
             if self.has_work():
                 raise RuntimeError("warm_up() runs on an idle engine, before start()")
+            if image_sizes and self._vl is None:
+                raise ValueError("warm_up(image_sizes=...) needs a vision-language model (a ZayaVL)")
             kept, counts = self._prefix, (self._prompt_tokens, self._generated_tokens)
             if kept is not None:
                 self._prefix = PrefixCache(self.chunk, kept.budget)
             prompt = np.full(min(self.chunk + 1, self.cache_size - 1), self.config.bos_token_id)
             for _ in range(2):  # the second restores the block the first stored
                 self.submit(prompt, SamplingParams(max_tokens=2))
+                while self.has_work():
+                    self.step()
+            for height, width in image_sizes:
+                image = fill_test_image(height, width)
+                span = image_span(self.image_processor.grid(image), *self.image_ids, self.image_processor.merge_size)
+                self.submit([self.config.bos_token_id, *span], SamplingParams(max_tokens=2), images=[image])
                 while self.has_work():
                     self.step()
             self._prefix, (self._prompt_tokens, self._generated_tokens) = kept, counts
@@ -183,6 +228,9 @@ class Engine:
         every slot still prefilling, one decode step for every slot with a token to feed."""
         with self._lock:
             self._admit()
+            for slot, r in enumerate(self._rows):
+                if r is not None and r.images is not None and r.prefilled == 0:
+                    self._prefill_images(slot, r)
             prefilling = {slot: min(self.chunk, r.prompt.size - r.prefilled) for slot, r in enumerate(self._rows)
                           if r is not None and r.prefilled < r.prompt.size}
             if prefilling:
@@ -236,7 +284,7 @@ class Engine:
             if self._rows[slot] is None and self._waiting:
                 r = self._waiting.popleft()
                 self._rows[slot] = r
-                if self._prefix is None:
+                if self._prefix is None or r.images is not None:  # an image's keys are not the prompt's ids'
                     continue
                 r.blocks = block_keys(r.prompt, self.chunk)
                 for i, entry in enumerate(self._prefix.lookup(r.prompt, r.blocks)):
@@ -252,19 +300,38 @@ class Engine:
         -> (slot, request, numpy picks) for each counted slot whose request is still there when its
         turn comes (an on_token callback may cancel another), checked lazily; the step runs at the call."""
         n = np.zeros(self.slots, np.int32)
-        rows = RowSampling(np.zeros(self.slots, np.float32), np.full(self.slots, self.config.vocab_size, np.int32),
-                           np.ones(self.slots, np.float32), np.zeros(self.slots, np.uint32),
-                           np.zeros(self.slots, np.int32))
         requests = {slot: self._rows[slot] for slot in counts}
-        for slot, r in requests.items():
-            p, n[slot] = r.params, counts[slot]
-            rows.temperature[slot], rows.seed[slot], rows.index[slot] = p.temperature, p.seed, len(r.tokens)
-            rows.top_k[slot] = p.top_k or self.config.vocab_size
-            rows.top_p[slot] = 1.0 if p.top_p is None else p.top_p
+        for slot in requests:
+            n[slot] = counts[slot]
+        rows = self._row_sampling(requests)
         self._state, picked = self._step_fn(self._graphdef, self._params, self._state, self._lengths(), ids, n, rows,
                                             top=max(self.max_top_logprobs, 1))
         picked = Picked(*map(np.asarray, picked))
         return ((slot, r, picked) for slot, r in requests.items() if self._rows[slot] is r)
+
+    def _row_sampling(self, requests: dict[int, _Request]) -> RowSampling:
+        """Each slot's sampling settings, [N] arrays (defaults where no request is given)."""
+        rows = RowSampling(np.zeros(self.slots, np.float32), np.full(self.slots, self.config.vocab_size, np.int32),
+                           np.ones(self.slots, np.float32), np.zeros(self.slots, np.uint32),
+                           np.zeros(self.slots, np.int32))
+        for slot, r in requests.items():
+            p = r.params
+            rows.temperature[slot], rows.seed[slot], rows.index[slot] = p.temperature, p.seed, len(r.tokens)
+            rows.top_k[slot] = p.top_k or self.config.vocab_size
+            rows.top_p[slot] = 1.0 if p.top_p is None else p.top_p
+        return rows
+
+    def _prefill_images(self, slot: int, r: _Request) -> None:
+        """Prefill a request with images whole, alone, into its slot's row (images.py), and emit its
+        first token."""
+        graphdef, params = nnx.split(self._vl)
+        rows = RowSampling(*(x[slot:slot + 1] for x in self._row_sampling({slot: r})))
+        self._state, picked = prefill_with_images(graphdef, params, self._state, np.int32(slot), r.padded,
+                                                  np.asarray([r.prompt.size], np.int32), r.images, rows,
+                                                  top=max(self.max_top_logprobs, 1))
+        r.prefilled = r.prompt.size
+        self._prompt_tokens += r.prompt.size
+        self._emit(slot, r, as_rows(Picked(*map(np.asarray, picked)), self.slots))
 
     def _store_prefix(self, slot: int, r: _Request) -> None:
         if self._prefix is not None and self._prefix.wants(r.blocks, r.prefilled):

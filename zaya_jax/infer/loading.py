@@ -5,6 +5,10 @@
                         run config gives the model; the `model` item gives weights and biases,
                         restored onto this process's first device whatever mesh wrote them
   tokenizer_for(...)    the tokenizer.json that goes with either
+  load_model(...)       either one as a CLI names it (--checkpoint or --hf, a zaya1_vl HF directory
+                        included), a ZayaLM or a ZayaVL
+  model_image_processor(...)  the image processor a vision-language model's config records (None
+                        for a text model), read before any weights
 """
 
 from __future__ import annotations
@@ -74,3 +78,41 @@ def tokenizer_for(*, checkpoint: str | None = None, hf: str | None = None, step:
     if not os.path.isfile(path):
         raise UserError(f"--hf {hf} holds no tokenizer.json: pass --tokenizer FILE (or --prompt_ids)")
     return path, f"[tokenizer: {path}]"
+
+
+def load_model(*, checkpoint: str | None = None, hf: str | None = None, step: int | None = None,
+               quantize: str | None = None, group_size: int = 64, **overrides):
+    """The model a CLI's --checkpoint (with --step) or --hf names -> ZayaLM, or ZayaVL for a
+    vision-language run or a zaya1_vl HF directory (then --quantize is refused: it is for text
+    models). overrides (dtype, ...) as load_hf / load_checkpoint; a checkpoint without the trainer
+    installed is a UserError naming the missing module."""
+    if hf is not None:
+        from zaya_jax.convert.hf_load import read_hf_config
+        if read_hf_config(hf).get("model_type") == "zaya1_vl":
+            if quantize is not None:
+                raise UserError(f"--quantize: {hf} is a zaya1_vl checkpoint; quantization is for text models")
+            from zaya_jax.convert.hf_vl import load_vl_hf
+            return load_vl_hf(hf, **{k: v for k, v in overrides.items() if k == "dtype"})
+        return load_hf(hf, quantize=quantize, group_size=group_size, **overrides)
+    try:
+        return load_checkpoint(checkpoint, step=step, quantize=quantize, group_size=group_size, **overrides)
+    except ModuleNotFoundError as err:
+        if "zaya_jax.train" not in str(err.name):
+            raise
+        raise UserError(f"--checkpoint: {err}") from err
+
+
+def model_image_processor(*, checkpoint: str | None = None, hf: str | None = None, step: int | None = None):
+    """The ImageProcessor of the model a CLI's --checkpoint or --hf names, read from its config before
+    any weights load: a vision-language run's (its vision section: the sizes its images were
+    prepared with) or a zaya1_vl HF directory's (its preprocessor_config.json); None for a text model."""
+    if hf is not None:
+        from zaya_jax.convert.hf_load import read_hf_config
+        if read_hf_config(hf).get("model_type") != "zaya1_vl":
+            return None
+        from zaya_jax.convert.hf_vl import load_vl_processor
+        return load_vl_processor(hf)
+    from zaya_jax.config_files import image_processor
+    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
+    config = read_config(checkpoint_dir(checkpoint), step)
+    return image_processor(config) if "vision" in config else None

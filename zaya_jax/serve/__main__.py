@@ -8,6 +8,11 @@ Then any OpenAI client: `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=KEY
 `client.completions.create(model=NAME, prompt=...)`, `client.chat.completions.create(model=NAME,
 messages=[...])`, streaming or not; GET /metrics for Prometheus, /health for a load balancer.
 
+A vision-language model (--checkpoint of a vision-language run, configs/demo_vl.py, or --hf of a
+zaya1_vl directory) also reads chat messages' image_url parts (base64 data: URLs only), resized by
+the processor its config records; each request with images is prefilled whole and alone
+(docs/serving.md); --warm_up_images HxW,... compiles its prefill for those image sizes before the
+server listens (the others compile on first use).
 The model is served under --served_model_name (default: the checkpoint or HF directory's name).
 Its tokenizer is the one the checkpoint carries (--hf: DIR/tokenizer.json), its chat template
 the one its run recorded (--hf: DIR/tokenizer_config.json's; --chat_template FILE otherwise),
@@ -64,7 +69,9 @@ _MAX_TOP_LOGPROBS = flags.DEFINE_integer("max_top_logprobs", 20, "The most top_l
 _MESH = flags.DEFINE_string("mesh", None, "Serve on every device as the trainer's mesh, AXIS=SIZE,... over "
                                          "data, fsdp, expert, tensor, context (e.g. tensor=2,expert=4; one may "
                                          "be -1: the rest). Weights sharded by the trainer's rules, slots over "
-                                         "data. Default: one device.")
+                                         "data. Default: one device. A text model only.")
+_WARM_UP_IMAGES = flags.DEFINE_list("warm_up_images", [], "Image sizes HxW (e.g. 448x448,224x336) whose image "
+                                    "prefill compiles before the server listens (a vision-language model).")
 _GRACE = flags.DEFINE_float("shutdown_grace_s", 30.0, "On SIGTERM, seconds to finish the requests in flight.",
                             lower_bound=0)
 
@@ -79,14 +86,16 @@ def check_flags() -> None:
 
 
 def load_served():
-    """(the model, the ServedModel: name, tokenizer, chat template, end-of-turn ids)."""
+    """(the model: a ZayaLM or a ZayaVL, the ServedModel: name, tokenizer, chat template, end-of-turn
+    ids, and the image processor the model's config records: None for a text model)."""
     from zaya_jax.data.chat_template import end_of_turn_ids
     from zaya_jax.data.tokenizer import Tokenizer
     from zaya_jax.infer.chat import chat_template_for
-    from zaya_jax.infer.loading import load_checkpoint, load_hf, tokenizer_for
-    from zaya_jax.model.zaya import ZayaLM
+    from zaya_jax.infer.generate import text_model
+    from zaya_jax.infer.loading import load_model, model_image_processor, tokenizer_for
     from zaya_jax.serve.service import ServedModel
     source = _CHECKPOINT.value or _HF.value
+    processor = model_image_processor(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value)
     path, told = tokenizer_for(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value, given=_TOKENIZER.value)
     print(told, file=sys.stderr)
     try:
@@ -99,16 +108,32 @@ def load_served():
     options = dict(quantize=_QUANTIZE.value, group_size=_GROUP_SIZE.value)
     if _DTYPE.value is not None:
         options["dtype"] = _DTYPE.value
-    model = (load_hf(_HF.value, **options) if _HF.value is not None
-             else load_checkpoint(_CHECKPOINT.value, step=_STEP.value, **options))
-    if not isinstance(model, ZayaLM):
-        raise UserError(f"{source}: a vision-language model; the server serves text models for now "
-                        "(python -m zaya_jax.generate --image serves one request at a time)")
-    cfg = model.config
+    model = load_model(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value, **options)
+    cfg = text_model(model).config
     tokenizer = Tokenizer(path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
     end_of_turn = end_of_turn_ids(template, tokenizer) if template is not None else []
     name = _NAME.value or os.path.basename(os.path.normpath(source))
-    return model, ServedModel(name, tokenizer, template, end_of_turn)
+    return model, ServedModel(name, tokenizer, template, end_of_turn), processor
+
+
+def warm_up_image_sizes(processor) -> tuple[tuple[int, int], ...]:
+    """--warm_up_images as ((height, width), ...); UserError for a text model (processor None), a
+    malformed size or one the model's image processor refuses."""
+    if not _WARM_UP_IMAGES.value:
+        return ()
+    if processor is None:
+        raise UserError("--warm_up_images: the model is text only; image sizes are for a vision-language model")
+    sizes = []
+    for size in _WARM_UP_IMAGES.value:
+        height, x, width = size.strip().partition("x")
+        if not (x and height.isdigit() and width.isdigit()):
+            raise UserError(f"--warm_up_images {size!r}: give HEIGHTxWIDTH in pixels, e.g. 448x448")
+        try:
+            processor.size(int(height), int(width))
+        except UserError as err:
+            raise UserError(f"--warm_up_images {size}: {err}") from None
+        sizes.append((int(height), int(width)))
+    return tuple(sizes)
 
 
 def context_length(cfg) -> int:
@@ -126,8 +151,11 @@ def serving_mesh(model):
     before anything compiles."""
     from zaya_jax.engine.placement import check_mesh, mesh_text
     from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
+    from zaya_jax.vision.model import ZayaVL
     if _MESH.value is None:
         return None
+    if isinstance(model, ZayaVL):
+        raise UserError(f"--mesh {_MESH.value}: a vision-language model is served on one device for now; drop --mesh")
     mesh = make_mesh(parse_mesh_flag(_MESH.value))
     shape = dict(mesh.shape)
     check_mesh(model, shape, _SLOTS.value, f"--mesh {_MESH.value}",
@@ -166,17 +194,19 @@ def main(argv: list[str]) -> None:
     check_flags()
     import uvicorn
     from zaya_jax.engine.engine import Engine
+    from zaya_jax.infer.generate import text_model
     from zaya_jax.serve.app import create_app
     from zaya_jax.serve.metrics import ServerMetrics
     from zaya_jax.serve.service import Service
     sock = listening_socket(_HOST.value, _PORT.value)  # a taken port is named before the weights load
-    model, served = load_served()
+    model, served, processor = load_served()
+    image_sizes = warm_up_image_sizes(processor)
     mesh = serving_mesh(model)
-    engine = Engine(model, slots=_SLOTS.value, cache_size=context_length(model.config), chunk=_CHUNK.value,
-                    prefix_cache_bytes=int(_PREFIX_CACHE_MB.value * 2 ** 20), max_top_logprobs=_MAX_TOP_LOGPROBS.value,
-                    mesh=mesh)
+    engine = Engine(model, slots=_SLOTS.value, cache_size=context_length(text_model(model).config),
+                    chunk=_CHUNK.value, prefix_cache_bytes=int(_PREFIX_CACHE_MB.value * 2 ** 20),
+                    max_top_logprobs=_MAX_TOP_LOGPROBS.value, image_processor=processor, mesh=mesh)
     say_devices(engine)
-    engine.warm_up()
+    engine.warm_up(image_sizes=image_sizes)
     metrics = ServerMetrics(engine)
     service = Service(engine, served, max_waiting=_MAX_WAITING.value, metrics=metrics)
     server = uvicorn.Server(uvicorn.Config(create_app(service, _API_KEY.value), log_level="warning",

@@ -2,7 +2,8 @@
 
   CompletionRequest       POST /v1/completions        prompt: a string or one list of token ids
   ChatCompletionRequest   POST /v1/chat/completions   messages: [{role, content}], content a string
-                                                      or a list of {"type": "text"} parts
+                                                      or a list of {"type": "text"} parts and, for a
+                                                      vision-language model, {"type": "image_url"} ones
 
 Fields and defaults are OpenAI's (temperature 1, top_p 1, max_tokens 16 for completions and the
 rest of the context for chat), with vLLM's extensions `top_k` (-1: off) and `ignore_eos`. A value

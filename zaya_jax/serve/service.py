@@ -10,12 +10,21 @@ seed + 1, ... (a request without a seed draws one), each with its ResponseText (
 detokenization). Events come from the engine's thread (its `events` queue argument, here an
 object whose put() goes through the event loop's call_soon_threadsafe) into one asyncio queue per job. Leaving `run` early (the client went away,
 the server is stopping) cancels the job's engine requests, so their slots are free at once.
+
+With a vision-language engine (engine.image_ids set), a chat message's image_url parts (data: URLs
+only, base64, as OpenAI's clients send them) are read as images at their place: the chat template's
+IMAGE marker there, expanded to each image's span after rendering, and the images go with the
+engine requests. A completion's prompt ids may not hold the image placeholder (images come through
+chat only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import dataclasses
+import io
 import secrets
 import time
 from typing import AsyncIterator, NamedTuple
@@ -56,6 +65,7 @@ class Job:
     choices: list[Choice]
     logprobs: int | None      # None: no logprobs; else how many top alternatives per token
     include_usage: bool
+    images: list = dataclasses.field(default_factory=list)  # Pillow images, in the order of the prompt's spans
     arrived: float = dataclasses.field(default_factory=time.perf_counter)
     last_token: float = 0.0   # when the last token came (time per output token)
 
@@ -85,6 +95,10 @@ class Service:
             if outside:
                 raise APIError(400, f"prompt: token ids {outside[:5]} outside the vocabulary [0, {vocab})", "prompt")
             ids = list(prompt)
+            image_ids = self.engine.image_ids
+            if image_ids is not None and image_ids.image in ids:
+                raise APIError(400, f"prompt: token id {image_ids.image} is the image placeholder; send images as "
+                               "image_url parts to /v1/chat/completions", "prompt")
         return self._job("completion", "cmpl", request, ids, request.max_tokens, stop_ids=[],
                          logprobs=request.logprobs)
 
@@ -93,24 +107,53 @@ class Service:
         if self.served.template is None:
             raise APIError(400, f"model {self.served.name} has no chat template: use /v1/completions, or start the "
                            "server with --chat_template FILE", "messages")
-        from zaya_jax.data.chat_template import encode_prompt
+        from zaya_jax.data.chat_template import IMAGE, encode_prompt
         from zaya_jax.errors import UserError
-        messages = []
+        from zaya_jax.vision.prompts import expand_placeholders
+        messages, images, image_ids = [], [], self.engine.image_ids
         for i, m in enumerate(request.messages):
             if isinstance(m.content, str):
                 text = m.content
             else:
-                if any(part.type == "image_url" for part in m.content):
+                if image_ids is None and any(part.type == "image_url" for part in m.content):
                     raise APIError(400, f"messages[{i}].content: image_url parts need a vision-language model; "
                                    f"{self.served.name} is text only", f"messages.{i}.content")
-                text = "".join(part.text for part in m.content)
+                parts = []
+                for j, part in enumerate(m.content):
+                    if part.type == "image_url":
+                        images.append(self.read_image_url(part.image_url.url, i, j))
+                    parts.append(IMAGE if part.type == "image_url" else part.text)
+                text = "".join(parts)
             messages.append({"role": "system" if m.role == "developer" else m.role, "content": text})
         try:
-            ids = encode_prompt(self.served.template, self.served.tokenizer, messages).tolist()
+            ids = encode_prompt(self.served.template, self.served.tokenizer, messages,
+                                None if image_ids is None else image_ids.image).tolist()
+            if image_ids is not None:  # each image's one placeholder -> its span
+                processor = self.engine.image_processor
+                ids = expand_placeholders(ids, [processor.grid(image) for image in images], image_ids,
+                                          processor.merge_size)
         except UserError as err:
             raise APIError(400, f"messages: {err}", "messages") from None
         return self._job("chat", "chatcmpl", request, ids, request.token_limit(), stop_ids=self.served.end_of_turn,
-                         logprobs=(request.top_logprobs or 0) if request.logprobs else None)
+                         logprobs=(request.top_logprobs or 0) if request.logprobs else None, images=images)
+
+    def read_image_url(self, url: str, i: int, j: int):
+        """messages[i].content[j]'s image_url -> an RGB Pillow image; a 400 naming the part for a URL that
+        is not a base64 data: URL (nothing is fetched from the network), bytes that are no image, or an
+        image below the processor's minimum side."""
+        from zaya_jax.errors import UserError
+        from zaya_jax.vision.processor import read_image
+        where, param = f"messages[{i}].content[{j}]", f"messages.{i}.content.{j}"
+        header, comma, payload = url.partition(",")
+        if not (header.startswith("data:") and header.endswith(";base64") and comma):
+            raise APIError(400, f"{where}: image_url must be a base64 data: URL (data:image/png;base64,...); this "
+                           f"server fetches nothing, got {url[:40]!r}", param)
+        try:
+            image = read_image(io.BytesIO(base64.b64decode(payload, validate=True)))
+            self.engine.image_processor.size(image.height, image.width)
+        except (binascii.Error, ValueError, UserError) as err:
+            raise APIError(400, f"{where}: {err}", param) from None
+        return image
 
     def _check_common(self, request: SamplingFields) -> None:
         if request.model != self.served.name:
@@ -119,7 +162,7 @@ class Service:
         request.refuse_unsupported()
 
     def _job(self, kind: str, prefix: str, request: SamplingFields, ids: list[int], max_tokens: int | None,
-             stop_ids: list[int], logprobs: int | None) -> Job:
+             stop_ids: list[int], logprobs: int | None, images: list = ()) -> Job:
         room = self.engine.cache_size - len(ids) + 1  # the last new token is never fed back
         if room < 1:
             raise APIError(400, f"the prompt is {len(ids)} tokens, {len(ids) - self.engine.cache_size} more than "
@@ -157,7 +200,7 @@ class Service:
             raise APIError(400, str(err)) from None
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         return Job(kind, f"{prefix}-{secrets.token_hex(12)}", self.served.name, ids, params,
-                   [Choice(i, text) for i, text in enumerate(texts)], logprobs, include_usage)
+                   [Choice(i, text) for i, text in enumerate(texts)], logprobs, include_usage, list(images))
 
     # ---- running a job --------------------------------------------------------------------------
     async def run(self, job: Job) -> AsyncIterator[Piece]:
@@ -165,7 +208,8 @@ class Service:
         events: asyncio.Queue = asyncio.Queue()
         try:
             for choice, params in zip(job.choices, job.params):
-                choice.request_id = self.engine.submit(job.prompt, params, events=_ToLoop(events, choice))
+                choice.request_id = self.engine.submit(job.prompt, params, events=_ToLoop(events, choice),
+                                                       images=job.images)
             if self.metrics is not None:
                 self.metrics.prompt_tokens.inc(len(job.prompt) * len(job.choices))
             open_choices = len(job.choices)
