@@ -311,6 +311,8 @@ def test_generations_take_each_epoch_in_a_new_order_and_each_its_own_seed(cache,
     assert sorted(first) == sorted(second) == list(range(5)) and first != second
     seeds = [s for _, s in calls]
     assert seeds == [documented_seed(seed, g) for g in range(5)] and len(set(seeds)) == 5
+    assert data.state_problem(data.get_state()) is None  # what a resume checks before it continues
+    assert data.state_problem({"phase": 2}) == "is not a GRPO run's (it holds phase)"
 
 
 def test_the_heldout_score_is_the_greedy_answers_evaluate_tasks_gives(run):

@@ -48,6 +48,7 @@ import numpy as np
 from zaya_jax.config import ConfigError
 from zaya_jax.data import chat_template
 from zaya_jax.data.curriculum import PhaseInfo
+from zaya_jax.data.pipeline import foreign_state
 from zaya_jax.data.tokenizer import Tokenizer
 from zaya_jax.infer.generate import stop_tokens
 from zaya_jax.parallel.distributed import local_batch_rows
@@ -122,7 +123,7 @@ class GRPOBatches(grain.DatasetIterator):
 
     def state_problem(self, state: dict[str, Any]) -> str | None:
         """Why this iterator cannot continue from `state` (a saved get_state()), or None."""
-        return None if "grpo_generation" in state else foreign_state(state, "GRPO run's batches")
+        return None if "grpo_generation" in state else foreign_state(state, "GRPO run")
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._generation, self._iteration = state["grpo_generation"], state["grpo_iteration"]
