@@ -7,7 +7,6 @@ import stat
 import subprocess
 import sys
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from tests.test_plan import _assert_user_error, _plan_cli
-from tests.test_vision_training import BATCH, CAPACITY, SEQ, _vl_config
+from tests.test_vision_training import BATCH, SEQ, _vl_config
 from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag, resolve_mesh_shape
 from zaya_jax.planner.step_plan import StepShape, _parameters, plan
 from zaya_jax.planner.step_time import matmul_flops

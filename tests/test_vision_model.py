@@ -17,7 +17,6 @@ text-only inputs are exactly the text model's.
 
 import types
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -7,7 +7,6 @@ transformers pads a whole empty window) and a one-window-high strip. Blocks 1 an
 over the whole image, blocks 0 and 2 within windows; the gradient is taken under a random cotangent.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

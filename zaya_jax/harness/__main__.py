@@ -21,7 +21,6 @@ import os
 for _name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_name, "1")  # before datasets / huggingface_hub read them
 
-import json  # noqa: E402
 import sys  # noqa: E402
 
 from absl import app, flags  # noqa: E402
