@@ -47,6 +47,11 @@ engine with the prefix cache on, right after a request with the same prefix and 
 engine's first request (a miss) is reported too. Both engines serve with start(), are warmed up,
 and are timed alternately, `--repeats` times with a new prefix each time; medians.
 
+Where an engine step's time goes (`step_split_ms`, medians of 20 calls on the idle machine state
+of the run, in ms): `engine.step()` with all N slots decoding; the jitted `engine_step` at [N,1]
+alone; inside it, `extend` + argmax alone and `pick` alone (each its own jitted call); and
+`engine_step` at [N,C] with one row counting and with all N (a prefill chunk).
+
 The issue's goals are reported, not asserted: engine throughput >= 2x static at no worse p99 TTFT
 and p99 TPOT, >= 5x transformers, and the cached 1k-prefix TTFT <= 0.2x the uncached one.
 Every timed phase records the 1-minute load average at its start and end (other jobs share the
@@ -66,12 +71,16 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks.common import stack  # noqa: E402
 from benchmarks.hf_pair import bench_small  # noqa: E402
 from zaya_jax.engine import Engine, Finished, SamplingParams  # noqa: E402
+from zaya_jax.engine.step import RowSampling, engine_step, pick  # noqa: E402
+from zaya_jax.infer.cache import empty_state  # noqa: E402
+from zaya_jax.infer.decode import extend  # noqa: E402
 from zaya_jax.infer import generate  # noqa: E402
 from zaya_jax.infer.generate import PROMPT_BUCKET  # noqa: E402
 from zaya_jax.model.zaya import ZayaLM  # noqa: E402
@@ -249,6 +258,58 @@ def prefix_ttft(model: ZayaLM, slots: int, chunk: int, repeats: int) -> dict:
             "load_average_1m": [load_start, load()]}
 
 
+def median_ms(fn, repeats: int = 20) -> float:
+    """Median ms of fn() (which blocks) over `repeats` calls after one."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return round(1000 * float(np.median(times)), 2)
+
+
+def step_split(engine: Engine, model: ZayaLM, slots: int, chunk: int, cache_size: int) -> dict:
+    """ms of an engine step with every slot decoding, and of its parts (see the docstring)."""
+    load_start = load()
+    for i in range(slots):
+        engine.submit(np.full(PROMPT_LENS[0], 3 + i), SamplingParams(max_tokens=OUTPUT_LENS[1], ignore_eos=True))
+    while engine.stats()["generated_tokens"] < slots or engine.stats()["waiting"]:
+        engine.step()
+    split = {"engine.step_all_decoding": median_ms(engine.step)}
+    while engine.has_work():
+        engine.step()
+    graphdef, params = nnx.split(model)
+    state = [empty_state(model.config, slots, cache_size)]
+    vocab = model.config.vocab_size
+    rows = RowSampling(np.zeros(slots, np.float32), np.full(slots, vocab, np.int32), np.ones(slots, np.float32),
+                       np.zeros(slots, np.uint32), np.zeros(slots, np.int32))
+    lengths = np.full(slots, PROMPT_LENS[1], np.int32)
+
+    def run_step(width: int, counting: int):
+        ids, counts = np.zeros((slots, width), np.int32), np.zeros(slots, np.int32)
+        counts[:counting] = width
+        state[0], picked = engine_step(graphdef, params, state[0], lengths, ids, counts, rows, top=5)
+        jax.block_until_ready(picked)
+
+    @jax.jit
+    def extend_argmax(params, state, ids, counts):
+        logits, _ = extend(nnx.merge(graphdef, params), state._replace(lengths=lengths), ids, counts)
+        return jnp.argmax(logits, axis=-1)
+
+    pick_alone = jax.jit(pick, static_argnames="top")
+    ones, logits = np.ones(slots, np.int32), jnp.zeros((slots, vocab), jnp.float32)
+    split.update({
+        "engine_step_decode": median_ms(lambda: run_step(1, slots)),
+        "extend_argmax_decode": median_ms(
+            lambda: extend_argmax(params, state[0], ones[:, None], ones).block_until_ready()),
+        "pick_alone": median_ms(lambda: jax.block_until_ready(pick_alone(logits, rows, top=5))),
+        "engine_step_chunk_one_row": median_ms(lambda: run_step(chunk, 1), 5),
+        "engine_step_chunk_all_rows": median_ms(lambda: run_step(chunk, slots), 5),
+    })
+    return {**split, "load_average_1m": [load_start, load()]}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=32)
@@ -305,6 +366,7 @@ def main():
         if hf_note is None:
             row["engine_over_transformers"] = ratios(row["engine"], row["transformers"])
         by_rate.append(row)
+    split = step_split(engine, model, args.slots, args.chunk, cache_size)
     prefix = prefix_ttft(model, args.slots, args.chunk, args.repeats)
 
     def goal_2x_static(row):
@@ -330,7 +392,7 @@ def main():
         "transformers": {"torch_threads": args.torch_threads, "timing": "a BaseStreamer stamps each column"}
         if hf_note is None else hf_note,
         "warm_up_s": round(warm_up_s, 1),
-        "by_rate": by_rate, "prefix_cache": prefix, "goals": goals,
+        "by_rate": by_rate, "step_split_ms": split, "prefix_cache": prefix, "goals": goals,
         "load_average_1m": [load_at_start, load()],  # start, end: other jobs share the machine
     }, indent=2))
 

@@ -394,7 +394,7 @@ SERVERS = ("engine", "static", "transformers")
 
 def serve_load_rows(stack):
     """docs/serving.md's "Measured" rows for serve_load_cpu_<stack>: one per rate and server, one of
-    ratios per rate, and the prefix cache's."""
+    ratios per rate, the prefix cache's and the engine step's split."""
     run = _load(f"serve_load_cpu_{stack}")
     python = STACKS[stack].split()[1]
     rows = []
@@ -410,10 +410,13 @@ def serve_load_rows(stack):
         cells = [f"{q['tokens_per_s']:.2f}x / {q['ttft_p99']:.2f} / {q['tpot_p99']:.2f}" if q else "-"
                  for q in (r["engine_over_static"], r.get("engine_over_transformers"))]
         ratio_rows.append(f"| {python} | {r['rate_per_s']:g} | " + " | ".join(cells) + " |")
-    p = run["prefix_cache"]
+    p, t = run["prefix_cache"], run["step_split_ms"]
     prefix_row = (f"| {python} | {p['ttft_miss_cache_on_median_s']:.3f} | {p['ttft_cache_off_median_s']:.3f} | "
                   f"{p['ttft_hit_median_s']:.3f} | {p['hit_over_cache_off']:.3f} |")
-    return rows + ratio_rows + [prefix_row]
+    split_row = (f"| {python} | {t['engine.step_all_decoding']:.1f} | {t['engine_step_decode']:.1f} | "
+                 f"{t['extend_argmax_decode']:.1f} | {t['pick_alone']:.1f} | {t['engine_step_chunk_one_row']:.0f} / "
+                 f"{t['engine_step_chunk_all_rows']:.0f} | {t['load_average_1m'][0]:.1f}-{t['load_average_1m'][1]:.1f} |")
+    return rows + ratio_rows + [prefix_row, split_row]
 
 
 @pytest.mark.parametrize("stack", STACKS)
