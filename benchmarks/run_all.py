@@ -61,6 +61,9 @@ RUNS: dict[str, list[str]] = {
     # 2 CPU processes, one late at a collective; each file from its stack's interpreter (the script checks)
     "gloo_skew_cpu_py311": ["gloo_skew.py"],
     "gloo_skew_cpu_py312": ["gloo_skew.py"],
+    # the engine against static batching (zaya_jax.generate; transformers on 3.11 only) at 3 arrival rates
+    "serve_load_cpu_py311": ["serve_load.py"],
+    "serve_load_cpu_py312": ["serve_load.py"],
     # model.moe_backend=auto picks the native CPU grouped matmul where the install built it
     # (zaya_jax.native); these files hold such runs and are only regenerated there
     "decode_cpu_torch1thread_native": ["decode.py", "--torch-threads", "1"],

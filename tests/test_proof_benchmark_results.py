@@ -416,3 +416,67 @@ def test_serve_soak_figures_are_the_results_file():
                    f"evictions", f"{cache['bytes']:,.0f} cache bytes within the {cache['budget_bytes']:,.0f} budget",
                    f"resident memory {rss[-17]:.1f} MB to {rss[-1]:.1f} MB over its last 80 s"):
         assert figure in text, figure
+
+
+SERVERS = ("engine", "static", "transformers")
+
+
+def serve_load_rows(stack):
+    """docs/serving.md's "Measured" rows for serve_load_cpu_<stack>: one per rate and server, one of
+    ratios per rate, the prefix cache's and the engine step's split."""
+    run = _load(f"serve_load_cpu_{stack}")
+    python = STACKS[stack].split()[1]
+    rows = []
+    for r in run["by_rate"]:
+        for server in SERVERS:
+            if server in r:
+                m = r[server]
+                rows.append(f"| {python} | {r['rate_per_s']:g} | {server} | {m['tokens_per_s']:.1f} | "
+                            f"{m['ttft_p50_s']:.2f} / {m['ttft_p99_s']:.2f} | {1000 * m['tpot_p50_s']:.1f} / "
+                            f"{1000 * m['tpot_p99_s']:.1f} | {m['load_average_1m'][0]:.1f}-{m['load_average_1m'][1]:.1f} |")
+    ratio_rows = []
+    for r in run["by_rate"]:
+        cells = [f"{q['tokens_per_s']:.2f}x / {q['ttft_p99']:.2f} / {q['tpot_p99']:.2f}" if q else "-"
+                 for q in (r["engine_over_static"], r.get("engine_over_transformers"))]
+        ratio_rows.append(f"| {python} | {r['rate_per_s']:g} | " + " | ".join(cells) + " |")
+    p, t = run["prefix_cache"], run["step_split_ms"]
+    prefix_row = (f"| {python} | {p['ttft_miss_cache_on_median_s']:.3f} | {p['ttft_cache_off_median_s']:.3f} | "
+                  f"{p['ttft_hit_median_s']:.3f} | {p['hit_over_cache_off']:.3f} |")
+    split_row = (f"| {python} | {t['engine.step_all_decoding']:.1f} | {t['engine_step_decode']:.1f} | "
+                 f"{t['extend_argmax_decode']:.1f} | {t['pick_alone']:.1f} | {t['engine_step_chunk_one_row']:.0f} / "
+                 f"{t['engine_step_chunk_all_rows']:.0f} | {t['load_average_1m'][0]:.1f}-{t['load_average_1m'][1]:.1f} |")
+    return rows + ratio_rows + [prefix_row, split_row]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_serve_load_tables_are_the_results_files(stack):
+    doc = _doc("serving.md")
+    for row in serve_load_rows(stack):
+        assert row in doc, row
+    assert serve_load_goals(stack) in _flat(doc), serve_load_goals(stack)
+
+
+def serve_load_goals(stack):
+    """The docs' line of the issue's goals as serve_load_cpu_<stack> reports them (per rate where per rate)."""
+    goals = _load(f"serve_load_cpu_{stack}")["goals"]
+
+    def said(held):
+        if isinstance(held, dict):
+            return ", ".join(f"{float(rate):g}/s {'yes' if ok else 'no'}" for rate, ok in held.items())
+        return {True: "yes", False: "no"}.get(held, "not measured")
+    return (f"{STACKS[stack]}: engine >= 2x static at no worse p99 TTFT and TPOT: "
+            f"{said(goals['engine_2x_static_throughput_at_no_worse_p99'])}; engine >= 5x transformers: "
+            f"{said(goals['engine_5x_transformers_throughput'])}; cached 1k-prefix TTFT <= 0.2x uncached: "
+            f"{said(goals['cached_1k_prefix_ttft_at_most_0.2x_uncached'])}.")
+
+
+def test_readme_serving_figures_are_the_results_file():
+    run = _load("serve_load_cpu_py311")
+    top, prefix = run["by_rate"][-1], run["prefix_cache"]
+    text = _flat(_readme())
+    assert (f"arriving at {top['rate_per_s']:g} per second, Python 3.11, load {top['engine']['load_average_1m'][0]:.1f}):"
+            f" the engine serves {top['engine']['tokens_per_s']:.1f} output tokens/s, static batches through "
+            f"`generate` {top['static']['tokens_per_s']:.1f} and transformers {top['transformers']['tokens_per_s']:.1f}"
+            ) in text
+    assert (f"first token in {prefix['ttft_hit_median_s']:.3f} s against {prefix['ttft_cache_off_median_s']:.3f} s "
+            "uncached") in text
