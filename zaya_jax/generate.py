@@ -140,7 +140,8 @@ def checked_images() -> tuple[list, ImageProcessor | None]:
 def tokenizer_file() -> str:
     """The tokenizer the flags name (zaya_jax.infer.loading.tokenizer_for), said on stderr."""
     path, told = tokenizer_for(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value, given=_TOKENIZER.value)
-    print(told, file=sys.stderr)
+    if told:
+        print(told, file=sys.stderr)
     return path
 
 

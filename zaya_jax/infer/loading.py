@@ -62,8 +62,9 @@ def load_checkpoint(directory: str | os.PathLike, *, step: int | None = None, qu
 
 
 def tokenizer_for(*, checkpoint: str | None = None, hf: str | None = None, step: int | None = None,
-                  given: str | None = None) -> tuple[str, str]:
-    """(the tokenizer file for a model, one line saying which it is). A checkpoint: the copy it
+                  given: str | None = None) -> tuple[str, str | None]:
+    """(the tokenizer file for a model, one line saying which it is, None when it is `given` for an
+    HF directory: the user named it). A checkpoint: the copy it
     carries of the file its run was trained with (zaya_jax.train.carried_tokenizer; `given`, the
     --tokenizer flag, only when it is that file). An HF directory: `given`, else DIR/tokenizer.json
     (what `convert to_hf` writes). UserError naming the input and the fix when there is none."""
@@ -71,7 +72,7 @@ def tokenizer_for(*, checkpoint: str | None = None, hf: str | None = None, step:
         from zaya_jax.train.carried_tokenizer import checkpoint_tokenizer
         return checkpoint_tokenizer(checkpoint, step, given)
     if given is not None:
-        return given, f"[tokenizer: {given}]"
+        return given, None
     from zaya_jax.convert.hf_load import read_hf_config
     read_hf_config(hf)  # a directory that is no HF export is named before its tokenizer
     path = os.path.join(hf, "tokenizer.json")

@@ -97,7 +97,8 @@ def load_served():
     source = _CHECKPOINT.value or _HF.value
     processor = model_image_processor(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value)
     path, told = tokenizer_for(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value, given=_TOKENIZER.value)
-    print(told, file=sys.stderr)
+    if told:
+        print(told, file=sys.stderr)
     try:
         template = chat_template_for(checkpoint=_CHECKPOINT.value, hf=_HF.value, override=_CHAT_TEMPLATE.value)
     except UserError as err:
