@@ -206,6 +206,7 @@ BAD = [  # (body, status, words the message must hold)
     ({"model": NAME, "prompt": "x", "top_p": 0}, 400, "top_p"),
     ({"model": NAME, "prompt": "x", "logprobs": 5}, 400, "at most 3"),
     ({"model": NAME, "prompt": [2, 400]}, 400, "outside the vocabulary"),
+    ({"model": NAME, "prompt": "x", "best_of": 2, "suffix": ""}, 400, "best_of: not supported"),
     ({"model": NAME, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, 400, "text only"),
 ]

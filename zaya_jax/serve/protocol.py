@@ -83,11 +83,10 @@ class CompletionRequest(SamplingFields):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.echo:
-            raise APIError(400, "echo: not supported by this server", "echo")
-        if self.best_of not in (None, 1) or self.suffix:
-            raise APIError(400, f"{'best_of' if self.suffix is None else 'suffix'}: not supported by this server",
-                           "best_of" if self.suffix is None else "suffix")
+        for name, unsupported in (("echo", self.echo), ("best_of", self.best_of not in (None, 1)),
+                                  ("suffix", bool(self.suffix))):
+            if unsupported:
+                raise APIError(400, f"{name}: not supported by this server", name)
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt: a string or token ids (a list of one of either is unwrapped)."""
