@@ -13,8 +13,10 @@ from flax import nnx
 
 from zaya_jax.convert.hf_config import HFCheckpointError, HFFileMissing, model_config_from_hf
 from zaya_jax.convert.hf_names import ENTRIES, IGNORED_SUFFIXES, TIED_HEAD, Entry
+from zaya_jax.convert.hf_quantized import QuantizedTensors, read_quantization
 from zaya_jax.convert.hf_vision_names import vision_entries
 from zaya_jax.convert.safetensors_io import TensorReader
+from zaya_jax.infer.quantize import BlockScaledArray
 from zaya_jax.model.build import abstract_model
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.vision.config import VisionConfig
@@ -52,18 +54,54 @@ def check_names(entries: list[Entry], names: set[str], where: str) -> None:
                                 + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
 
 
-def params_from_tensors(model_like: ZayaLM, entries: list[Entry], get_tensor, where: str) -> dict:
-    """Fills a pure-dict copy of `model_like`'s state from HF tensors, one tensor at a time.
+def quantized_source(hf: dict, names: set[str], get_tensor, where: str) -> QuantizedTensors | None:
+    """The checkpoint's tensors as zaya_jax.convert.hf_quantized reads them, when config.json (`hf`)
+    has a quantization_config; None otherwise."""
+    quant = read_quantization(hf)
+    return None if quant is None else QuantizedTensors(quant, names, get_tensor, where)
 
-    get_tensor(name) -> np.ndarray. Returns the nested dict of numpy float32 arrays.
+
+def arrays_from_tensors(module_like: nnx.Module, entries: list[Entry], get_tensor, where: str,
+                        quantized: QuantizedTensors | None = None, root: tuple[str, ...] = (),
+                        ones: tuple[tuple[str, ...], ...] = ()) -> dict:
+    """A pure-dict copy of `module_like`'s state filled from HF tensors, one tensor at a time.
+
+    get_tensor(name) -> np.ndarray (float). Returns the nested dict of numpy float32 arrays; with a
+    quantized checkpoint (`quantized`), the weights it keeps quantized (hf_quantized's module doc; a
+    weight whose every tensor is so stored, under `root`) are BlockScaledArrays of numpy values and
+    scales, never expanded to float. `ones`: paths whose entries no tensor may fill, set to 1.
     """
-    arrays = _zeros_like(model_like)
-    arrays["layers"]["moe"]["router"]["state_scale"][...] = 1.0  # layer 0 has none in a checkpoint
-    return fill_arrays(arrays, entries, get_tensor, where)
+    shapes = {tuple(str(k) for k in path): var.get_value().shape
+              for path, var in nnx.to_flat_state(nnx.state(module_like))}
+    kept = {path for e in entries if quantized is not None and quantized.kept(e, root) for path, _ in e.targets}
+    kept -= {path for e in entries if not (quantized is not None and quantized.kept(e, root)) for path, _ in e.targets}
+    arrays = _zeros_like(module_like, skip=kept)
+    for path in ones:
+        _lookup(arrays, path)[...] = 1.0
+    fill_arrays(arrays, [e for e in entries if not kept.intersection(p for p, _ in e.targets)],
+                quantized.get if quantized is not None else get_tensor, where)
+    stores: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
+    for entry in entries:
+        if not kept.intersection(p for p, _ in entry.targets):
+            continue
+        for (path, index), (values, scales) in zip(entry.targets, quantized.stored(entry)):
+            lead = shapes[path][:len(index)]
+            if path not in stores:
+                stores[path] = (np.zeros(lead + values.shape, values.dtype), np.zeros(lead + scales.shape, scales.dtype))
+            stores[path][0][index], stores[path][1][index] = values, scales
+    for path, (values, scales) in stores.items():
+        _lookup(arrays, path[:-1])[path[-1]] = BlockScaledArray(
+            values, scales, quantized.quant.method, quantized.transposed_in_memory, shapes[path][values.ndim - 2:])
+    return arrays
 
 
-def _zeros_like(module: nnx.Module) -> dict:
-    return jax.tree.map(lambda a: np.zeros(a.shape, np.float32), nnx.to_pure_dict(nnx.state(module)))
+def _zeros_like(module: nnx.Module, skip: set[tuple[str, ...]] = frozenset()) -> dict:
+    """The module's state as a pure dict of float32 zeros (None at the paths in `skip`)."""
+    def zeros(tree, path=()):
+        if isinstance(tree, dict):
+            return {k: zeros(v, path + (str(k),)) for k, v in tree.items()}
+        return None if path in skip else np.zeros(tree.shape, np.float32)
+    return zeros(nnx.to_pure_dict(nnx.state(module)))
 
 
 def fill_arrays(arrays: dict, entries: list[Entry], get_tensor, where: str) -> dict:
@@ -82,9 +120,12 @@ def model_from_tensors(hf_config: dict, names: set[str], get_tensor, where: str,
     """Builds a ZayaLM from an HF config dict and a tensor source (get_tensor(name) -> array)."""
     cfg, schema = model_config_from_hf(hf_config, **overrides)
     entries = ENTRIES[schema](cfg)
-    check_names(entries, names, where)
+    quantized = quantized_source(hf_config, names, get_tensor, where)
+    check_names(entries, quantized.names() if quantized else names, where)
     abstract = abstract_model(cfg)
-    arrays = params_from_tensors(abstract, entries, get_tensor, where)
+    # layer 0's router has no state scale in a checkpoint
+    arrays = arrays_from_tensors(abstract, entries, get_tensor, where, quantized,
+                                 ones=(("layers", "moe", "router", "state_scale"),))
     return _with_arrays(abstract, arrays)
 
 
@@ -98,13 +139,15 @@ def vision_tower_from_tensors(cfg: VisionConfig, get_tensor, prefix: str, where:
     """A VisionTower whose every parameter comes from the HF tensors named `prefix` + transformers'
     vision-tower names (zaya_jax.convert.hf_vision_names), shape-checked."""
     abstract = nnx.eval_shape(lambda: VisionTower(cfg, rngs=nnx.Rngs(0)))
-    return _with_arrays(abstract, fill_arrays(_zeros_like(abstract), vision_entries(cfg, prefix), get_tensor, where))
+    return _with_arrays(abstract, arrays_from_tensors(abstract, vision_entries(cfg, prefix), get_tensor, where))
 
 
 def load_hf(directory: str | os.PathLike, dtype: str = "float32", **overrides) -> ZayaLM:
     """Reads config.json + safetensors (single or sharded) into a ZayaLM.
 
-    dtype is the compute dtype ("float32" or "bfloat16"); parameters are kept in float32.
+    dtype is the compute dtype ("float32" or "bfloat16"); parameters are kept in float32, but for a
+    checkpoint transformers' FP8 or MXFP4 quantizer wrote, whose experts and attention projections
+    stay in its precision (zaya_jax.convert.hf_quantized).
     overrides set other ModelConfig fields (moe_backend, scan_layers, ...).
     Every config field and tensor is checked; a mismatch raises an error naming it.
     """

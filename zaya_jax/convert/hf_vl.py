@@ -28,7 +28,8 @@ from zaya_jax.convert.hf_config import (PRETRAINED_FIELDS, ZAYA_FIELDS, HFCheckp
                                         check_fixed, fixed, hf_config_from_model, inert, read)
 from zaya_jax.convert.hf_image_processor import (PREPROCESSOR_CONFIG, compare_image_processors, preprocessor_config,
                                                  read_image_processor)
-from zaya_jax.convert.hf_load import _lookup, _with_arrays, _zeros_like, check_names, fill_arrays, read_hf_config
+from zaya_jax.convert.hf_load import (_lookup, _with_arrays, arrays_from_tensors, check_names, quantized_source,
+                                      read_hf_config)
 from zaya_jax.convert.hf_save import write_whole_directory
 from zaya_jax.convert.hf_names import Entry, _Builder, _SWAP, _swiglu_split, native_entries
 from zaya_jax.convert.hf_vision_names import vision_entries
@@ -151,11 +152,12 @@ def vl_model_from_tensors(hf: dict[str, Any], names: set[str], get_tensor, where
     tensor named and shape-checked."""
     text, vision, ids = vl_configs_from_hf(hf, **overrides)
     entries = vl_entries(text, vision)
-    check_names(entries, names, where)
+    quantized = quantized_source(hf, names, get_tensor, where)
+    check_names(entries, quantized.names() if quantized else names, where)
     abstract = nnx.eval_shape(lambda: ZayaVL(text, vision, ids, rngs=nnx.Rngs(0)))
-    arrays = _zeros_like(abstract)
-    arrays["text"]["layers"]["moe"]["router"]["state_scale"][...] = 1.0  # layer 0 has none in a checkpoint
-    return _with_arrays(abstract, fill_arrays(arrays, entries, get_tensor, where))
+    # layer 0's router has no state scale in a checkpoint
+    return _with_arrays(abstract, arrays_from_tensors(abstract, entries, get_tensor, where, quantized, root=("text",),
+                                                      ones=(("text", "layers", "moe", "router", "state_scale"),)))
 
 
 def hf_vl_config(model: ZayaVL) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
+import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
@@ -15,6 +16,9 @@ from zaya_jax.convert.hf_config import HFCheckpointError, HFFileMissing
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# safetensors' numpy reader has no float8 dtypes (an FP8 checkpoint's weights): these are read from the
+# file's bytes as the format lays them out (an 8-byte header length, a JSON header, the data)
+FLOAT8 = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
 
 
 class TensorReader:
@@ -41,8 +45,22 @@ class TensorReader:
         return set(self.file_of)
 
     def get(self, name: str) -> np.ndarray:
-        with safe_open(self.directory / self.file_of[name], framework="np") as f:
-            return f.get_tensor(name)
+        path = self.directory / self.file_of[name]
+        with safe_open(path, framework="np") as f:
+            if f.get_slice(name).get_dtype() not in FLOAT8:
+                return f.get_tensor(name)
+        return _float8_tensor(path, name)
+
+
+def _float8_tensor(path: Path, name: str) -> np.ndarray:
+    """A float8 tensor of a safetensors file, as an ml_dtypes array."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        info = json.loads(f.read(size))[name]
+        begin, end = info["data_offsets"]
+        f.seek(8 + size + begin)
+        data = f.read(end - begin)
+    return np.frombuffer(data, FLOAT8[info["dtype"]]).reshape(info["shape"])
 
 
 def write_sharded(directory: Path, tensors: Iterable[tuple[str, np.ndarray]], max_shard_bytes: int) -> None:

@@ -25,7 +25,7 @@ from zaya_jax.config import ConfigError
 from zaya_jax.engine.prefix_cache import RESTORE_JIT, SNAPSHOT_JIT, restore_fn, snapshot_fn
 from zaya_jax.engine.step import STEP_JIT, step_fn
 from zaya_jax.infer.cache import DecodeState
-from zaya_jax.infer.quantize import QuantizedArray
+from zaya_jax.infer.quantize import QuantizedWeight
 from zaya_jax.parallel.context import active_axes
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
 from zaya_jax.parallel.rules import RULES, check_axes_divide, state_shardings
@@ -47,7 +47,7 @@ def check_mesh(model: nnx.Module, shape: dict[str, int], slots: int, where: str 
     if shape.get("context", 1) > 1:
         raise ConfigError(f"{where}: context={shape['context']}: an engine step's chunk (one token when decoding) "
                           f"is not split over context\nfix: {fix('context', 1)} (those devices on data or tensor)")
-    if any(isinstance(v.get_value(), QuantizedArray) for _, v in nnx.to_flat_state(nnx.state(model))):
+    if any(isinstance(v.get_value(), QuantizedWeight) for _, v in nnx.to_flat_state(nnx.state(model))):
         raise ConfigError(f"{where}: quantized weights are not sharded on a mesh yet\nfix: serve the unquantized "
                           "model on the mesh, or the quantized one on one device")
     check_axes_divide([nnx.state(model)], shape, where, fix)

@@ -42,7 +42,7 @@ from flax import nnx
 
 from zaya_jax.infer.cache import (DecodeState, cache_index, chunk_attention, ring_from_prompt, ring_positions,
                                   ring_slots)
-from zaya_jax.infer.quantize import QuantizedArray, rows
+from zaya_jax.infer.quantize import QuantizedWeight, rows
 from zaya_jax.model import moe_dispatch
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn, resolve_moe_backend
 from zaya_jax.model.layer_types import layer_flags, layer_kinds
@@ -83,7 +83,7 @@ def stacked_experts_dispatch(model: ZayaLM, with_images: bool = False) -> Callab
     cfg, moe = model.config, model.layers.moe
     stacked = (moe.gate, moe.up, moe.down)
     if (resolve_moe_backend(cfg.moe_backend) != "native" or any(n > 1 for n in current_mesh_shape().values())
-            or any(isinstance(p.get_value(), QuantizedArray) for p in stacked)
+            or any(isinstance(p.get_value(), QuantizedWeight) for p in stacked)
             or (with_images and moe.vision_lora is not None)):
         return None
     dtype = jnp.dtype(cfg.dtype)

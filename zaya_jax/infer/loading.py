@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from zaya_jax.convert.hf_load import load_hf as _load_hf
+from zaya_jax.convert import hf_load  # a module: zaya_jax.convert imports this package's weight types
 from zaya_jax.errors import UserError
 from zaya_jax.infer.quantize import quantize_model
 from zaya_jax.model.zaya import ZayaLM
@@ -33,7 +33,7 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", quantize: str | 
     (`group_size` entries per scale) for the experts and attention projections
     (zaya_jax.infer.quantize). dtype and overrides as zaya_jax.load_hf.
     """
-    return _maybe_quantize(_load_hf(path, dtype=dtype, **overrides), quantize, group_size)
+    return _maybe_quantize(hf_load.load_hf(path, dtype=dtype, **overrides), quantize, group_size)
 
 
 def load_checkpoint(directory: str | os.PathLike, *, step: int | None = None, quantize: str | None = None,

@@ -20,6 +20,10 @@ and scan slicing leave it unchanged):
   attention.o_proj                                          [N, H, D]       axis -2 (H; groups stay within a head)
   moe.gate, moe.up [E, D, I]  axis -2 (D);  moe.down [E, I, D]  axis -2 (I)
 Kept in float: the tied embedding / output head, the router, the convolutions, norms, scales.
+
+A checkpoint quantized by transformers' FP8 or MXFP4 quantizers loads as `BlockScaledArray`s
+(zaya_jax.convert.hf_quantized): its stored values and block scales, dequantized the same way,
+inside the jitted computation that reads them.
 """
 
 from __future__ import annotations
@@ -39,11 +43,28 @@ QUANTIZED_WEIGHTS = {  # (module, parameter) -> input axis, from the end
     ("moe", "gate"): -2, ("moe", "up"): -2, ("moe", "down"): -2,
 }
 MODES = {"int8": 8, "int4": 4}
+# e2m1 (fp4) values by 4-bit code: sign in bit 3, then 2 exponent bits and 1 mantissa bit (OCP MX spec)
+FP4_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+                    np.float32)
+
+
+class QuantizedWeight:
+    """A weight held in fewer bits than float: `param[...]` dequantizes it whole to float32 of `.shape`,
+    `take(index)` picks rows of its leading axis still quantized (QuantizedArray, BlockScaledArray)."""
+
+    @property
+    def dtype(self):
+        return jnp.dtype(jnp.float32)
+
+    def __getitem__(self, index) -> jax.Array:
+        if index is not Ellipsis:
+            raise IndexError(f"a {type(self).__name__} is read whole (`param[...]`) or by rows (`take`)")
+        return self.dequantize()
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class QuantizedArray:
+class QuantizedArray(QuantizedWeight):
     """A weight stored as integers with group-wise float32 scales along `axis`.
 
     values: int8 [..., n, ...] (bits=8) or uint8 [..., n/2, ...] (bits=4: entries j and j + n/2 in byte j)
@@ -60,10 +81,6 @@ class QuantizedArray:
         shape[self.axis] *= 8 // self.bits
         return tuple(shape)
 
-    @property
-    def dtype(self):
-        return self.scales.dtype
-
     def take(self, index: jax.Array) -> "QuantizedArray":
         """Rows `index` (any int array) of the leading, unquantized axis, still quantized."""
         return QuantizedArray(self.values[index], self.scales[index], self.axis, self.bits)
@@ -76,10 +93,51 @@ class QuantizedArray:
         grouped = ints.reshape(ints.shape[:axis] + (groups, -1) + ints.shape[axis + 1:])
         return (grouped.astype(jnp.float32) * jnp.expand_dims(self.scales, axis + 1)).reshape(ints.shape)
 
-    def __getitem__(self, index) -> jax.Array:
-        if index is not Ellipsis:
-            raise IndexError("a QuantizedArray is read whole (`param[...]`) or by rows (`take`)")
-        return self.dequantize()
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class BlockScaledArray(QuantizedWeight):
+    """A weight as a quantized checkpoint stores it: 2-D blocks [..., R, C] with one scale per block.
+
+    fmt "fp8":   values float8_e4m3fn [..., R, C]; scales float32 [..., R/br, C/bc] (transformers'
+                 `weight_scale_inv`, a multiplier; [..., 1, 1] for one scale per tensor)
+    fmt "mxfp4": values uint8 [..., R, C/2], two e2m1 codes per byte (entry 2j in the low nibble,
+                 2j+1 in the high one); scales uint8 [..., R, C/32], e8m0 exponents: 2^(s - 127)
+    The stored matrix w[..., r, c] = value * scale of its block; our parameter is w (transposed
+    when `transpose`, i.e. swapped last two axes) reshaped to leading axes + `inner`.
+    """
+    values: jax.Array
+    scales: jax.Array
+    fmt: str = dataclasses.field(metadata=dict(static=True))
+    transpose: bool = dataclasses.field(metadata=dict(static=True))
+    inner: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.values.shape[:-2]) + tuple(self.inner)
+
+    def take(self, index: jax.Array) -> "BlockScaledArray":
+        """Rows `index` of the leading axis, still quantized."""
+        return dataclasses.replace(self, values=self.values[index], scales=self.scales[index])
+
+    def stored(self) -> jax.Array:
+        """-> float32 [..., R, C], the matrix as stored (before `transpose` / `inner`)."""
+        if self.fmt == "mxfp4":
+            codes = jnp.stack([self.values & 0xF, self.values >> 4], axis=-1)
+            floats = jnp.asarray(FP4_E2M1)[codes.reshape(*self.values.shape[:-1], -1)]
+            exponents = self.scales.astype(jnp.int32) - 127
+            grouped = floats.reshape(*exponents.shape, -1)
+            return jnp.ldexp(grouped, exponents[..., None]).reshape(floats.shape)
+        floats = self.values.astype(jnp.float32)
+        *lead, rows, cols = floats.shape
+        block_rows, block_cols = self.scales.shape[-2:]
+        grouped = floats.reshape(*lead, block_rows, rows // block_rows, block_cols, cols // block_cols)
+        return (grouped * self.scales[..., :, None, :, None]).reshape(floats.shape)
+
+    def dequantize(self) -> jax.Array:
+        """-> float32 array of `self.shape`."""
+        w = self.stored()
+        return (jnp.swapaxes(w, -1, -2) if self.transpose else w).reshape(self.shape)
 
 
 def pack_int4(ints: jax.Array, axis: int) -> jax.Array:
@@ -144,6 +202,9 @@ def quantize_model(model, mode: str, group_size: int = 64):
     bits = MODES[mode]
     graphdef, state = nnx.split(model)
     flat = list(nnx.to_flat_state(state))
+    if any(isinstance(var.get_value(), QuantizedWeight) for _, var in flat):
+        raise ConfigError(f"quantize={mode!r}: the model's weights are already quantized (a quantized checkpoint's "
+                          "FP8 / MXFP4 weights); load it without quantize (--quantize)")
     axes = {i: QUANTIZED_WEIGHTS.get(tuple(path[-2:])) for i, (path, _) in enumerate(flat)}
     chosen = {i: var.get_value() for i, (path, var) in enumerate(flat) if axes[i] is not None and path[0] == "layers"}
     quantized = jax.jit(lambda weights: {
@@ -153,10 +214,18 @@ def quantize_model(model, mode: str, group_size: int = 64):
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
+def dequantize_model(model):
+    """`model` (a ZayaLM or ZayaVL) with every quantized weight expanded to float32 (itself when it has none)."""
+    graphdef, state = nnx.split(model)
+    flat = [(path, var.replace(var.get_value()[...]) if isinstance(var.get_value(), QuantizedWeight) else var)
+            for path, var in nnx.to_flat_state(state)]
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
 def rows(param: nnx.Variable, index: jax.Array, dtype) -> jax.Array:
     """param[index] along its leading axis as `dtype`, gathering before any dequantization."""
     value = param.get_value()
-    picked = value.take(index) if isinstance(value, QuantizedArray) else value[index]
+    picked = value.take(index) if isinstance(value, QuantizedWeight) else value[index]
     return picked[...].astype(dtype)
 
 

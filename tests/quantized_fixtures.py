@@ -1,0 +1,87 @@
+"""Quantized HF checkpoints in transformers' layouts, made from a float one, for the tests of
+zaya_jax.convert.hf_quantized: `requantize` rewrites chosen tensors of an HF directory (FP8 through
+transformers' own quantizer op, MXFP4 blocks drawn at random, since transformers quantizes MXFP4 only
+with GPU kernels), numpy-only helpers write broken ones for the CLI error tests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import ml_dtypes
+import numpy as np
+from safetensors.numpy import save_file
+
+from zaya_jax.convert.safetensors_io import TensorReader
+
+# transformers' ZAYA linears FineGrainedFP8 converts (nn.Linear outside modules_to_not_convert) and experts
+ATTENTION = ("q_proj.weight", "k_proj.weight", "v_proj_current.weight", "v_proj_delayed.weight", "o_proj.weight")
+EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+NOT_CONVERTED = ["lm_head", "model.layers.*.mlp.gate"]   # the router's linears stay in float
+
+
+def requantize(src: str | Path, dst: str | Path, quantization_config: dict | None,
+               rewrite: Callable[[str, np.ndarray], dict[str, np.ndarray] | None]) -> Path:
+    """dst: src's files with each tensor `rewrite(name, float32 array)` returns tensors for (None: kept
+    as is) replaced by those, and config.json's quantization_config set (None: left out)."""
+    dst = Path(dst)
+    shutil.copytree(src, dst)
+    for old in dst.glob("*.safetensors*"):
+        old.unlink()
+    reader = TensorReader(src)
+    tensors = {}
+    for name in sorted(reader.names()):
+        tensor = reader.get(name)
+        tensors.update(rewrite(name, tensor) or {name: tensor})
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((dst / "config.json").read_text())
+    if quantization_config is not None:
+        config["quantization_config"] = quantization_config
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def torch_fp8_to_numpy(tensor) -> np.ndarray:
+    import torch
+    return tensor.contiguous().view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+
+
+def numpy_fp8_to_torch(array: np.ndarray):
+    import torch
+    return torch.from_numpy(np.array(array).view(np.uint8)).view(torch.float8_e4m3fn)
+
+
+def transformers_fp8(block: tuple[int, int] | None, names: tuple[str, ...] = ATTENTION + EXPERTS):
+    """A rewrite quantizing the tensors whose names end with one of `names` by transformers' own
+    Fp8Quantize op (integrations/finegrained_fp8.py), with FineGrainedFP8Config(weight_block_size=block)."""
+    import torch
+    from transformers.integrations.finegrained_fp8 import Fp8Quantize
+    from transformers.utils.quantization_config import FineGrainedFP8Config
+
+    class Quantizer:  # what Fp8Quantize reads of its HfQuantizer
+        quantization_config = FineGrainedFP8Config(weight_block_size=block)
+
+    op = Fp8Quantize(Quantizer())
+
+    def rewrite(name, tensor):
+        if not name.endswith(names):
+            return None
+        out = op.convert({name: torch.from_numpy(np.asarray(tensor, np.float32))})
+        return {k: torch_fp8_to_numpy(v) if v.dtype == torch.float8_e4m3fn else v.numpy() for k, v in out.items()}
+    return rewrite
+
+
+def random_mxfp4(seed: int = 0, names: tuple[str, ...] = EXPERTS):
+    """A rewrite storing each expert tensor [E, A, B] as random mxfp4 `_blocks` [E, B, A/32, 16] and
+    `_scales` [E, B, A/32] (exponents 2^-6 .. 2^-4: values of at most 6 / 16)."""
+    rng = np.random.default_rng(seed)
+
+    def rewrite(name, tensor):
+        if not name.endswith(names):
+            return None
+        e, a, b = tensor.shape
+        return {name + "_blocks": rng.integers(0, 256, (e, b, a // 32, 16), dtype=np.uint8),
+                name + "_scales": rng.integers(121, 124, (e, b, a // 32), dtype=np.uint8)}
+    return rewrite

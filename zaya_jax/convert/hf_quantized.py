@@ -1,0 +1,240 @@
+"""Reading HF checkpoints that transformers' FP8 and MXFP4 quantizers wrote (config.json's
+`quantization_config`), keeping the experts and attention projections quantized in memory.
+
+quant_method "fp8" (transformers' FineGrainedFP8Config, DeepSeek-V3's layout): a quantized linear
+`X.weight` is float8_e4m3fn [out, in] beside `X.weight_scale_inv` float32 [out/bo, in/bi], one
+multiplier per (bo, bi) block of `weight_block_size` (null: one per tensor, [] / [1] / [1, 1]; a
+per-tensor `X.weight_scale` is read the same way); a quantized 3-D expert tensor `...experts.P`
+[E, out, in] has `...experts.P_scale_inv` [E, out/bo, in/bi]. Dequantized: w = value * scale.
+Only activation_scheme "dynamic" (the scheme transformers writes), float scales (scale_fmt "float")
+and fp8 experts (expert_dtype "fp8") are read.
+
+quant_method "mxfp4" (transformers' Mxfp4Config, gpt-oss's layout): an expert tensor `...experts.P`
+[E, A, B] is stored as `P_blocks` uint8 [E, B, A/32, 16] (two e2m1 codes per byte, low nibble
+first) and `P_scales` uint8 [E, B, A/32] (e8m0: 2^(s - 127) per 32 values); transformers'
+dequantizer (integrations/mxfp4.py convert_moe_packed_tensors) unpacks [E, B, A] and swaps the last
+two axes. For ZAYA's `gate_up_proj` [E, 2I, D] the 32-value blocks run along 2I, for `down_proj`
+[E, D, I] along D: the output axis, as transformers' dequantizer lays them.
+
+Which tensors are quantized is read from the tensors (a weight with its scales, or its blocks);
+`modules_to_not_convert` (transformers' matching: a prefix ending at a module boundary, a regex, or a
+suffix) names modules that must be stored in float. Kept quantized in memory, as BlockScaledArray
+(zaya_jax.infer.quantize), dequantized inside the computation that reads them: the attention
+projections (q, k, v current / delayed, o) and the experts (gate, up, down) of the text model.
+Everything else stored quantized (a router linear, a vision tower's linears, LoRA) is dequantized
+to float32 on load, bit for bit as transformers' dequantizers do.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from zaya_jax.convert.hf_config import HFCheckpointError
+from zaya_jax.convert.hf_names import Entry
+from zaya_jax.infer.quantize import QUANTIZED_WEIGHTS, BlockScaledArray
+
+MX_BLOCK = 32
+METHODS = ("fp8", "mxfp4")
+
+
+class CheckpointQuantization(NamedTuple):
+    method: str                        # "fp8" | "mxfp4"
+    block: tuple[int, int] | None      # fp8: weight_block_size (rows, cols); None: one scale per tensor
+    not_converted: tuple[str, ...]     # modules_to_not_convert
+
+
+def read_quantization(hf: dict, key: str = "quantization_config") -> CheckpointQuantization | None:
+    """config.json's quantization_config -> CheckpointQuantization (None without one); anything this
+    reader would compute differently from transformers is refused naming the field."""
+    q = hf.get(key)
+    if q is None:
+        return None
+    if not isinstance(q, dict):
+        raise HFCheckpointError(f"config.json: {key} must be an object, got {q!r}")
+    method = q.get("quant_method")
+    if method not in METHODS:
+        raise HFCheckpointError(f"config.json: {key}.quant_method={method!r} is not read here; zaya_jax reads 'fp8' "
+                                "(transformers' FineGrainedFP8Config) and 'mxfp4' (Mxfp4Config): dequantize it with "
+                                "transformers (quantization_config with dequantize=True) and save_pretrained it")
+    skip = q.get("modules_to_not_convert") or []
+    if not isinstance(skip, list) or not all(isinstance(s, str) for s in skip):
+        raise HFCheckpointError(f"config.json: {key}.modules_to_not_convert must be a list of module names, "
+                                f"got {skip!r}")
+    block = None
+    if method == "fp8":
+        for field, allowed in (("activation_scheme", "dynamic"), ("scale_fmt", "float"), ("expert_dtype", "fp8")):
+            if q.get(field, allowed) != allowed:
+                raise HFCheckpointError(f"config.json: {key}.{field}={q[field]!r} is not read here (zaya_jax reads "
+                                        f"{allowed!r}, transformers' default)")
+        block = q.get("weight_block_size", [128, 128])
+        if block is not None:
+            if (not isinstance(block, list) or len(block) != 2
+                    or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+                raise HFCheckpointError(f"config.json: {key}.weight_block_size={block!r} must be two positive "
+                                        "integers, e.g. [128, 128], or null (one scale per tensor)")
+            block = tuple(block)
+    return CheckpointQuantization(method, block, tuple(skip))
+
+
+def not_converted(module: str, patterns: tuple[str, ...]) -> bool:
+    """Whether `module` (a dotted name) is one `modules_to_not_convert` leaves unquantized, matched as
+    transformers matches them: a prefix or regex ending at a module boundary, or a suffix."""
+    boundary = r"(?:(?<=\.)|(?=\.|$))"
+    return any(re.match(rf"(?:{p}){boundary}", module) or module.endswith(p) for p in patterns)
+
+
+def _module(name: str) -> str:
+    """The module a tensor name belongs to ('a.b.weight' -> 'a.b'; an expert tensor 'a.experts.gate_up_proj'
+    -> 'a.experts')."""
+    return name.rsplit(".", 1)[0]
+
+
+class QuantizedTensors:
+    """A quantized checkpoint's tensors seen as the float checkpoint they stand for.
+
+    names(): the float checkpoint's names (each weight once, without its scales / blocks);
+    get(name) -> float32 array (dequantized when stored quantized); stored(entry) -> one
+    BlockScaledArray (numpy values and scales) per target of `entry`, for the entries kept_paths chose.
+    """
+
+    def __init__(self, quant: CheckpointQuantization, names: set[str], get_tensor: Callable[[str], np.ndarray],
+                 where: str):
+        self.quant, self.get_tensor, self.where = quant, get_tensor, where
+        self.scale_of: dict[str, str] = {}      # weight name -> its scale tensor's name
+        if quant.method == "mxfp4":
+            for name in sorted(n for n in names if n.endswith(("_blocks", "_scales"))):
+                weight = name.rsplit("_", 1)[0]
+                if weight + "_blocks" not in names:
+                    raise HFCheckpointError(f"{where}: tensor {name!r} has no {weight + '_blocks'!r} to scale")
+                if weight + "_scales" not in names:
+                    raise HFCheckpointError(f"{where}: missing scales: tensor {name!r} has no {weight + '_scales'!r} "
+                                            "(mxfp4 stores one e8m0 exponent per 32 values beside each *_blocks "
+                                            "tensor)")
+                self.scale_of[weight] = weight + "_scales"
+            stored = set(self.scale_of.values()) | {w + "_blocks" for w in self.scale_of}
+        else:
+            for name in sorted(names):
+                # X.weight_scale_inv / X.weight_scale (per tensor) scale X.weight; experts.P_scale_inv scales experts.P
+                weight = (name[:-len("_scale_inv")] if name.endswith("_scale_inv")
+                          else name[:-len("_scale")] if name.endswith(".weight_scale") else None)
+                if weight is None:
+                    continue
+                if weight not in names:
+                    raise HFCheckpointError(f"{where}: tensor {name!r} scales {weight!r}, which the checkpoint lacks")
+                if weight in self.scale_of:
+                    raise HFCheckpointError(f"{where}: tensor {weight!r} has two scales, {self.scale_of[weight]!r} "
+                                            f"and {name!r}")
+                self.scale_of[weight] = name
+            stored = set()
+        self.logical = (names - stored - set(self.scale_of.values())) | set(self.scale_of)
+        for weight in self.scale_of:
+            if not_converted(_module(weight), quant.not_converted):
+                raise HFCheckpointError(f"{where}: tensor {weight!r} is stored quantized, but config.json's "
+                                        f"quantization_config.modules_to_not_convert names its module "
+                                        f"{_module(weight)!r}: remove it from that list or store it in float")
+
+    def names(self) -> set[str]:
+        return set(self.logical)
+
+    def get(self, name: str) -> np.ndarray:
+        """-> float32 of the tensor's float shape (dequantized as transformers does, when quantized)."""
+        if name not in self.scale_of:
+            tensor = self.get_tensor(name)
+            if str(tensor.dtype).startswith("float8"):
+                scale = name + "_scale_inv" if name.endswith(".weight") or self.quant.method == "fp8" else name
+                raise HFCheckpointError(f"{self.where}: missing scales: tensor {name!r} is {tensor.dtype} but the "
+                                        f"checkpoint has no {scale!r} (nor a per-tensor {name + '_scale'!r}) for it")
+            return np.asarray(tensor, np.float32)
+        return np.asarray(self._stored(name, None).dequantize())
+
+    def _stored(self, name: str, hf_shape: tuple[int, ...] | None) -> BlockScaledArray:
+        """The stored tensor as one BlockScaledArray whose dequantize() is its float [..] tensor."""
+        scale = self.get_tensor(self.scale_of[name])
+        if self.quant.method == "mxfp4":
+            blocks = self.get_tensor(name + "_blocks")
+            if hf_shape is not None:
+                expected = (*hf_shape[:-2], hf_shape[-1], hf_shape[-2] // MX_BLOCK, MX_BLOCK // 2)
+                if len(hf_shape) != 3 or hf_shape[-2] % MX_BLOCK or tuple(blocks.shape) != expected:
+                    raise HFCheckpointError(
+                        f"{self.where}: mxfp4 tensor {name + '_blocks'!r} has shape {tuple(blocks.shape)}, expected "
+                        f"{expected if len(hf_shape) == 3 and not hf_shape[-2] % MX_BLOCK else 'an expert tensor'} "
+                        f"for {name!r} of shape {hf_shape} ([E, B, A/32, 16] for [E, A, B], A a multiple of 32)")
+            if blocks.dtype != np.uint8 or scale.dtype != np.uint8 or tuple(scale.shape) != tuple(blocks.shape[:-1]):
+                raise HFCheckpointError(f"{self.where}: mxfp4 tensors {name + '_blocks'!r} {blocks.dtype} "
+                                        f"{tuple(blocks.shape)} and {self.scale_of[name]!r} {scale.dtype} "
+                                        f"{tuple(scale.shape)}: expected uint8 blocks [..., 16] and uint8 scales of "
+                                        "their shape without the last axis")
+            values = blocks.reshape(*blocks.shape[:-2], -1)
+            inner = (values.shape[-1] * 2, values.shape[-2])
+            return BlockScaledArray(values, scale, "mxfp4", True, inner)
+        values = self.get_tensor(name)
+        if str(values.dtype) != "float8_e4m3fn":
+            raise HFCheckpointError(f"{self.where}: tensor {name!r} is {values.dtype}; an fp8 checkpoint stores the "
+                                    "weights it scales as float8_e4m3fn")
+        if hf_shape is not None and tuple(values.shape) != hf_shape:
+            raise HFCheckpointError(f"{self.where}: tensor {name!r} has shape {tuple(values.shape)}, expected "
+                                    f"{hf_shape} for this config")
+        return BlockScaledArray(values, self._fp8_grid(name, values.shape, scale), "fp8", False,
+                                tuple(values.shape[-2:]))
+
+    def _fp8_grid(self, name: str, shape: tuple[int, ...], scale: np.ndarray) -> np.ndarray:
+        """The scale tensor as float32 [..., R/bo, C/bi] (one block per tensor: [..., 1, 1])."""
+        *lead, rows, cols = shape
+        block = self.quant.block
+        scale = np.asarray(scale, np.float32)
+        if block is not None and not self.scale_of[name].endswith("_scale"):
+            if rows % block[0] or cols % block[1]:
+                raise HFCheckpointError(f"{self.where}: config.json's quantization_config.weight_block_size "
+                                        f"{list(block)} does not divide tensor {name!r} of shape {tuple(shape)}: "
+                                        "every block of an fp8 weight is whole (transformers' dequantizer refuses "
+                                        "it too); use a block size that divides every quantized weight")
+            grid = (*lead, rows // block[0], cols // block[1])
+            if tuple(scale.shape) != tuple(grid):
+                raise HFCheckpointError(f"{self.where}: tensor {self.scale_of[name]!r} has shape "
+                                        f"{tuple(scale.shape)}, expected {grid}: one scale per "
+                                        f"{block[0]}x{block[1]} block of {name!r} {tuple(shape)}")
+            return scale
+        if scale.size == 1:
+            return np.broadcast_to(scale.reshape(()), (*lead, 1, 1)).copy()
+        if scale.size == int(np.prod(lead)) and lead:
+            return scale.reshape(*lead, 1, 1)
+        raise HFCheckpointError(f"{self.where}: tensor {self.scale_of[name]!r} has shape {tuple(scale.shape)}: "
+                                f"with weight_block_size null it holds one scale per tensor "
+                                f"(or per expert of {name!r} {tuple(shape)})")
+
+    def kept(self, entry: Entry, root: tuple[str, ...] = ()) -> bool:
+        """Whether `entry` is stored quantized and fills weights kept quantized in memory (module doc),
+        its parts (gate and up of one fused tensor) each made of whole blocks."""
+        if entry.hf_name not in self.scale_of:
+            return False
+        for path, _ in entry.targets:
+            if path[:len(root) + 1] != (*root, "layers") or tuple(path[-2:]) not in QUANTIZED_WEIGHTS:
+                return False
+        parts = len(entry.targets)
+        if parts == 1:
+            return True
+        if self.quant.method == "mxfp4":
+            return entry.hf_shape[-2] % (parts * MX_BLOCK) == 0
+        block = self.quant.block
+        return block is None or entry.hf_shape[-2] % (parts * block[0]) == 0
+
+    def stored(self, entry: Entry) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(values, scales) per target of a kept entry: blocks of the stored matrix whose dequantized
+        form, transposed for fp8 (transposed_in_memory), is the target's [in, out] weight."""
+        whole = self._stored(entry.hf_name, entry.hf_shape)
+        parts = len(entry.targets)
+        # the fused tensor's parts split its output axis: rows of the fp8 matrix, columns of the mxfp4 one
+        axis = -1 if whole.fmt == "mxfp4" else -2
+        values = np.split(whole.values, parts, axis=axis)
+        scales = (np.split(whole.scales, parts, axis=axis) if whole.scales.shape[axis] > 1
+                  else [whole.scales] * parts)
+        return list(zip(values, scales))
+
+    @property
+    def transposed_in_memory(self) -> bool:
+        """fp8 stores transformers' [out, in] weights, ours are [in, out]; mxfp4's blocks are already
+        [in, out] (the swap transformers' dequantizer makes)."""
+        return self.quant.method == "fp8"
