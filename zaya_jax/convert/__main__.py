@@ -2,13 +2,22 @@
 
   python -m zaya_jax.convert to_orbax --hf HF_DIR --out CKPT_DIR [--dtype bfloat16]
   python -m zaya_jax.convert to_hf --checkpoint runs/demo --out HF_DIR [--step N] [--schema native|original]
-                                   [--tokenizer FILE]
+                                   [--tokenizer FILE] [--quantize fp8|mxfp4] [--fp8_block 128]
 
 to_orbax writes a model-only checkpoint (params, balancing biases and the model config, step 0)
 in the trainer's layout: point `python -m zaya_jax.evaluate --checkpoint` at it, or copy it to
 WORKDIR/checkpoints to fine-tune from it. to_hf reads the `model` item of any checkpoint (a
 training run's WORKDIR, its WORKDIR/checkpoints, or a to_orbax output), with the RoPE base of
 the curriculum phase it was saved in, and writes config.json + safetensors.
+
+to_hf --quantize fp8 | mxfp4 writes the weights as transformers' quantizers write them, with their
+quantization_config (zaya_jax.convert.quantized_export): fp8 (FineGrainedFP8Config) the attention
+projections and experts in --fp8_block square blocks of e4m3 values and float32 scales, mxfp4
+(Mxfp4Config, gpt-oss's layout) the experts; router, norms, CCA convolutions and temperatures, the
+embedding and the LM head stay in float. The read-back check then compares the files, read
+quantized, with the model holding the quantized weights' values. An HF directory with such a
+quantization_config (either method) is read by to_orbax, generate --hf and the server, its
+experts and attention kept quantized in memory (zaya_jax.convert.hf_quantized).
 
 to_hf writes what `transformers.ZayaForCausalLM.from_pretrained` loads (the native schema),
 and only when the written files compute the same model: they are read back and their logits
@@ -41,6 +50,11 @@ _SCHEMA = flags.DEFINE_enum("schema", None, ["native", "original"],
                             "which transformers cannot load).")
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "to_hf: the tokenizer.json to write beside the weights "
                                  "(default: the one the run was trained with).")
+_QUANTIZE = flags.DEFINE_enum("quantize", None, ["fp8", "mxfp4"],
+                              "to_hf: write the weights quantized as transformers' FP8 (FineGrainedFP8Config) or "
+                              "MXFP4 (Mxfp4Config) quantizers write them.")
+_FP8_BLOCK = flags.DEFINE_integer("fp8_block", 128, "to_hf --quantize fp8: the square block of one scale "
+                                  "(weight_block_size; a weight it does not tile stays in float).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "to_orbax: the compute dtype recorded.")
 
 
@@ -57,7 +71,9 @@ def main(argv):
     else:
         if not _CHECKPOINT.value:
             raise app.UsageError("to_hf needs --checkpoint")
-        print(f"wrote {to_hf(_CHECKPOINT.value, _OUT.value, _STEP.value, _SCHEMA.value, _TOKENIZER.value)}")
+        written = to_hf(_CHECKPOINT.value, _OUT.value, _STEP.value, _SCHEMA.value, _TOKENIZER.value, _QUANTIZE.value,
+                        _FP8_BLOCK.value)
+        print(f"wrote {written}")
 
 
 if __name__ == "__main__":

@@ -70,13 +70,20 @@ def export_tokenizer(checkpoint: str, step: int | None, cfg, tokenizer_path: str
 
 
 def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | None = None,
-          tokenizer_path: str | None = None) -> str:
+          tokenizer_path: str | None = None, quantize: str | None = None, block: int = 128) -> str:
     """Writes the checkpoint's model (fp32) and its tokenizer as an HF directory; `schema` None:
-    native, which transformers loads, refused (UserError) when it would change what the model computes."""
+    native, which transformers loads, refused (UserError) when it would change what the model computes.
+    quantize "fp8" / "mxfp4": its weights as transformers' quantizers write them (save_hf's quantize, block)."""
     import zaya_jax
     from zaya_jax.vision.model import ZayaVL
+    if quantize is not None and schema == "original":
+        raise UserError(f"--quantize {quantize} --schema original: quantized checkpoints are written with "
+                        "transformers' names only: drop --schema")
     model, loaded_step = load_checkpoint_model(checkpoint, step, dtype="float32")
     if isinstance(model, ZayaVL):
+        if quantize is not None:
+            raise UserError(f"--quantize {quantize}: --checkpoint {checkpoint} holds a vision-language model, which "
+                            "exports in float only: drop --quantize")
         return vl_to_hf(checkpoint, loaded_step, model, out_dir, schema, tokenizer_path)
     if schema is None:
         problem = schema_problem(model, "native")
@@ -87,7 +94,7 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
         schema = "native"
     files, told = export_tokenizer(checkpoint, step, model.config, tokenizer_path)
     zaya_jax.save_hf(model, out_dir, schema=schema, extra_files=files,
-                     report=lambda line: print(line, file=sys.stderr))
+                     report=lambda line: print(line, file=sys.stderr), quantize=quantize, block=block)
     print(told, file=sys.stderr)
     if schema == "original":
         print("note: the original schema holds Zyphra's ZAYA1-base names: zaya_jax.load_hf reads it, "

@@ -1,0 +1,107 @@
+"""`convert to_hf --quantize fp8|mxfp4` (zaya_jax.convert.quantized_export): FP8 quantized bit for bit
+as transformers' own Fp8Quantize, MXFP4 by the MX rule, and the export loads in transformers (its
+quantization_config parsed by its quantizer) with the logits our loader gives for the same files."""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+import zaya_jax
+from tests.hf_reference import hf_logits
+from tests.quantized_fixtures import numpy_fp8_to_torch
+from tests.test_cli_convert import NATIVE_FIELDS, TINY, convert
+from zaya_jax.config_files import load_config_file, model_config
+from zaya_jax.convert.quantized_export import fp8_blocks, mxfp4_blocks
+from zaya_jax.infer.quantize import BlockScaledArray
+from zaya_jax.model.build import create_model
+from zaya_jax.train.checkpoint import save_model
+from zaya_jax.train.state import ModelParts
+
+IDS = np.random.default_rng(7).integers(3, 512, (2, 20))
+
+
+@pytest.mark.torch_reference
+@pytest.mark.parametrize("block", [(8, 16), (32, 48)])
+def test_fp8_quantizes_as_transformers_bit_for_bit(block):
+    import torch
+    from transformers.integrations.finegrained_fp8 import Fp8Quantize
+    from transformers.utils.quantization_config import FineGrainedFP8Config
+
+    class Quantizer:
+        quantization_config = FineGrainedFP8Config(weight_block_size=block)
+    w = np.random.default_rng(0).normal(size=(3, 32, 48)).astype(np.float32) * np.logspace(-4, 1, 48, dtype=np.float32)
+    w[0, :8, :16] = 0  # an all-zero block: scale 1
+    theirs = Fp8Quantize(Quantizer())._quantize_one("experts.down_proj", torch.from_numpy(w))
+    values, scale_inv = fp8_blocks(w, block)
+    np.testing.assert_array_equal(numpy_fp8_to_torch(values).view(torch.uint8).numpy(),
+                                  theirs["experts.down_proj"].view(torch.uint8).numpy())
+    np.testing.assert_array_equal(scale_inv.view(np.uint32), theirs["experts.down_proj_scale_inv"].numpy().view(np.uint32))
+
+
+def test_mxfp4_takes_the_smallest_exponent_that_holds_each_block_and_rounds_to_the_nearest():
+    """Each 32 values along the stored axis share 2^X, X the smallest with max|w| / 2^X <= 6 (the
+    triton kernels' ROUND_UP); each value is the e2m1 multiple of 2^X nearest to it."""
+    rng = np.random.default_rng(1)
+    w = (rng.normal(size=(2, 64, 8)) * np.logspace(-3, 2, 8)).astype(np.float32)   # [E, A, B]: blocks along A
+    blocks, scales = mxfp4_blocks(w)
+    assert blocks.shape == (2, 8, 2, 16) and scales.shape == (2, 8, 2)
+    x = scales.astype(np.int32) - 127
+    peak = np.abs(np.swapaxes(w, 1, 2).reshape(2, 8, 2, 32)).max(axis=-1)
+    assert np.all(peak / 2.0 ** x <= 6) and np.all(peak / 2.0 ** (x - 1) > 6)
+    got = np.swapaxes(np.asarray(BlockScaledArray(blocks.reshape(2, 8, 32), scales, "mxfp4", True, (64, 8))[...]), 1, 2)
+    grid = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
+    unit = 2.0 ** np.repeat(x, 32, axis=-1).reshape(2, 8, 64)
+    nearest = np.abs(np.abs(np.swapaxes(w, 1, 2))[..., None] / unit[..., None] - grid).min(axis=-1) * unit
+    np.testing.assert_allclose(np.abs(got - np.swapaxes(w, 1, 2)), nearest, rtol=0, atol=1e-6 * np.abs(w).max())
+
+
+@pytest.fixture(scope="module")
+def native_checkpoint(tmp_path_factory):
+    """configs/tiny.py's model, native layout, random, as a model-only checkpoint."""
+    cfg = model_config(load_config_file(TINY)).replace(layout="native", **NATIVE_FIELDS)
+    model = create_model(cfg, seed=5)
+    directory = tmp_path_factory.mktemp("native") / "ckpt"
+    params, biases = ModelParts.arrays(model)
+    save_model(str(directory), params, biases, {"model": dataclasses.asdict(cfg)})
+    return directory
+
+
+@pytest.mark.torch_reference
+@pytest.mark.parametrize("method", ["fp8", "mxfp4"])
+def test_to_hf_quantize_writes_what_transformers_loads_with_our_logits(native_checkpoint, tmp_path, method):
+    """transformers parses the quantization_config with its own quantizer (FineGrainedFP8Config /
+    Mxfp4Config) and loads the files on CPU through its dequantize path; for fp8 that path leaves the
+    experts' scales unread (tests/test_hf_quantized.py), so its experts are set from its Fp8Dequantize."""
+    import torch
+    from transformers import ZayaForCausalLM
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+    from transformers.utils.quantization_config import FineGrainedFP8Config, Mxfp4Config
+    from zaya_jax.convert.safetensors_io import TensorReader
+    out = tmp_path / "hf"
+    done = convert("to_hf", "--checkpoint", native_checkpoint, "--out", out, "--quantize", method, "--fp8_block", "16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{method}: " in done.stderr and "tensors quantized" in done.stderr
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    parsed = (FineGrainedFP8Config if method == "fp8" else Mxfp4Config).from_dict(config)
+    reference = ZayaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    reader = TensorReader(out)
+    names = reader.names()
+    if method == "fp8":
+        assert parsed.weight_block_size == [16, 16] and "model.layers.0.self_attn.o_proj.weight_scale_inv" in names
+        with torch.no_grad():
+            for name, param in reference.named_parameters():
+                if name + "_scale_inv" in names and name.endswith(("gate_up_proj", "down_proj")):
+                    param.copy_(Fp8Dequantize(None)._dequantize_one(
+                        numpy_fp8_to_torch(reader.get(name)), torch.from_numpy(reader.get(name + "_scale_inv")),
+                        output_dtype=torch.float32))
+    else:
+        assert "model.layers.1.mlp.experts.down_proj_blocks" in names and "model.layers.0.self_attn.o_proj.weight" in names
+    assert not any(n.startswith(("model.embed_tokens.", "model.layers.0.mlp.gate.")) and "scale" in n and "states" not in n
+                   for n in names)
+    ours = zaya_jax.load_hf(out)
+    assert isinstance(ours.layers.moe.down.get_value(), BlockScaledArray)
+    np.testing.assert_allclose(np.asarray(ours(IDS)), hf_logits(reference, IDS), atol=1e-4, rtol=0)
+    assert os.path.isfile(out / "model.safetensors")

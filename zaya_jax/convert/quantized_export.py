@@ -1,0 +1,88 @@
+"""Writing an HF checkpoint quantized as transformers' quantizers write it (`convert to_hf --quantize`).
+
+fp8 (FineGrainedFP8Config): every linear transformers' FP8 quantizer converts in ZAYA, the attention
+projections (q, k, v current / delayed, o: `X.weight` [out, in]) and the experts (`gate_up_proj`,
+`down_proj` [E, out, in]), as float8_e4m3fn with one `weight_scale_inv` (experts: `P_scale_inv`)
+per block of `block` x `block`, by transformers' Fp8Quantize rule:
+    scale = 448 / max|w| over the block (1 for an all-zero block), stored inverted; q = clip(w * scale)
+rounded to the nearest e4m3. A weight the block does not tile stays in float, as Fp8Quantize
+leaves it. modules_to_not_convert: the router's linears (`model.layers.*.mlp.gate`) and the LM head;
+norms, CCA convolutions and temperatures, residual scales and the embedding are not linears.
+
+mxfp4 (Mxfp4Config): the experts only, as transformers' MXFP4 quantizer converts (gpt-oss's layout,
+zaya_jax.convert.hf_quantized): [E, A, B] as `_blocks` [E, B, A/32, 16] and `_scales` [E, B, A/32],
+the exponent of each 32 values rounded up (the triton kernels' default, DequantScaleRoundingMode
+ROUND_UP): X = ceil(log2(max|w| / 6)), values w / 2^X rounded to the nearest e2m1.
+modules_to_not_convert: attention, router, embedding, LM head.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import ml_dtypes
+import numpy as np
+
+from zaya_jax.convert.hf_quantized import MX_BLOCK
+from zaya_jax.infer.quantize import BlockScaledArray
+
+FP8_MAX = 448.0
+ATTENTION = tuple(f"self_attn.{p}.weight" for p in ("qkv_proj.q_proj", "qkv_proj.k_proj", "qkv_proj.v_proj_current",
+                                                     "qkv_proj.v_proj_delayed", "o_proj"))
+EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+NOT_CONVERTED = {"fp8": ["model.layers.*.mlp.gate", "lm_head"],
+                 "mxfp4": ["model.layers.*.self_attn", "model.layers.*.mlp.gate", "model.embed_tokens", "lm_head"]}
+
+
+def quantization_config(method: str, block: int) -> dict:
+    """config.json's quantization_config for `method` ("fp8" | "mxfp4")."""
+    if method == "fp8":
+        return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [block, block],
+                "modules_to_not_convert": NOT_CONVERTED["fp8"]}
+    return {"quant_method": "mxfp4", "modules_to_not_convert": NOT_CONVERTED["mxfp4"]}
+
+
+def fp8_blocks(w: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """float [..., R, C] (block-divisible) -> (float8_e4m3fn [..., R, C], float32 scale_inv [..., R/br, C/bc])."""
+    *lead, rows, cols = w.shape
+    grouped = np.asarray(w, np.float32).reshape(*lead, rows // block[0], block[0], cols // block[1], block[1])
+    peak = np.abs(grouped).max(axis=(-3, -1))
+    # 448 / peak as torch divides a number by a tensor (times its reciprocal): the same float32 bits
+    scale = np.where(peak > 0, np.float32(FP8_MAX) * (np.float32(1) / np.where(peak > 0, peak, 1)), 1).astype(np.float32)
+    values = np.clip(grouped * scale[..., :, None, :, None], -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
+    return values.reshape(w.shape), (np.float32(1) / scale).astype(np.float32)
+
+
+def mxfp4_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float [E, A, B] (A a multiple of 32) -> (uint8 blocks [E, B, A/32, 16], uint8 e8m0 scales [E, B, A/32])."""
+    stored = np.swapaxes(np.asarray(w, np.float32), -1, -2)
+    grouped = stored.reshape(*stored.shape[:-1], -1, MX_BLOCK)
+    peak = np.abs(grouped).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        exponent = np.clip(np.ceil(np.log2(peak / 6.0)), -127, 127)
+    exponent = np.where(peak > 0, exponent, -127).astype(np.int32)
+    scaled = np.clip(np.ldexp(grouped, -exponent[..., None]), -6.0, 6.0)
+    codes = scaled.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed, (exponent + 127).astype(np.uint8)
+
+
+def quantized_tensors(tensors: Iterable[tuple[str, np.ndarray]], method: str, block: int,
+                      dequantized: dict[str, np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
+    """transformers' float checkpoint tensors (name, float32) -> the quantized checkpoint's; each
+    quantized weight's dequantized float32 value goes into `dequantized` (what the export must read back as)."""
+    for name, tensor in tensors:
+        if method == "fp8" and name.endswith(ATTENTION + EXPERTS) and not (
+                tensor.shape[-2] % block or tensor.shape[-1] % block):
+            values, scale_inv = fp8_blocks(tensor, (block, block))
+            yield name, values
+            yield (name + "_scale_inv"), scale_inv
+            dequantized[name] = np.asarray(BlockScaledArray(values, scale_inv, "fp8", False, tensor.shape[-2:])[...])
+        elif method == "mxfp4" and name.endswith(EXPERTS) and not tensor.shape[-2] % MX_BLOCK:
+            blocks, scales = mxfp4_blocks(tensor)
+            yield name + "_blocks", blocks
+            yield name + "_scales", scales
+            dequantized[name] = np.asarray(BlockScaledArray(blocks.reshape(*blocks.shape[:-2], -1), scales, "mxfp4",
+                                                            True, tensor.shape[-2:])[...])
+        else:
+            yield name, tensor
