@@ -34,7 +34,8 @@ def requantize(src: str | Path, dst: str | Path, quantization_config: dict | Non
     tensors = {}
     for name in sorted(reader.names()):
         tensor = reader.get(name)
-        tensors.update(rewrite(name, tensor) or {name: tensor})
+        replaced = rewrite(name, tensor)
+        tensors.update({name: tensor} if replaced is None else replaced)
     save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((dst / "config.json").read_text())
     if quantization_config is not None:

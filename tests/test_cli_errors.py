@@ -154,3 +154,43 @@ def test_generate_names_a_bad_hf_directory_and_a_bad_tokenizer(tmp_path):
                       f"{tmp_path / 'config.json'}: missing")
     assert_user_error(cli("zaya_jax.generate", "--hf", tmp_path, "--prompt", "hi", "--tokenizer", tmp_path / "t.json"),
                       f"--tokenizer {tmp_path / 't.json'}: cannot read it")
+
+
+@pytest.fixture(scope="module")
+def quantized_exports(tmp_path_factory):
+    """configs/tiny.py's model (native, random) written by save_hf as fp8 (16 x 16 blocks) and mxfp4."""
+    import zaya_jax
+    cfg = model_config(load_config_file(TINY))
+    model = create_model(cfg.replace(layout="native", router_norm_eps=cfg.rms_norm_eps, residual_in_fp32=True), seed=0)
+    root = tmp_path_factory.mktemp("quantized")
+    for method in ("fp8", "mxfp4"):
+        zaya_jax.save_hf(model, root / method, quantize=method, block=16)
+    return root
+
+
+def broken(exports, tmp_path, method: str, config_change: dict, rewrite=lambda name, tensor: None):
+    import json
+
+    from tests.quantized_fixtures import requantize
+    config = json.loads((exports / method / "config.json").read_text())["quantization_config"]
+    return requantize(exports / method, tmp_path / "broken", {**config, **config_change}, rewrite)
+
+
+@pytest.mark.parametrize("case", ["unknown method", "missing scales", "block does not divide", "mxfp4 shape"])
+def test_generate_names_what_is_wrong_with_a_quantized_checkpoint(quantized_exports, tmp_path, case):
+    o_proj, down = "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.experts.down_proj"
+    if case == "unknown method":
+        directory, fragments = broken(quantized_exports, tmp_path, "fp8", {"quant_method": "awq"}), (
+            "quantization_config.quant_method='awq' is not read here", "'fp8'", "'mxfp4'", "dequantize=True")
+    elif case == "missing scales":
+        directory = broken(quantized_exports, tmp_path, "fp8", {},
+                           lambda name, tensor: {} if name == o_proj + "_scale_inv" else None)
+        fragments = ("missing scales", f"tensor {o_proj!r} is float8_e4m3fn", f"{o_proj + '_scale_inv'!r}")
+    elif case == "block does not divide":
+        directory = broken(quantized_exports, tmp_path, "fp8", {"weight_block_size": [24, 24]})
+        fragments = ("weight_block_size [24, 24] does not divide tensor", "of shape (", "use a block size that divides")
+    else:
+        directory = broken(quantized_exports, tmp_path, "mxfp4", {}, lambda name, tensor: {
+            name: tensor.reshape(tensor.shape[0], -1, 32, 16)} if name == down + "_blocks" else None)
+        fragments = (f"mxfp4 tensor {down + '_blocks'!r} has shape (4, 4, 32, 16), expected (4, 64, 2, 16)",)
+    assert_user_error(cli("zaya_jax.generate", "--hf", directory, "--prompt_ids", "2,5"), *fragments)
