@@ -480,3 +480,21 @@ def test_readme_serving_figures_are_the_results_file():
             ) in text
     assert (f"first token in {prefix['ttft_hit_median_s']:.3f} s against {prefix['ttft_cache_off_median_s']:.3f} s "
             "uncached") in text
+
+
+def _quantized_rows(stack: str) -> list[str]:
+    run = _load(f"quantized_checkpoints_cpu_{stack}")
+    assert STACKS[stack] == f"Python {run['stack']['python'].rsplit('.', 1)[0]}"
+    return [f"| {STACKS[stack]}: {name} | {r['heldout_loss']:.4f} | {100 * r['accuracy']:.1f}% | "
+            f"{r['weight_bytes_bf16_floats'] / 1e6:.2f} MB |" for name, r in run["results"].items()]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_quantized_checkpoint_figures_are_the_results_file(stack):
+    """docs/inference.md's table of the demo exported as bf16 / FP8 / MXFP4 and the README's line."""
+    rows, run = _quantized_rows(stack), _load(f"quantized_checkpoints_cpu_{stack}")
+    assert all(row in _doc("inference.md") for row in rows), rows
+    r = run["results"]
+    assert (f"{STACKS[stack]}: held-out loss {r['bf16']['heldout_loss']:.4f} in bf16, {r['fp8']['heldout_loss']:.4f} "
+            f"in FP8, {r['mxfp4']['heldout_loss']:.4f} in MXFP4; exact match {100 * r['bf16']['accuracy']:.1f}%, "
+            f"{100 * r['fp8']['accuracy']:.1f}%, {100 * r['mxfp4']['accuracy']:.1f}%") in _flat(_readme())
