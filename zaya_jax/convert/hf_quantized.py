@@ -96,8 +96,8 @@ class QuantizedTensors:
     """A quantized checkpoint's tensors seen as the float checkpoint they stand for.
 
     names(): the float checkpoint's names (each weight once, without its scales / blocks);
-    get(name) -> float32 array (dequantized when stored quantized); stored(entry) -> one
-    BlockScaledArray (numpy values and scales) per target of `entry`, for the entries kept_paths chose.
+    get(name) -> float32 array (dequantized when stored quantized); kept(entry): whether its weights
+    stay quantized in memory; stored(entry) -> (values, scales) numpy per target of a kept entry.
     """
 
     def __init__(self, quant: CheckpointQuantization, names: set[str], get_tensor: Callable[[str], np.ndarray],
