@@ -50,6 +50,9 @@ RUNS: dict[str, list[str]] = {
     "posttrain_demo_cpu_py312": ["posttrain_demo.py", "--workdir", "runs/posttrain_demo_py312"],
     "grpo_demo_cpu_py311": ["grpo_demo.py", "--sft", "runs/posttrain_demo_py311/demo_sft", "--seeds", "0,1,2"],
     "grpo_demo_cpu_py312": ["grpo_demo.py", "--sft", "runs/posttrain_demo_py312/demo_sft", "--seeds", "0,1,2"],
+    # GRPO's sampling, the engine against static generate, on that stack's SFT run (the GRPO demo's start)
+    "grpo_rollouts_cpu_py311": ["grpo_rollouts.py", "--checkpoint", "runs/posttrain_demo_py311/demo_sft"],
+    "grpo_rollouts_cpu_py312": ["grpo_rollouts.py", "--checkpoint", "runs/posttrain_demo_py312/demo_sft"],
     "grpo_settings_cpu": ["grpo_settings.py"],  # runs/demo_sft's GRPO variants (reuses runs/grpo_settings/*)
     "grpo_vs_trl_cpu": ["grpo_vs_trl.py"],  # needs the bench extra (TRL) and runs/demo_sft (configs/demo_sft.py)
     "vl_demo_cpu_py311": ["vl_demo.py"],
