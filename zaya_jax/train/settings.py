@@ -133,7 +133,7 @@ class GRPOSettings:
     scale_rewards: str = "group"
     reward_funcs: str = "exact_answer"
     reward_weights: str = ""
-    rollout_slots: int = 512
+    rollout_slots: int = 64
 
 
 @dataclasses.dataclass(frozen=True)
