@@ -53,6 +53,9 @@ RUNS: dict[str, list[str]] = {
     # the demo's SFT run exported as bf16, FP8 and MXFP4 checkpoints: held-out loss and exact match
     "quantized_checkpoints_cpu_py311": ["quantized_checkpoints.py", "--sft", "runs/posttrain_demo_py311/demo_sft"],
     "quantized_checkpoints_cpu_py312": ["quantized_checkpoints.py", "--sft", "runs/posttrain_demo_py312/demo_sft"],
+    # GRPO's sampling, the engine against static generate, on that stack's SFT run (the GRPO demo's start)
+    "grpo_rollouts_cpu_py311": ["grpo_rollouts.py", "--checkpoint", "runs/posttrain_demo_py311/demo_sft"],
+    "grpo_rollouts_cpu_py312": ["grpo_rollouts.py", "--checkpoint", "runs/posttrain_demo_py312/demo_sft"],
     "grpo_settings_cpu": ["grpo_settings.py"],  # runs/demo_sft's GRPO variants (reuses runs/grpo_settings/*)
     "grpo_vs_trl_cpu": ["grpo_vs_trl.py"],  # needs the bench extra (TRL) and runs/demo_sft (configs/demo_sft.py)
     "vl_demo_cpu_py311": ["vl_demo.py"],

@@ -1,8 +1,10 @@
 """GRPO in the trainer (train.objective='grpo') against references it did not produce: the policy
 gradient by hand on the model's logits and the rewards recomputed from the decoded completions,
-generation from the weights of the step it trains (not those before) by one device's sampling,
-an uninterrupted run (a resume inside a generation batch), the data-parallel run (a data x fsdp
-mesh), and evaluate_tasks' greedy answers (the held-out score).
+generation from the weights of the step it trains (not those before) by a fresh one-device engine
+(the run's engine, on the mesh, is built once and given each generation's weights in place, and
+compiles nothing after the first generation), an uninterrupted run (resumes inside a generation
+batch and at its boundary), the data-parallel run (a data x fsdp mesh), and evaluate_tasks' greedy
+answers (the held-out score).
 
 One small run is shared (module scope): a 1-layer model on the demo tokenizer, 2 prompts x 4
 completions of 4 tokens per generation, 2 optimizer steps per generation, KL to the start."""
@@ -20,6 +22,7 @@ import numpy as np
 import optax
 import pytest
 
+from tests.test_engine_serving import compilations
 from tests.train_helpers import REPO, cli_env
 from zaya_jax.config import ConfigError
 from zaya_jax.config_files import load_config_file
@@ -27,11 +30,13 @@ from zaya_jax.data import chat_template, instruction_tasks
 from zaya_jax.data.sources import tokenizer_path
 from zaya_jax.data.tokenizer import Tokenizer
 from zaya_jax.evaluate_tasks import answer_tasks
+from zaya_jax.model.build import create_model
+from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.train.checkpoint import load_checkpoint_model
 from zaya_jax.train import grpo_batches
 from zaya_jax.train.grpo_batches import open_grpo_data
 from zaya_jax.train.grpo_rewards import RewardError, exact_answer
-from zaya_jax.train.grpo_rollout import Rollout, completion_rows, sample_groups
+from zaya_jax.train.grpo_rollout import Rollout, completion_rows, rollout_engine, sample_groups
 from zaya_jax.train.loop import Trainer
 from zaya_jax.train.monitor import METRICS_FILE
 from zaya_jax.train.settings import settings_from_config
@@ -93,13 +98,22 @@ def _config(cache, **grpo):
 
 
 class Recording(Trainer):
-    """A Trainer that keeps each step's weights and the rows it trained on."""
+    """A Trainer that keeps each step's weights, the rows it trained on and the XLA compilations
+    while each generation was sampled and scored."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.weights = {int(self.state.step): jax.device_get((self.state.params, self.state.biases))}
         self.first_opt_state = jax.device_get(self.state.opt_state)
-        self.rows = {}
+        self.rows, self.compiled = {}, {}
+        sample = self.data._sample
+
+        def counted(generation):
+            with compilations() as compiled:
+                rows = sample(generation)
+            self.compiled[generation] = compiled
+            return rows
+        self.data._sample = counted
 
     def _after_step(self, step):
         self.weights[step] = jax.device_get((self.state.params, self.state.biases))
@@ -193,9 +207,11 @@ def test_the_first_step_is_the_policy_gradient_by_hand(run):
 
 
 def test_each_generation_samples_the_weights_of_its_step(run):
-    """Generation 1 starts at step 3: its completions are the step-2 model's samples on one device, of
-    the prompts and with the seed the documented rules give generation 1 (not generation 0's), and its
-    old_logp that model's log-probs, not the weights of step 1 (stale by one step)."""
+    """Generation 1 starts at step 3: its completions are the step-2 model's samples by a fresh engine
+    on one device (3 slots for the 8 rows; the run's engine has 8 on the mesh), of the prompts and
+    with the seed the documented rules give generation 1 (not generation 0's), and its old_logp that
+    model's log-probs, not the weights of step 1 (stale by one step). The run's engine, given those
+    weights in place, compiled nothing for generation 1 (generation 0 compiled it)."""
     trainer, _ = run
     rows = trainer.rows[3]
     assert trainer.rows[4] is rows and trainer.rows[2] is trainer.rows[1] and rows is not trainer.rows[1]
@@ -203,9 +219,9 @@ def test_each_generation_samples_the_weights_of_its_step(run):
     prompts = [trainer.data._prompts.ids[i] for i in documented_prompts(seed, count, 1, PROMPTS)]
     template = chat_template.ChatTemplate.load(chat_template.PLAIN)
     stop_ids = chat_template.end_of_turn_ids(template, _tokenizer(trainer))
-    model = trainer.parts.merge(*trainer.weights[2])
-    expected = sample_groups(model, prompts, G, T, temperature=1.0, seed=documented_seed(seed, 1), stop_ids=stop_ids,
-                             width=trainer.settings.grpo.max_prompt_length)
+    model, q = trainer.parts.merge(*trainer.weights[2]), trainer.settings.grpo.max_prompt_length
+    expected = sample_groups(rollout_engine(model, 3, q, T), prompts, G, T, temperature=1.0,
+                             seed=documented_seed(seed, 1), stop_ids=stop_ids, width=q)
     for key, value in expected.rows.items():
         np.testing.assert_array_equal(rows[key], value, err_msg=key)
     mask = rows["loss_mask"] > 0
@@ -213,6 +229,7 @@ def test_each_generation_samples_the_weights_of_its_step(run):
                                rtol=1e-5, atol=1e-5)
     stale = _target_logp(trainer, trainer.weights[1], rows)[mask]
     assert np.abs(rows["old_logp"][mask] - stale).max() > 1e-3
+    assert trainer.compiled[0] and trainer.compiled[1] == []
 
 
 def test_the_loss_head_computes_only_the_completion_columns(run):
@@ -292,7 +309,7 @@ def test_generations_take_each_epoch_in_a_new_order_and_each_its_own_seed(cache,
     data = open_grpo_data(config, settings_from_config(config), tokenizer_path(config.data))
     calls = []
 
-    def recording_sampler(model, prompts, group_size, max_new_tokens, *, seed, width, **options):
+    def recording_sampler(engine, prompts, group_size, max_new_tokens, *, seed, width, **options):
         calls.append(([list(p) for p in prompts], seed))
         repeated = [list(p) for p in prompts for _ in range(group_size)]
         completions = np.ones((len(repeated), max_new_tokens), np.int32)  # eos at once: empty answers
@@ -300,7 +317,8 @@ def test_generations_take_each_epoch_in_a_new_order_and_each_its_own_seed(cache,
         return Rollout(completion_rows(repeated, completions, lengths, width, 0), completions, lengths, width)
 
     monkeypatch.setattr(grpo_batches, "sample_groups", recording_sampler)
-    data.attach(lambda: None, None, None)
+    model = create_model(settings_from_config(config).model, seed=0)  # the rollout engine's; it never runs
+    data.attach(lambda: model, None, None)
     for _ in range(5):
         next(data)
     ids = [list(p) for p in data._prompts.ids]
@@ -330,17 +348,22 @@ def test_the_heldout_score_is_the_greedy_answers_evaluate_tasks_gives(run):
     assert record["eval/prompts/reward"] == pytest.approx(0.5 * chars + accuracy)
 
 
-def test_a_run_resumed_inside_a_generation_equals_the_uninterrupted_one(run, cache, tmp_path):
+@pytest.mark.parametrize("stop", [2, 3])
+def test_a_resumed_run_equals_the_uninterrupted_one(run, cache, tmp_path, stop):
+    """Stopped after step 3 (the first of generation 1's two steps: its rows are checkpointed) or
+    step 2 (generation 0's last: the resumed run's new engine samples generation 1 from the
+    restored weights)."""
     trainer, workdir = run
     config = _config(cache)
     config.eval.every_steps = 0
-    config.train.steps = 3  # stops after the first of generation 1's two steps: its rows are checkpointed
+    config.train.steps = stop
     _run(config, tmp_path, Trainer)
     config.train.steps = STEPS
     resumed = _run(config, tmp_path)
-    assert set(resumed.rows) == {4}
-    for key, value in trainer.rows[4].items():
-        np.testing.assert_array_equal(resumed.rows[4][key], value, err_msg=key)
+    assert set(resumed.rows) == set(range(stop + 1, STEPS + 1))
+    for step in resumed.rows:
+        for key, value in trainer.rows[step].items():
+            np.testing.assert_array_equal(resumed.rows[step][key], value, err_msg=f"step {step}: {key}")
     jax.tree.map(np.testing.assert_array_equal, resumed.weights[4], trainer.weights[4])
     assert _metrics(tmp_path)[-1]["loss"] == _metrics(workdir)[-1]["loss"]
 
@@ -390,13 +413,13 @@ def test_oversampled_prompts_train_the_groups_whose_rewards_differ(run, cache):
     model = trainer.current_model(data.phase.rope_theta)
     data.attach(lambda: model, None, trainer.mesh)
     next(data)
+    q = trainer.settings.grpo.max_prompt_length
     chosen = documented_prompts(trainer.settings.train.seed, len(data._prompts.ids), 0, 3 * PROMPTS)
     template = chat_template.ChatTemplate.load(chat_template.PLAIN)
     tok = _tokenizer(trainer)
-    every = sample_groups(model, [data._prompts.ids[i] for i in chosen], G, T, temperature=1.0,
-                          seed=documented_seed(trainer.settings.train.seed, 0),
-                          stop_ids=chat_template.end_of_turn_ids(template, tok),
-                          width=trainer.settings.grpo.max_prompt_length)
+    every = sample_groups(rollout_engine(model, 3 * PROMPTS * G, q, T), [data._prompts.ids[i] for i in chosen], G, T,
+                          temperature=1.0, seed=documented_seed(trainer.settings.train.seed, 0),
+                          stop_ids=chat_template.end_of_turn_ids(template, tok), width=q)
     texts = data.decode(every.completions, every.lengths)
     answers = [int(data._prompts.columns["answer"][i]) for i in chosen for _ in range(G)]
     rewards = np.asarray([len(t) if a % 2 else 0.0 for t, a in zip(texts, answers)]).reshape(-1, G)
@@ -429,11 +452,25 @@ def test_oversampled_prompts_train_the_groups_whose_rewards_differ(run, cache):
     ("eval_prompts", "", "eval.every_steps > 0 scores grpo.eval_prompts, which is empty"),
     ("loss_type", "ppo", "grpo.loss_type='ppo' does not exist"),
     ("temperature", 0.0, "grpo.temperature must be > 0, got 0.0: at 0 a prompt's G completions are all its greedy"),
+    ("rollout_slots", 0, "grpo.rollout_slots must be > 0, got 0"),
 ])
 def test_a_bad_grpo_setting_is_named_before_anything_compiles(cache, field, value, message):
     config = _config(cache, **{field: value})
     with pytest.raises(ConfigError, match=re.escape(message)):
         open_grpo_data(config, settings_from_config(config), tokenizer_path(config.data))
+
+
+def test_rollout_slots_that_do_not_split_over_the_mesh_are_named_before_anything_compiles(cache):
+    """4 slots (fewer than a generation's 8 rows) on a data=2 x fsdp=4 mesh: the engine's rows split
+    over the 8 batch shards, so the trainer's attach refuses it, naming the setting and the fix."""
+    config = _config(cache, rollout_slots=4)
+    settings = settings_from_config(config)
+    data = open_grpo_data(config, settings, tokenizer_path(config.data))
+    model = create_model(settings.model, seed=0)
+    with pytest.raises(ConfigError, match=re.escape(
+            "GRPO's rollout engine (grpo.rollout_slots=4, 4 decode rows): slots=4 does not split over "
+            "data=2 x fsdp=4 = 8") + "(?s:.*)fix: slots a multiple of 8, e.g. 8"):
+        data.attach(lambda: model, None, make_mesh({"data": 2, "fsdp": 4, "expert": 1, "tensor": 1, "context": 1}))
 
 
 def test_a_prompts_file_without_a_rewards_column_is_named_before_anything_compiles(cache, tmp_path):

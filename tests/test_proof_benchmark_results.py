@@ -498,3 +498,21 @@ def test_quantized_checkpoint_figures_are_the_results_file(stack):
     assert (f"{STACKS[stack]}: held-out loss {r['bf16']['heldout_loss']:.4f} in bf16, {r['fp8']['heldout_loss']:.4f} "
             f"in FP8, {r['mxfp4']['heldout_loss']:.4f} in MXFP4; exact match {100 * r['bf16']['accuracy']:.1f}%, "
             f"{100 * r['fp8']['accuracy']:.1f}%, {100 * r['mxfp4']['accuracy']:.1f}%") in _flat(_readme())
+
+
+def _rollout_figures(run):
+    """docs/posttraining.md's sentence of one grpo_rollouts results file."""
+    engine = {k.split("_")[1]: v for k, v in run.items() if k.startswith("engine_")}
+    times = " and ".join(f"{v['median_s']:.2f} s on {slots} slots (ratio {v['ratio_to_static']:.3g})"
+                         for slots, v in engine.items())
+    load = run["load_average_1m_start_end"]
+    return (f"Python {run['stack']['python'][:4]}: the engine {times} against static generate's "
+            f"{run['static']['median_s']:.2f} s (load {load[0]:.1f} to {load[1]:.1f})")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_grpo_rollouts_figures_are_the_results_file(stack):
+    run = _load(f"grpo_rollouts_cpu_{stack}")
+    assert run["stack"]["python"].startswith(STACKS[stack][len("Python "):])
+    assert run["work"]["rows"] == 512 and run["checkpoint_step"] == 200  # the GRPO demo's first generation
+    assert _rollout_figures(run) in _flat(_doc("posttraining.md"))

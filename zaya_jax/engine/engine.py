@@ -40,7 +40,7 @@ from flax import nnx
 
 from zaya_jax.engine.images import as_rows, fill_test_image, image_inputs, prefill_with_images
 from zaya_jax.engine.params import SamplingParams
-from zaya_jax.engine.placement import place
+from zaya_jax.engine.placement import place, place_params
 from zaya_jax.engine.prefix_cache import PrefixCache, block_keys, restore, snapshot
 from zaya_jax.engine.step import Picked, RowSampling, engine_step
 from zaya_jax.errors import UserError
@@ -178,6 +178,25 @@ class Engine:
             prefix = (self._prefix or PrefixCache(self.chunk, 0)).stats()  # all 0 without a prefix cache
             return dict(waiting=len(self._waiting), running=running, free_slots=self.slots - running,
                         prompt_tokens=self._prompt_tokens, generated_tokens=self._generated_tokens, **prefix)
+
+    def set_weights(self, model: ZayaLM | ZayaVL) -> None:
+        """Serve `model`'s weights from the next step on, placed as the engine placed its first (as
+        they are, or on its mesh by the trainer's rules), so nothing recompiles: a model of the engine's
+        architecture (its graph equal to the engine's; ValueError otherwise), on an idle engine
+        (RuntimeError otherwise: a running response would mix two models' tokens). The prefix
+        cache is emptied (its entries hold the old weights' keys and values)."""
+        graphdef, params = nnx.split(text_model(model))
+        if graphdef != self._graphdef or isinstance(model, ZayaVL) != (self._vl is not None):
+            raise ValueError("set_weights needs a model of the engine's architecture (an equal graph: same config "
+                             "and layers); build a new Engine for another model")
+        with self._lock:
+            if self.has_work():
+                raise RuntimeError("set_weights() runs on an idle engine: requests are running or waiting")
+            self._params = params if self.mesh is None else place_params(params, self.mesh)
+            if self._vl is not None:
+                self._vl = model
+            if self._prefix is not None:
+                self._prefix = PrefixCache(self.chunk, self._prefix.budget)
 
     def slot_bytes(self) -> int:
         """Bytes of one slot's decode state (keys, values, rings, carry, length)."""

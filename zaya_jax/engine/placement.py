@@ -84,11 +84,16 @@ def place(model: nnx.Module, params: nnx.State, state: DecodeState, mesh: Mesh, 
     jax.set_mesh(mesh). check_mesh first: a mesh the model cannot use fails before anything moves."""
     check_mesh(model, dict(mesh.shape), slots)
     state_sharding, replicated = slot_shardings(state, mesh), NamedSharding(mesh, P())
-    params = jax.device_put(params, state_shardings(params, mesh))
-    return Placed(params, jax.device_put(state, state_sharding),
+    return Placed(place_params(params, mesh), jax.device_put(state, state_sharding),
                   on_mesh(jax.jit(step_fn, **STEP_JIT, out_shardings=(state_sharding, replicated)), mesh),
                   on_mesh(jax.jit(snapshot_fn, **SNAPSHOT_JIT, out_shardings=replicated), mesh),
                   on_mesh(jax.jit(restore_fn, **RESTORE_JIT, out_shardings=state_sharding), mesh))
+
+
+def place_params(params: nnx.State, mesh: Mesh) -> nnx.State:
+    """Weights (nnx.split(model)'s state) on `mesh` by the trainer's rules (Engine.set_weights
+    places new weights so too: the compiled calls take them as they took the first)."""
+    return jax.device_put(params, state_shardings(params, mesh))
 
 
 def on_mesh(jitted: Callable, mesh: Mesh) -> Callable:

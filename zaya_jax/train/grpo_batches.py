@@ -8,9 +8,10 @@ of grpo_rollout: each prompt right-aligned at column Q, its completion after it)
   generation g (one every grpo.num_iterations steps):
     prompts     the next k * P of grpo.prompts (k = grpo.oversample_prompts, default 1), in an order
                 shuffled per epoch by (train.seed, epoch)
-    sample      G completions of each from the policy's weights now (grpo_rollout.sample_groups,
-                seeded by (train.seed, g); stops: eos and the chat template's end of turn),
-                decoded up to their stop
+    sample      G completions of each from the policy's weights now (grpo_rollout.sample_groups:
+                the run's one serving engine, given these weights in place, grpo.rollout_slots
+                decode rows; seeded by (train.seed, g), each row by (that seed, its index);
+                stops: eos and the chat template's end of turn), decoded up to their stop
     rewards     grpo_rewards.combine_rewards(reward functions, weights, prompts, completions, the
                 prompts' columns) [k * N]
     trained     P of the k * P groups (trained_groups): those whose rewards differ first, in prompt
@@ -55,7 +56,8 @@ from zaya_jax.parallel.distributed import local_batch_rows
 from zaya_jax.train.grpo_loss import group_advantages
 from zaya_jax.train.grpo_prompts import PromptSet, load_prompts
 from zaya_jax.train.grpo_rewards import check_reward_columns, combine_rewards, resolve_rewards, reward_name
-from zaya_jax.train.grpo_rollout import sample_groups
+from zaya_jax.engine.placement import check_mesh
+from zaya_jax.train.grpo_rollout import rollout_engine, sample_groups
 from zaya_jax.train.settings import Settings
 
 
@@ -84,7 +86,7 @@ class GRPOBatches(grain.DatasetIterator):
         self._rows = local_batch_rows(self.phase.global_batch_size)
         self._policy: Callable | None = None
         self._old_logps: Callable | None = None
-        self._mesh = None
+        self._engine = None
         self._generation, self._iteration, self._batch = 0, 0, None
         self.stats: dict[str, float] = {}
         self.generation_seconds = 0.0
@@ -92,8 +94,16 @@ class GRPOBatches(grain.DatasetIterator):
 
     def attach(self, policy: Callable, old_logps: Callable, mesh: jax.sharding.Mesh | None) -> None:
         """policy() -> the model at the current weights; old_logps(rows {k: [N, S]}) -> their per-token
-        log-probs [N, S] under the current weights; mesh: generation's rows split over its data axis."""
-        self._policy, self._old_logps, self._mesh = policy, old_logps, mesh
+        log-probs [N, S] under the current weights; mesh: the rollout engine's (its slots split over
+        data, its weights placed by the trainer's rules). Builds the run's rollout engine from policy():
+        a mesh its slots do not split over is a ConfigError here, before anything compiles."""
+        g, model = self._grpo, policy()
+        slots = min(g.rollout_slots, g.oversample_prompts * self.phase.global_batch_size)  # no idle rows
+        if mesh is not None:
+            check_mesh(model, dict(mesh.shape), slots, f"GRPO's rollout engine (grpo.rollout_slots={g.rollout_slots}, "
+                       f"{slots} decode rows)", lambda axis, size: f"--config.mesh.{axis}={size}")
+        self._policy, self._old_logps = policy, old_logps
+        self._engine = rollout_engine(model, slots, g.max_prompt_length, g.max_completion_length, mesh)
 
     @property
     def rows(self) -> dict[str, np.ndarray] | None:
@@ -149,14 +159,15 @@ class GRPOBatches(grain.DatasetIterator):
         return int(np.random.SeedSequence([self._seed, generation]).generate_state(1)[0])
 
     def _sample(self, generation: int) -> dict[str, np.ndarray]:
-        if self._policy is None:
+        if self._engine is None:
             raise RuntimeError("GRPOBatches.attach(policy, ...) must come before the first batch")
         g, started = self._grpo, time.perf_counter()
         chosen = self.prompt_indices(generation)
-        rollout = sample_groups(self._policy(), [self._prompts.ids[i] for i in chosen], g.num_generations,
+        self._engine.set_weights(self._policy())
+        rollout = sample_groups(self._engine, [self._prompts.ids[i] for i in chosen], g.num_generations,
                                 g.max_completion_length, temperature=g.temperature, top_k=g.top_k or None,
                                 top_p=g.top_p if g.top_p < 1 else None, seed=self.sample_seed(generation),
-                                stop_ids=self._stop_ids, mesh=self._mesh, width=g.max_prompt_length)
+                                stop_ids=self._stop_ids, width=g.max_prompt_length)
         texts = self.decode(rollout.completions, rollout.lengths)
         rewards, per_reward = self.score([i for i in chosen for _ in range(g.num_generations)], self._prompts, texts)
         _, zero_std = group_advantages(rewards, g.num_generations, g.scale_rewards)

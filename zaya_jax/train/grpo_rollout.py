@@ -1,9 +1,10 @@
-"""GRPO's sampling: G completions of each prompt from the policy's current weights (zaya_jax's
-generation: the compressed cache, batched, data-parallel over a mesh), laid out as the rows the
-train step scores.
+"""GRPO's sampling: G completions of each prompt from the policy's current weights, drawn by the
+serving engine (zaya_jax.engine: continuous batching over fixed decode slots), laid out as the
+rows the train step scores.
 
 P prompts, G completions each (N = P * G rows, a prompt's completions consecutive), T = max_new_tokens,
-Q = the longest prompt. Row i holds its prompt right-aligned at column Q, then its completion:
+Q = the prompts' column (the longest prompt, or grpo.max_prompt_length). Row i holds its prompt
+right-aligned at column Q, then its completion:
 
   inputs       [N, Q + T - 1]  pad..pad, prompt, completion[:-1]     (left padding: segment 0)
   targets      [N, Q + T - 1]  the next token of each input (the prompt's tail, then the completion)
@@ -13,16 +14,34 @@ Q = the longest prompt. Row i holds its prompt right-aligned at column Q, then i
 so the completion tokens' targets are columns [Q - 1, Q - 1 + T) of every row: sliced there,
 the per-token log-probabilities are [N, T] as grpo_loss.GRPOLoss takes them (dr_grpo's T is the
 completion budget). The eos (or a stop id) stays in the completion; later slots are padding.
+
+The engine (`rollout_engine`): built once per run from the policy and given each generation's
+weights in place (`Engine.set_weights`: same graph, same placement, so nothing recompiles);
+`slots` decode rows (grpo.rollout_slots, default 64, at most a generation's rows: 64 sampled the
+demo's 512 rows faster than 512 slots, benchmarks/grpo_rollouts.py), each of Q + T - 1
+positions; a prompt prefilled in one chunk of Q tokens; no prefix cache (a prompt's G copies are
+admitted together, before any could reuse another's blocks), no top log-probs. With the
+trainer's mesh its weights are placed by the trainer's rules and its slots split over `data`
+(zaya_jax.engine.placement). Rows wait for a free slot and take the next one a finished row
+leaves, so a generation's rows run in an order that depends on the slot count and on when the
+others stop: what each row samples must not. Row i is submitted as its own request:
+SamplingParams(max_tokens=T, temperature, top_k, top_p, stop_ids (eos is the engine's own stop),
+seed = row_seed(seed, i) = SeedSequence([seed, i]).generate_state(1)[0]); the engine draws its
+token t with fold_in(key(row seed), t), whatever else is in the batch. So a generation is a
+function of the weights, the prompts and `seed` alone (what an exact resume and the one-device
+reference rely on), the same on any mesh and with any number of slots. The engine's log-probs
+are not used: old_logp is the train side's (grpo_batches), the function the loss differentiates.
 """
 
 from __future__ import annotations
 
+import queue
 from typing import NamedTuple, Sequence
 
 import jax
 import numpy as np
 
-from zaya_jax.infer.generate import generate, stop_tokens, text_model
+from zaya_jax.engine import Engine, Finished, SamplingParams
 
 
 class Rollout(NamedTuple):
@@ -32,23 +51,55 @@ class Rollout(NamedTuple):
     prompt_width: int             # Q: completion token t of a row is its target at column Q - 1 + t
 
 
-def sample_groups(model, prompts: Sequence[Sequence[int]], group_size: int, max_new_tokens: int, *,
+def rollout_engine(model, slots: int, prompt_width: int, max_new_tokens: int,
+                   mesh: jax.sharding.Mesh | None = None) -> Engine:
+    """The engine sample_groups draws from: `slots` rows of prompt_width + max_new_tokens - 1
+    positions, prompts prefilled in one chunk of prompt_width, `model`'s weights (Engine.set_weights
+    changes them), on `mesh` (None: one device)."""
+    return Engine(model, slots=slots, cache_size=prompt_width + max_new_tokens - 1, chunk=prompt_width,
+                  max_top_logprobs=0, mesh=mesh)
+
+
+def row_seed(seed: int, row: int) -> int:
+    """Row `row`'s sampling seed in a generation seeded `seed` (the module's rule)."""
+    return int(np.random.SeedSequence([seed, row]).generate_state(1)[0])
+
+
+def sample_groups(engine: Engine, prompts: Sequence[Sequence[int]], group_size: int, max_new_tokens: int, *,
                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                  stop_ids: Sequence[int] = (), mesh: jax.sharding.Mesh | None = None,
-                  width: int | None = None) -> Rollout:
-    """`group_size` completions of each prompt sampled from `model` (its weights now), as train rows;
-    width: Q, the prompts' column (default the longest prompt; a fixed one keeps every batch's shape)."""
+                  stop_ids: Sequence[int] = (), width: int | None = None) -> Rollout:
+    """`group_size` completions of each prompt sampled by `engine` (its weights now; idle: it runs
+    these rows alone, to the end), as train rows; width: Q, the prompts' column (default the longest
+    prompt; a fixed one keeps every batch's shape). Each prompt and max_new_tokens must fit the
+    engine's rows (ValueError from Engine.submit otherwise)."""
     if group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
-    cfg = text_model(model).config
+    if engine.has_work():
+        raise RuntimeError("sample_groups needs an idle engine: its steps run every request it holds")
+    cfg = engine.config
     repeated = [list(p) for p in prompts for _ in range(group_size)]
-    tokens = np.asarray(generate(model, repeated, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                 seed=seed, stop_ids=stop_ids, mesh=mesh), np.int32)
-    stops = set(stop_tokens(cfg.eos_token_id, stop_ids))
-    lengths = np.asarray([next((t + 1 for t, token in enumerate(row) if token in stops), max_new_tokens)
-                          for row in tokens.tolist()], np.int32)
+    events = [queue.Queue() for _ in repeated]
+    for i, (prompt, done) in enumerate(zip(repeated, events)):
+        engine.submit(prompt, SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                             top_p=top_p, seed=row_seed(seed, i), stop_ids=tuple(stop_ids)),
+                      events=done)
+    while engine.has_work():
+        engine.step()
+    tokens = np.full((len(repeated), max_new_tokens), cfg.pad_token_id, np.int32)
+    lengths = np.zeros(len(repeated), np.int32)
+    for i, done in enumerate(events):
+        finished = last_event(done)
+        tokens[i, :len(finished.tokens)] = finished.tokens
+        lengths[i] = len(finished.tokens)
     width = width or max(len(p) for p in repeated)
     return Rollout(completion_rows(repeated, tokens, lengths, width, cfg.pad_token_id), tokens, lengths, width)
+
+
+def last_event(events: queue.Queue) -> Finished:
+    """A finished request's Finished (its queue's last event), after its TokenEvents."""
+    while not isinstance(event := events.get_nowait(), Finished):
+        pass
+    return event
 
 
 def completion_rows(prompts: Sequence[Sequence[int]], completions: np.ndarray, lengths: np.ndarray, width: int,

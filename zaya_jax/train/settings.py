@@ -40,7 +40,9 @@ below, and every error names the offending `section.field`):
               'dr_grpo'), epsilon, epsilon_high (0: epsilon), beta (KL to the starting weights; 0: none,
               no reference model), scale_rewards ('group' | 'batch' | 'none'),
               reward_funcs (comma-separated: built-in names of zaya_jax.train.grpo_rewards or
-              'module:function'), reward_weights (comma-separated floats; '': 1 each)
+              'module:function'), reward_weights (comma-separated floats; '': 1 each), rollout_slots (the
+              decode rows of the serving engine that samples the completions, at most a generation's
+              k * prompts_per_step * G; on a mesh a multiple of data * fsdp * expert)
   optimizer   name ('muon' | 'adamw'), learning_rate, adam_learning_rate (0: learning_rate),
               schedule ('cosine' | 'wsd' | 'constant'), warmup_steps, decay_fraction (WSD),
               min_lr_ratio, b1, b2, eps, weight_decay, decay_embedding, grad_clip_norm (0: off),
@@ -131,6 +133,7 @@ class GRPOSettings:
     scale_rewards: str = "group"
     reward_funcs: str = "exact_answer"
     reward_weights: str = ""
+    rollout_slots: int = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +239,8 @@ POSITIVE = {("train", "steps"), ("train", "microbatches"), ("train", "loss_chunk
             ("checkpoint", "max_to_keep"), ("monitor", "profile_steps"), ("dpo", "beta"),
             ("eval", "harness_batch_size"), ("grpo", "prompts_per_step"), ("grpo", "oversample_prompts"),
             ("grpo", "max_prompt_length"),
-            ("grpo", "max_completion_length"), ("grpo", "num_iterations"), ("grpo", "epsilon")}
+            ("grpo", "max_completion_length"), ("grpo", "num_iterations"), ("grpo", "epsilon"),
+            ("grpo", "rollout_slots")}
 FRACTIONS = {("optimizer", "b1"), ("optimizer", "b2"), ("optimizer", "muon_momentum"), ("balancing", "b1"),
              ("balancing", "b2"), ("optimizer", "decay_fraction"), ("optimizer", "min_lr_ratio")}
 
