@@ -45,7 +45,7 @@ def test_pick_draws_within_each_rows_filter_and_reports_untempered_logprobs():
     logp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
     for index in range(20):
         rows = RowSampling(temperature, k.astype(np.int32), p.astype(np.float32), np.arange(len(ROWS), dtype=np.uint32),
-                           np.full(len(ROWS), index, np.int32))
+                           np.full(len(ROWS), index, np.int32), np.full(len(ROWS), 3, np.int32))
         picked = jax.jit(pick, static_argnums=2)(logits, rows, 3)
         token = np.asarray(picked.token)
         assert token[0] == logits[0].argmax() and token[4] == logits[4].argmax() and token[5] == logits[5].argmax()

@@ -162,7 +162,9 @@ def test_prefix_cache_hits_compute_what_misses_compute(model, shared, uncached, 
     cached = serve_shared(engine, shared)
     for i, (hit, miss) in enumerate(zip(cached, uncached)):
         assert hit.tokens == miss.tokens, f"request {i}"
-        np.testing.assert_allclose(hit.logprobs, miss.logprobs, atol=1e-6, rtol=0, err_msg=f"request {i}")
+        # float32 rounding apart: a hit prefills fewer chunks, so its chunk calls gather other row
+        # buckets ([1,C] against [2,C]...) and its decode blocks hold other rows (1.2e-6 seen)
+        np.testing.assert_allclose(hit.logprobs, miss.logprobs, atol=1e-5, rtol=0, err_msg=f"request {i}")
     stats = engine.stats()
     assert stats["prefix_hits"] > 0 and stats["prefix_tokens_reused"] >= CHUNK * stats["prefix_hits"]
     assert stats["prefix_hits"] + stats["prefix_misses"] == len(shared)
@@ -177,7 +179,8 @@ def test_a_prefix_entry_holds_a_blocks_keys_the_ring_and_the_carry(model):
     assert entry_bytes(zaya1, 16, 4096) == 2 * (40 * 16 * 2 * 2 * 128 + 40 * 21 * 128)  # 40 KiB a token + 210 KiB
 
 def test_cancel_frees_the_slot_at_once_and_nothing_leaks(model, prompts):
-    engine = Engine(model, slots=2, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=6000)
+    # decode_block=1: one token per step, so the second request is still running after 3 steps
+    engine = Engine(model, slots=2, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=6000, decode_block=1)
     long = SamplingParams(max_tokens=20, ignore_eos=True)
     queues = [queue.Queue() for _ in range(4)]
     first, second, third, fourth = (engine.submit(p, params, events=q) for (p, params), q in
