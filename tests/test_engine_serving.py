@@ -266,6 +266,18 @@ def test_nothing_compiles_after_warm_up(model, prompts, shared):
     assert engine.stats()["prefix_hits"] > 1
 
 
+def test_warm_up_compiles_every_row_bucket(model, prompts):
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK)
+    engine.warm_up()
+    with compilations() as compiled:
+        # prompts arriving one, then two, then three at a time: chunk calls of 1, 2 and 3 rows
+        done = run(engine, [[(prompts[0], greedy())]])
+        done += run(engine, [[(p, greedy()) for p in prompts[1:3]]])
+        done += run(engine, [[(p, greedy()) for p in prompts[3:6]]])
+    assert compiled == [] and {rows for kind, rows in engine.calls if kind == "chunk"} == {1, 2, 3}
+    assert engine.row_buckets == (1, 2, 3) and all(f.reason in ("stop", "length") for f, _ in done)
+
+
 BAD = {
     "temperature": (dict(temperature=-0.5), "temperature must be >= 0, got -0.5"),
     "top_p": (dict(top_p=1.5), r"top_p must lie in \(0, 1\], got 1.5"),
