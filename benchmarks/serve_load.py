@@ -2,7 +2,7 @@
 zaya_jax.generate and with HF transformers' ZayaForCausalLM.generate, on the same requests,
 timed in one process. Prints JSON.
 
-  python benchmarks/serve_load.py [--requests 32] [--rates 1,3,12] [--slots 8] [--chunk 64] [--no-hf]
+  python benchmarks/serve_load.py [--requests 32] [--rates 1,3,12,48] [--slots 8] [--chunk 64] [--no-hf]
 
 Model: configs/bench_small.py in float32 with random weights (Python 3.11: HF's random init, the
 same tensors on both sides, as benchmarks/decode.py; Python 3.12, without torch: zaya_jax's own
@@ -14,7 +14,8 @@ eos ignored so that every response is as long as asked. Arrivals: a Poisson proc
 (requests/s; the same exponential draws scaled by 1/rate, so the order is the same at every rate).
 Each rate is served three times, one server after the other:
 
-- engine: zaya_jax.engine.Engine(slots N, chunk C, prefix cache on, warmed up), run by
+- engine: zaya_jax.engine.Engine(slots N, chunk C, prefix cache on, decode blocks of up to 8
+  steps, warmed up), run by
   engine.start() while this thread submits each request at its arrival time; each token is
   timestamped by the request's on_token callback, which the engine calls on its own thread right
   after putting the token in the request's events queue (the queue's Finished ends the wait).
@@ -47,10 +48,12 @@ engine with the prefix cache on, right after a request with the same prefix and 
 engine's first request (a miss) is reported too. Both engines serve with start(), are warmed up,
 and are timed alternately, `--repeats` times with a new prefix each time; medians.
 
-Where an engine step's time goes (`step_split_ms`, medians of 20 calls on the idle machine state
-of the run, in ms): `engine.step()` with all N slots decoding; the jitted `engine_step` at [N,1]
-alone; inside it, `extend` + argmax alone and `pick` alone (each its own jitted call); and
-`engine_step` at [N,C] with one row counting and with all N (a prefill chunk).
+Where an engine step's time goes (`step_split_ms`, medians on the machine state of the run, in
+ms): `engine.step()` with all N slots decoding, per decode step (its time over the tokens it
+made, times N), in blocks of 8 steps and one step at a time (decode_block=1); the jitted
+`engine_decode` running one step alone; `extend` + argmax alone; `pick` alone with every row
+greedy and with every row sampling (temperature 1, top_p 0.9); and `engine_chunk` for one
+prompt chunk, gathered into a 1-row call, against the [N,C] call with all N rows prefilling.
 
 The issue's goals are reported, not asserted: engine throughput >= 2x static at no worse p99 TTFT
 and p99 TPOT, >= 5x transformers, and the cached 1k-prefix TTFT <= 0.2x the uncached one.
@@ -78,7 +81,7 @@ from flax import nnx  # noqa: E402
 from benchmarks.common import stack  # noqa: E402
 from benchmarks.hf_pair import bench_small  # noqa: E402
 from zaya_jax.engine import Engine, Finished, SamplingParams  # noqa: E402
-from zaya_jax.engine.step import RowSampling, engine_step, pick  # noqa: E402
+from zaya_jax.engine.step import STOP_IDS, RowSampling, engine_chunk, engine_decode, pick  # noqa: E402
 from zaya_jax.infer.cache import empty_state  # noqa: E402
 from zaya_jax.infer.decode import extend  # noqa: E402
 from zaya_jax.infer import generate  # noqa: E402
@@ -272,25 +275,43 @@ def median_ms(fn, repeats: int = 20) -> float:
 def step_split(engine: Engine, model: ZayaLM, slots: int, chunk: int, cache_size: int) -> dict:
     """ms of an engine step with every slot decoding, and of its parts (see the docstring)."""
     load_start = load()
-    for i in range(slots):
-        engine.submit(np.full(PROMPT_LENS[0], 3 + i), SamplingParams(max_tokens=OUTPUT_LENS[1], ignore_eos=True))
-    while engine.stats()["generated_tokens"] < slots or engine.stats()["waiting"]:
-        engine.step()
-    split = {"engine.step_all_decoding": median_ms(engine.step)}
-    while engine.has_work():
-        engine.step()
+    split = {}
+    for name, block in (("engine.step_per_decode_step_block8", 8), ("engine.step_per_decode_step_single", 1)):
+        engine.decode_block = block
+        for i in range(slots):
+            engine.submit(np.full(PROMPT_LENS[0], 3 + i), SamplingParams(max_tokens=OUTPUT_LENS[1], ignore_eos=True))
+        while engine.stats()["generated_tokens"] < slots or engine.stats()["waiting"]:
+            engine.step()
+        times = []
+        for _ in range(8):
+            made, start = engine.stats()["generated_tokens"], time.perf_counter()
+            engine.step()
+            times.append((time.perf_counter() - start) / (engine.stats()["generated_tokens"] - made) * slots)
+        split[name] = round(1000 * float(np.median(times)), 2)
+        while engine.has_work():
+            engine.step()
+    engine.decode_block = 8
     graphdef, params = nnx.split(model)
     state = [empty_state(model.config, slots, cache_size)]
     vocab = model.config.vocab_size
+    zeros = np.zeros(slots, np.int32)
     rows = RowSampling(np.zeros(slots, np.float32), np.full(slots, vocab, np.int32), np.ones(slots, np.float32),
-                       np.zeros(slots, np.uint32), np.zeros(slots, np.int32))
+                       zeros.astype(np.uint32), zeros, zeros)
+    sampling = rows._replace(temperature=np.ones(slots, np.float32), top_p=np.full(slots, 0.9, np.float32))
     lengths = np.full(slots, PROMPT_LENS[1], np.int32)
+    ones = np.ones(slots, np.int32)
 
-    def run_step(width: int, counting: int):
-        ids, counts = np.zeros((slots, width), np.int32), np.zeros(slots, np.int32)
-        counts[:counting] = width
-        state[0], picked = engine_step(graphdef, params, state[0], lengths, ids, counts, rows, top=5)
+    def run_chunk(rows_in_call: int):
+        slots_arg = None if rows_in_call == slots else np.arange(rows_in_call, dtype=np.int32)
+        ids, counts = np.zeros((rows_in_call, chunk), np.int32), np.full(rows_in_call, chunk, np.int32)
+        state[0], picked = engine_chunk(graphdef, params, state[0], slots_arg, lengths[:rows_in_call], ids, counts,
+                                        jax.tree.map(lambda x: x[:rows_in_call], rows), top=5)
         jax.block_until_ready(picked)
+
+    def decode_one():
+        state[0], decoded = engine_decode(graphdef, params, state[0], lengths, zeros, ones,
+                                          np.full((slots, STOP_IDS), -1, np.int32), rows, np.int32(1), top=5, block=8)
+        jax.block_until_ready(decoded)
 
     @jax.jit
     def extend_argmax(params, state, ids, counts):
@@ -298,14 +319,15 @@ def step_split(engine: Engine, model: ZayaLM, slots: int, chunk: int, cache_size
         return jnp.argmax(logits, axis=-1)
 
     pick_alone = jax.jit(pick, static_argnames="top")
-    ones, logits = np.ones(slots, np.int32), jnp.zeros((slots, vocab), jnp.float32)
+    logits = jnp.asarray(np.random.default_rng(3).normal(size=(slots, vocab)), jnp.float32)
     split.update({
-        "engine_step_decode": median_ms(lambda: run_step(1, slots)),
+        "engine_decode_one_step": median_ms(decode_one),
         "extend_argmax_decode": median_ms(
             lambda: extend_argmax(params, state[0], ones[:, None], ones).block_until_ready()),
-        "pick_alone": median_ms(lambda: jax.block_until_ready(pick_alone(logits, rows, top=5))),
-        "engine_step_chunk_one_row": median_ms(lambda: run_step(chunk, 1), 5),
-        "engine_step_chunk_all_rows": median_ms(lambda: run_step(chunk, slots), 5),
+        "pick_greedy": median_ms(lambda: jax.block_until_ready(pick_alone(logits, rows, top=5))),
+        "pick_sampling": median_ms(lambda: jax.block_until_ready(pick_alone(logits, sampling, top=5))),
+        "engine_chunk_one_row": median_ms(lambda: run_chunk(1), 5),
+        "engine_chunk_all_rows": median_ms(lambda: run_chunk(slots), 5),
     })
     return {**split, "load_average_1m": [load_start, load()]}
 
@@ -313,7 +335,7 @@ def step_split(engine: Engine, model: ZayaLM, slots: int, chunk: int, cache_size
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--rates", default="1,3,12", help="comma-separated arrival rates, requests/s")
+    parser.add_argument("--rates", default="1,3,12,48", help="comma-separated arrival rates, requests/s")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="prefix-cache TTFT repeats")

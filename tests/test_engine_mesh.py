@@ -84,8 +84,9 @@ def test_weights_and_slots_are_split_and_the_step_has_collectives(sharded):
         assert engine._state.keys.sharding.is_fully_replicated and engine._state.lengths.sharding.is_fully_replicated
     assert len(engine._state.keys.sharding.device_set) == 8
     zeros = np.zeros(SLOTS, np.int32)
-    rows = RowSampling(np.zeros(SLOTS, np.float32), zeros, np.ones(SLOTS, np.float32), zeros.astype(np.uint32), zeros)
-    hlo = engine._step_fn.lower(engine._graphdef, engine._params, engine._state, zeros,
+    rows = RowSampling(np.zeros(SLOTS, np.float32), zeros, np.ones(SLOTS, np.float32), zeros.astype(np.uint32), zeros,
+                       zeros)
+    hlo = engine._chunk.lower(engine._graphdef, engine._params, engine._state, None, zeros,
                                 np.zeros((SLOTS, CHUNK), np.int32), zeros, rows, top=TOP).compile().as_text()
     # the MoE's own sharded dispatch (moe_sharding: a shard_map, only under the engine's mesh), not
     # just the partitioner's resharding of sharded weights (which has all-to-alls and all-reduces too)

@@ -442,9 +442,11 @@ def serve_load_rows(stack):
     p, t = run["prefix_cache"], run["step_split_ms"]
     prefix_row = (f"| {python} | {p['ttft_miss_cache_on_median_s']:.3f} | {p['ttft_cache_off_median_s']:.3f} | "
                   f"{p['ttft_hit_median_s']:.3f} | {p['hit_over_cache_off']:.3f} |")
-    split_row = (f"| {python} | {t['engine.step_all_decoding']:.1f} | {t['engine_step_decode']:.1f} | "
-                 f"{t['extend_argmax_decode']:.1f} | {t['pick_alone']:.1f} | {t['engine_step_chunk_one_row']:.0f} / "
-                 f"{t['engine_step_chunk_all_rows']:.0f} | {t['load_average_1m'][0]:.1f}-{t['load_average_1m'][1]:.1f} |")
+    split_row = (f"| {python} | {t['engine.step_per_decode_step_block8']:.1f} | "
+                 f"{t['engine.step_per_decode_step_single']:.1f} | {t['engine_decode_one_step']:.1f} | "
+                 f"{t['extend_argmax_decode']:.1f} | {t['pick_greedy']:.2f} / {t['pick_sampling']:.2f} | "
+                 f"{t['engine_chunk_one_row']:.0f} / {t['engine_chunk_all_rows']:.0f} | "
+                 f"{t['load_average_1m'][0]:.1f}-{t['load_average_1m'][1]:.1f} |")
     return rows + ratio_rows + [prefix_row, split_row]
 
 

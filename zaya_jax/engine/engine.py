@@ -4,13 +4,19 @@ Shapes: N = `slots` rows of one DecodeState of T = `cache_size` slots each, C = 
 
 A request (prompt ids, SamplingParams) waits until a slot is free, then joins it: its longest
 cached prefix (prefix_cache.py) is restored into the slot, and the rest of its prompt is
-prefilled C tokens per engine step. Each `step()` runs at most two compiled calls of
-`engine_step`: one [N,C] extend for every slot still prefilling (the others sit it out), whose
-last chunk also samples the first new token, then one [N,1] decode step for every slot that has
-a token to feed; idle slots are masked (count 0). So the engine compiles `engine_step` twice,
-`snapshot` and `restore` once, and nothing after warm-up. A response ends on a stop id (eos
-unless ignore_eos, and the request's stop_ids), max_tokens, the request's `stop` predicate, or
-`cancel`; its slot is free at once. A request whose callback or stop predicate raises ends with
+prefilled C tokens per engine step. Each `step()` runs at most two compiled calls (step.py):
+one `engine_chunk` extending the slots still prefilling by up to C tokens each, whose last chunk
+also samples the first new token, then one `engine_decode` for every slot that has a token to
+feed (idle slots sit it out: count 0). The chunk call's rows are the prefilling slots gathered
+into the smallest of `row_buckets` (1, 2, 4, ... and N; padded with other slots, which sit it
+out), so one arriving prompt costs a [1,C] extend, not [N,C]. The decode call runs up to
+`decode_block` steps on the device, each slot stopping on its stop ids or max_tokens there, when
+no slot is prefilling and no request has a host `stop` predicate (or more than step.STOP_IDS stop
+ids), else one step: a block of k tokens per host round trip. So the engine compiles
+`engine_chunk` once per row bucket, `engine_decode`, `snapshot` and `restore` once each, and
+nothing after warm-up. A response ends on a stop id (eos unless ignore_eos, and the request's
+stop_ids), max_tokens, the request's `stop` predicate, or `cancel`; its slot is free at once (a
+request waiting for a slot while a decode block runs is admitted after it). A request whose callback or stop predicate raises ends with
 reason "error" (the exception is logged) and the others go on.
 
 Each new token goes as a TokenEvent to the request's queue and its `on_token` callback (either
@@ -32,17 +38,17 @@ import itertools
 import logging
 import queue
 import threading
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
 from flax import nnx
 
-from zaya_jax.engine.images import as_rows, fill_test_image, image_inputs, prefill_with_images
+from zaya_jax.engine.images import fill_test_image, image_inputs, prefill_with_images
 from zaya_jax.engine.params import SamplingParams
-from zaya_jax.engine.placement import place, place_params
+from zaya_jax.engine.placement import place, place_params, row_buckets
 from zaya_jax.engine.prefix_cache import PrefixCache, block_keys, restore, snapshot
-from zaya_jax.engine.step import Picked, RowSampling, engine_step
+from zaya_jax.engine.step import STOP_IDS, Decoded, Picked, RowSampling, engine_chunk, engine_decode
 from zaya_jax.errors import UserError
 from zaya_jax.infer.cache import empty_state
 from zaya_jax.infer.generate import text_model
@@ -83,7 +89,7 @@ class _Request:
 class Engine:
     def __init__(self, model: ZayaLM | ZayaVL, *, slots: int, cache_size: int, chunk: int, prefix_cache_bytes: int = 0,
                  max_top_logprobs: int = 5, image_processor: ImageProcessor | None = None,
-                 mesh: jax.sharding.Mesh | None = None):
+                 mesh: jax.sharding.Mesh | None = None, decode_block: int = 8):
         """model: a ZayaLM, or a ZayaVL (then requests may carry images); slots: N decode rows;
         cache_size: T positions per row; chunk: C prompt tokens per row and step (also the prefix
         cache's block); prefix_cache_bytes: its budget (0: off); max_top_logprobs: the most
@@ -92,7 +98,8 @@ class Engine:
         mesh: None (one device) or a mesh with the trainer's axes (parallel.mesh.make_mesh): weights
         sharded by the trainer's rules, slots split over data, every compiled call sharded
         (zaya_jax.engine.placement; a mesh the model cannot use is a ConfigError here; a ZayaVL
-        is served on one device)."""
+        is served on one device); decode_block: k, the most decode steps one compiled call runs
+        (1: a host round trip per token)."""
         if mesh is not None and isinstance(model, ZayaVL):
             raise UserError("a vision-language model is served on one device for now: drop --mesh")
         self.config = text_model(model).config
@@ -104,10 +111,15 @@ class Engine:
         self.slots, self.cache_size, self.chunk, self.max_top_logprobs = slots, cache_size, chunk, max_top_logprobs
         self.mesh = mesh
         self._state = empty_state(self.config, slots, cache_size)
-        self._step_fn, self._snapshot, self._restore = engine_step, snapshot, restore
+        if not isinstance(decode_block, int) or decode_block < 1:
+            raise ValueError(f"decode_block must be a positive integer, got {decode_block!r}")
+        self.decode_block = decode_block
+        self.row_buckets = row_buckets(slots, mesh)
+        self._chunk, self._decode, self._snapshot, self._restore = engine_chunk, engine_decode, snapshot, restore
         if mesh is not None:
-            self._params, self._state, self._step_fn, self._snapshot, self._restore = place(
+            self._params, self._state, self._chunk, self._decode, self._snapshot, self._restore = place(
                 model, self._params, self._state, mesh, slots)
+        self.calls = collections.Counter()  # compiled calls run: ("chunk", B) and ("decode", steps asked)
         self._prefix = PrefixCache(chunk, prefix_cache_bytes) if prefix_cache_bytes else None
         self._rows: list[_Request | None] = [None] * slots
         self._waiting: collections.deque[_Request] = collections.deque()
@@ -203,8 +215,8 @@ class Engine:
         return sum(x.nbytes for x in jax.tree.leaves(self._state)) // self.slots
 
     def warm_up(self, image_sizes: tuple[tuple[int, int], ...] = ()) -> None:
-        """Compiles every program serving runs (the [N,C] and [N,1] steps, the prefix cache's
-        snapshot and restore) on two throwaway requests, then forgets them (their cache entries
+        """Compiles every program serving runs (the chunk call at every row bucket, the decode
+        block, the prefix cache's snapshot and restore) on two throwaway requests, then forgets them (their cache entries
         and token counts are not kept): nothing compiles after this for text requests. Call it
         before start(). image_sizes (a ZayaVL's engine): for each (height, width), a request of bos
         and one grey image of that size compiles the image prefill of its patch and prompt-width
@@ -223,6 +235,8 @@ class Engine:
                 self.submit(prompt, SamplingParams(max_tokens=2))
                 while self.has_work():
                     self.step()
+            for rows in self.row_buckets:  # the buckets two requests did not use: every row sits out
+                self._run_chunk(list(range(rows)), {})
             for height, width in image_sizes:
                 image = fill_test_image(height, width)
                 span = image_span(self.image_processor.grid(image), *self.image_ids, self.image_processor.merge_size)
@@ -230,6 +244,7 @@ class Engine:
                 while self.has_work():
                     self.step()
             self._prefix, (self._prompt_tokens, self._generated_tokens) = kept, counts
+            self.calls.clear()
 
     def devices(self) -> list[jax.Device]:
         """The devices holding the engine's weights and decode state (one without a mesh), by id."""
@@ -253,23 +268,12 @@ class Engine:
             prefilling = {slot: min(self.chunk, r.prompt.size - r.prefilled) for slot, r in enumerate(self._rows)
                           if r is not None and r.prefilled < r.prompt.size}
             if prefilling:
-                ids = np.zeros((self.slots, self.chunk), np.int32)
-                for slot, n in prefilling.items():
-                    r = self._rows[slot]
-                    ids[slot, :n] = r.prompt[r.prefilled:r.prefilled + n]
-                for slot, r, picked in self._run(ids, prefilling):
-                    r.prefilled += prefilling[slot]
-                    self._prompt_tokens += prefilling[slot]
-                    self._store_prefix(slot, r)
-                    if r.prefilled == r.prompt.size:
-                        self._emit(slot, r, picked)
-            feeding = {slot: 1 for slot, r in enumerate(self._rows) if r is not None and r.tokens}
+                rows = next(b for b in self.row_buckets if b >= len(prefilling))
+                order = sorted(prefilling) + [s for s in range(self.slots) if s not in prefilling]
+                self._run_chunk(order[:rows] if rows < self.slots else list(range(self.slots)), prefilling)
+            feeding = [slot for slot, r in enumerate(self._rows) if r is not None and r.tokens]
             if feeding:
-                ids = np.zeros((self.slots, 1), np.int32)
-                for slot in feeding:
-                    ids[slot, 0] = self._rows[slot].tokens[-1]
-                for slot, r, picked in self._run(ids, feeding):
-                    self._emit(slot, r, picked)
+                self._run_decode(feeding, block=any(r is not None and r.prefilled < r.prompt.size for r in self._rows))
 
     def start(self) -> None:
         """Run step() on a background thread whenever there is work, until stop()."""
@@ -314,56 +318,102 @@ class Engine:
         """[N] tokens each slot's state holds (0 for a free slot)."""
         return np.array([0 if r is None else r.prefilled + max(len(r.tokens) - 1, 0) for r in self._rows], np.int32)
 
-    def _run(self, ids: np.ndarray, counts: dict[int, int]) -> Iterator[tuple[int, _Request, Picked]]:
-        """Run one engine_step over all slots (ids [N,C]; `counts`: slot -> its new tokens, others 0)
-        -> (slot, request, numpy picks) for each counted slot whose request is still there when its
-        turn comes (an on_token callback may cancel another), checked lazily; the step runs at the call."""
-        n = np.zeros(self.slots, np.int32)
-        requests = {slot: self._rows[slot] for slot in counts}
-        for slot in requests:
-            n[slot] = counts[slot]
-        rows = self._row_sampling(requests)
-        self._state, picked = self._step_fn(self._graphdef, self._params, self._state, self._lengths(), ids, n, rows,
-                                            top=max(self.max_top_logprobs, 1))
-        picked = Picked(*map(np.asarray, picked))
-        return ((slot, r, picked) for slot, r in requests.items() if self._rows[slot] is r)
+    def _run_chunk(self, order: list[int], prefilling: dict[int, int]) -> None:
+        """One engine_chunk over the slots in `order` (a row bucket's worth; all N in slot order
+        run without a gather), each slot of `prefilling` (slot -> its new prompt tokens) taking
+        its next tokens, the others sitting out; then the bookkeeping and each finished prompt's
+        first token."""
+        rows = len(order)
+        ids, counts = np.zeros((rows, self.chunk), np.int32), np.zeros(rows, np.int32)
+        requests = {slot: self._rows[slot] for slot in prefilling}
+        for i, slot in enumerate(order):
+            if slot in requests:
+                r, counts[i] = requests[slot], prefilling[slot]
+                ids[i, :counts[i]] = r.prompt[r.prefilled:r.prefilled + counts[i]]
+        self.calls["chunk", rows] += 1
+        self._state, picked = self._chunk(self._graphdef, self._params, self._state,
+                                          None if rows == self.slots else np.asarray(order, np.int32),
+                                          self._lengths()[order], ids, counts,
+                                          self._row_sampling([requests.get(slot) for slot in order]),
+                                          top=max(self.max_top_logprobs, 1))
+        picked = Picked(*jax.device_get(picked))
+        for i, slot in enumerate(order):
+            r = requests.get(slot)
+            if r is None or self._rows[slot] is not r:  # an on_token callback may cancel another
+                continue
+            r.prefilled += prefilling[slot]
+            self._prompt_tokens += prefilling[slot]
+            self._store_prefix(slot, r)
+            if r.prefilled == r.prompt.size:
+                self._emit(slot, r, picked, i)
 
-    def _row_sampling(self, requests: dict[int, _Request]) -> RowSampling:
-        """Each slot's sampling settings, [N] arrays (defaults where no request is given)."""
-        rows = RowSampling(np.zeros(self.slots, np.float32), np.full(self.slots, self.config.vocab_size, np.int32),
-                           np.ones(self.slots, np.float32), np.zeros(self.slots, np.uint32),
-                           np.zeros(self.slots, np.int32))
+    def _run_decode(self, feeding: list[int], block: bool) -> None:
+        """One engine_decode for the `feeding` slots: up to decode_block steps, or one when `block`
+        (a slot is prefilling) or a request is stopped by the host only (its `stop` predicate or
+        more than STOP_IDS stop ids); then each token in order, step by step, slot by slot."""
+        requests = {slot: self._rows[slot] for slot in feeding}
+        tokens, budget = np.zeros(self.slots, np.int32), np.zeros(self.slots, np.int32)
+        stop_ids = np.full((self.slots, STOP_IDS), -1, np.int32)
+        host_stops = block
         for slot, r in requests.items():
+            tokens[slot], budget[slot] = r.tokens[-1], r.params.max_tokens - len(r.tokens)
+            stop_ids[slot, :min(len(r.stops), STOP_IDS)] = sorted(r.stops)[:STOP_IDS]
+            host_stops |= r.params.stop is not None or len(r.stops) > STOP_IDS
+        steps = 1 if host_stops else min(self.decode_block, int(budget.max()))
+        self.calls["decode", steps] += 1
+        self._state, decoded = self._decode(self._graphdef, self._params, self._state, self._lengths(), tokens,
+                                            np.minimum(budget, steps), stop_ids,
+                                            self._row_sampling([requests.get(slot) for slot in range(self.slots)]),
+                                            np.int32(steps), top=max(self.max_top_logprobs, 1),
+                                            block=self.decode_block)
+        decoded = Decoded(Picked(*jax.device_get(decoded.picked)), np.asarray(decoded.made))
+        for i in range(int(decoded.made.max())):
+            step = Picked(*(x[i] for x in decoded.picked))
+            for slot, r in requests.items():
+                if i < decoded.made[slot] and self._rows[slot] is r:
+                    self._emit(slot, r, step, slot)
+
+    def _row_sampling(self, requests: list[_Request | None]) -> RowSampling:
+        """Each row's sampling settings, [len(requests)] arrays (defaults where a row has no request)."""
+        rows = len(requests)
+        sampling = RowSampling(np.zeros(rows, np.float32), np.full(rows, self.config.vocab_size, np.int32),
+                               np.ones(rows, np.float32), np.zeros(rows, np.uint32), np.zeros(rows, np.int32),
+                               np.zeros(rows, np.int32))
+        for i, r in enumerate(requests):
+            if r is None:
+                continue
             p = r.params
-            rows.temperature[slot], rows.seed[slot], rows.index[slot] = p.temperature, p.seed, len(r.tokens)
-            rows.top_k[slot] = p.top_k or self.config.vocab_size
-            rows.top_p[slot] = 1.0 if p.top_p is None else p.top_p
-        return rows
+            sampling.temperature[i], sampling.seed[i], sampling.index[i] = p.temperature, p.seed, len(r.tokens)
+            sampling.top_k[i] = p.top_k or self.config.vocab_size
+            sampling.top_p[i] = 1.0 if p.top_p is None else p.top_p
+            sampling.top_logprobs[i] = p.top_logprobs
+        return sampling
 
     def _prefill_images(self, slot: int, r: _Request) -> None:
         """Prefill a request with images whole, alone, into its slot's row (images.py), and emit its
         first token."""
         graphdef, params = nnx.split(self._vl)
-        rows = RowSampling(*(x[slot:slot + 1] for x in self._row_sampling({slot: r})))
+        rows = self._row_sampling([r])
         self._state, picked = prefill_with_images(graphdef, params, self._state, np.int32(slot), r.padded,
                                                   np.asarray([r.prompt.size], np.int32), r.images, rows,
                                                   top=max(self.max_top_logprobs, 1))
         r.prefilled = r.prompt.size
         self._prompt_tokens += r.prompt.size
-        self._emit(slot, r, as_rows(Picked(*map(np.asarray, picked)), self.slots))
+        self._emit(slot, r, Picked(*jax.device_get(picked)), 0)
 
     def _store_prefix(self, slot: int, r: _Request) -> None:
         if self._prefix is not None and self._prefix.wants(r.blocks, r.prefilled):
             entry = self._snapshot(self._state, np.int32(slot), np.int32(r.prefilled - self.chunk), block=self.chunk)
             self._prefix.insert(r.prompt, r.blocks, r.prefilled, entry)
 
-    def _emit(self, slot: int, r: _Request, picked: Picked) -> None:
-        token = int(picked.token[slot])
+    def _emit(self, slot: int, r: _Request, picked: Picked, row: int) -> None:
+        """Deliver row `row` of numpy `picked` as slot's next token and end its request if it stops."""
+        token = int(picked.token[row])
         r.tokens.append(token)
-        r.logprobs.append(float(picked.logprob[slot]))
+        r.logprobs.append(float(picked.logprob[row]))
         self._generated_tokens += 1
-        top = [(int(t), float(lp)) for t, lp in zip(picked.top_tokens[slot, :r.params.top_logprobs],
-                                                     picked.top_logprobs[slot, :r.params.top_logprobs])]
+        top = [(int(t), float(lp)) for t, lp in zip(picked.top_tokens[row, :r.params.top_logprobs],
+                                                     picked.top_logprobs[row, :r.params.top_logprobs])]
         event = TokenEvent(token, r.logprobs[-1] if r.params.logprobs else None, top)
         self._deliver(r, event)
         try:

@@ -62,9 +62,3 @@ def prefill_with_images(graphdef, params, state: DecodeState, slot: jax.Array, i
 def fill_test_image(height: int, width: int) -> np.ndarray:
     """A uint8 [height, width, 3] grey image (warm-up's stand-in for a real one of that size)."""
     return np.full((height, width, 3), 128, np.uint8)
-
-
-def as_rows(picked: Picked, slots: int) -> Picked:
-    """A [1]-row Picked (numpy) seen as N identical rows, so the engine reads it at any slot."""
-    return Picked(*(np.broadcast_to(np.asarray(x), (slots, *np.shape(x)[1:])) for x in picked))
-

@@ -4,7 +4,7 @@ Weights: `zaya_jax.parallel.rules.state_shardings`, the trainer's logical-axis r
 splits the heads, the vocabulary and each expert's hidden size; expert > 1 the experts; fsdp > 1
 the model width (each gathered where a layer needs it). Decode state (N slots): every leaf's slot
 dimension (dim 1 of the [L,N,...] caches and carry, dim 0 of lengths [N]) over `data`, replicated
-over the other axes. The compiled calls (engine_step, the prefix cache's snapshot and restore) are
+over the other axes. The compiled calls (engine_chunk, engine_decode, the prefix cache's snapshot and restore) are
 jitted with those shardings as outputs (an entry: replicated), so each call's state comes back as
 it went in and nothing recompiles, and run under `jax.set_mesh(mesh)`, so the MoE dispatch
 (zaya_jax.parallel.moe_sharding: a shard_map over the batch axes data, fsdp, expert) and the
@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from zaya_jax.config import ConfigError
 from zaya_jax.engine.prefix_cache import RESTORE_JIT, SNAPSHOT_JIT, restore_fn, snapshot_fn
-from zaya_jax.engine.step import STEP_JIT, step_fn
+from zaya_jax.engine.step import CHUNK_JIT, DECODE_JIT, chunk_fn, decode_fn
 from zaya_jax.infer.cache import DecodeState
 from zaya_jax.infer.quantize import QuantizedWeight
 from zaya_jax.parallel.context import active_axes
@@ -60,6 +60,18 @@ def check_mesh(model: nnx.Module, shape: dict[str, int], slots: int, where: str 
     check_platform_support(shape, model.config.expert_parallel)
 
 
+def row_buckets(slots: int, mesh: Mesh | None) -> tuple[int, ...]:
+    """The row counts a prefill chunk call may take: m, 2m, 4m, ... below `slots`, then `slots`,
+    where m is the product of the batch axes the MoE splits rows over (1 without a mesh;
+    check_mesh made it divide slots)."""
+    m = 1 if mesh is None else math.prod(mesh.shape[a] for a in active_axes(RULES["batch"], dict(mesh.shape)))
+    buckets = []
+    while m < slots:
+        buckets.append(m)
+        m *= 2
+    return (*buckets, slots)
+
+
 def slot_shardings(state: DecodeState, mesh: Mesh) -> DecodeState:
     """The decode state's NamedShardings: the slot dimension over `data` (check_mesh made it divide
     it), the rest replicated; without a data axis, all replicated."""
@@ -73,19 +85,21 @@ class Placed(NamedTuple):
     """An engine's weights and state placed on a mesh, and its compiled calls jitted for them."""
     params: nnx.State
     state: DecodeState
-    step: Callable       # engine_step's signature
+    chunk: Callable      # engine_chunk's signature
+    decode: Callable     # engine_decode's
     snapshot: Callable   # prefix_cache.snapshot's
     restore: Callable    # prefix_cache.restore's
 
 
 def place(model: nnx.Module, params: nnx.State, state: DecodeState, mesh: Mesh, slots: int) -> Placed:
     """params (nnx.split(model)'s state) by the trainer's rules, state [.., N, ..] by slot_shardings,
-    and engine_step, snapshot and restore jitted with those output shardings, each called under
+    and engine_chunk, engine_decode, snapshot and restore jitted with those output shardings, each called under
     jax.set_mesh(mesh). check_mesh first: a mesh the model cannot use fails before anything moves."""
     check_mesh(model, dict(mesh.shape), slots)
     state_sharding, replicated = slot_shardings(state, mesh), NamedSharding(mesh, P())
     return Placed(place_params(params, mesh), jax.device_put(state, state_sharding),
-                  on_mesh(jax.jit(step_fn, **STEP_JIT, out_shardings=(state_sharding, replicated)), mesh),
+                  on_mesh(jax.jit(chunk_fn, **CHUNK_JIT, out_shardings=(state_sharding, replicated)), mesh),
+                  on_mesh(jax.jit(decode_fn, **DECODE_JIT, out_shardings=(state_sharding, replicated)), mesh),
                   on_mesh(jax.jit(snapshot_fn, **SNAPSHOT_JIT, out_shardings=replicated), mesh),
                   on_mesh(jax.jit(restore_fn, **RESTORE_JIT, out_shardings=state_sharding), mesh))
 

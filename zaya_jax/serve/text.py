@@ -10,6 +10,10 @@ the turn, is not text either), so a character split over several byte-level toke
 whole: a tail that decodes to U+FFFD is held back. With stop strings, the last
 len(longest stop) - 1 characters are held back too, since they may begin a stop string; when one
 appears, the text ends before it and nothing after it is ever sent (OpenAI's and vLLM's rule).
+
+The engine's stop predicate (`stop_matched`, on the engine's thread) and `add` (on the server's
+event loop) read the same decode: each response prefix is decoded once, by whichever comes
+first (the last decode is kept, keyed by its token count; both see prefixes of one response).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class ResponseText:
         self.text = ""
         self.stopped = False
         self._hold = max((len(s) for s in self.stop_strings), default=1) - 1
+        self._decoded: tuple[int, str] = (0, "")  # (token count, its text): the last decode, either thread's
 
     def add(self, token: int) -> str:
         """Takes the next token -> the new text that can be sent now."""
@@ -33,7 +38,7 @@ class ResponseText:
         self.tokens.append(int(token))
         if int(token) in self.stop_ids:
             return ""
-        self.text = self.tokenizer.decode(self.tokens)
+        self.text = self._decode(self.tokens)
         cut = self._first_stop()
         if cut is not None:
             self.text, self.stopped = self.text[:cut], True
@@ -49,10 +54,18 @@ class ResponseText:
 
     def stop_matched(self, tokens: list[int]) -> bool:
         """The engine's stop predicate: whether the response (its tokens so far) holds a stop string."""
-        if not self.stop_strings:
+        if not self.stop_strings or tokens[-1] in self.stop_ids:  # a final stop id ends it anyway and is no text
             return False
-        text = self.tokenizer.decode([t for t in tokens if t not in self.stop_ids])
+        text = self._decode(tokens)
         return any(s in text for s in self.stop_strings)
+
+    def _decode(self, tokens: list[int]) -> str:
+        """The text of a prefix of the response (no stop id in it: one only ever ends it)."""
+        count, text = self._decoded  # one read: the other thread may replace it
+        if count != len(tokens):
+            text = self.tokenizer.decode(tokens)
+            self._decoded = (len(tokens), text)
+        return text
 
     def _first_stop(self) -> int | None:
         found = [i for i in (self.text.find(s) for s in self.stop_strings) if i >= 0]
