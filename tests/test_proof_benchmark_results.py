@@ -480,3 +480,16 @@ def test_readme_serving_figures_are_the_results_file():
             ) in text
     assert (f"first token in {prefix['ttft_hit_median_s']:.3f} s against {prefix['ttft_cache_off_median_s']:.3f} s "
             "uncached") in text
+
+
+def test_fp8_planner_figures_are_the_results_file():
+    r = _load("planner_fp8_predictions")
+    fp8_doc = _doc("fp8.md")
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    for hw, name in (("mi300x", "MI300X"), ("h200", "H200")):
+        bf16, fp8 = r[hw]["bf16"][0], r[hw]["fp8"][0]
+        assert (f"| {name} | {bf16['step_s']:.3f} s | {fp8['step_s']:.3f} s | {100 * bf16['mfu']:.1f}% | "
+                f"{100 * fp8['mfu']:.1f}% | {r[hw]['fp8_speedup_per_phase'][0]:.2f}x |") in fp8_doc, hw
+        assert f"{fp8['step_s']:.3f} s in FP8 against {bf16['step_s']:.3f} s" in readme or (
+            f"{fp8['step_s']:.3f} s against {bf16['step_s']:.3f} s" in readme), hw
