@@ -33,14 +33,9 @@ from zaya_jax.train.loop import Trainer  # noqa: E402
 from zaya_jax.train.monitor import read_metrics  # noqa: E402
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=0, help="0: the config's train.steps")
-    args = parser.parse_args()
-    load_start = os.getloadavg()[0]
-    config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py"))
-    if args.steps:
-        config.train.steps = args.steps
+def train_demo(config) -> tuple[float, list[dict], list[dict]]:
+    """Trains `config` in a temporary workdir -> (wall seconds including compilation, the logged
+    training records, the eval records)."""
     config.monitor.update(progress_bar=False, tensorboard=False)
     with tempfile.TemporaryDirectory() as workdir, contextlib.redirect_stdout(sys.stderr):
         start = time.perf_counter()
@@ -52,6 +47,18 @@ def main():
         wall = time.perf_counter() - start
         train = read_metrics(os.path.join(workdir, "metrics.jsonl"))
         evals = read_metrics(os.path.join(workdir, "metrics.jsonl"), kind="eval")
+    return wall, train, evals
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=0, help="0: the config's train.steps")
+    args = parser.parse_args()
+    load_start = os.getloadavg()[0]
+    config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py"))
+    if args.steps:
+        config.train.steps = args.steps
+    wall, train, evals = train_demo(config)
     final_eval = {k.split("/")[1]: round(v, 3) for k, v in evals[-1].items() if k.endswith("/loss")}
     print(json.dumps({
         "stack": stack(), "config": "demo.py", "steps": train[-1]["step"], "wall_s_including_compile": round(wall, 1),

@@ -28,6 +28,10 @@ Sections, most valuable first (seconds: each one's timeout):
   moe           one MoE layer forward+backward at ZAYA1-base widths (16,384 tokens, skewed
                 routing): XLA ragged_dot, the Pallas grouped matmul, capacity 1.25, beside one
                 dense [T, D] @ [D, I] matmul                                                     45
+  fp8           the chip's FP8 matmul rate (zaya_jax.model.fp8's formats for it: OCP on H100/H200,
+                FNUZ on MI300X) beside bf16's at 8192^3, the raw e4m3 dot and the training
+                product (quantize, dot, scale) forward+backward, and the ratios to bf16: what
+                the planner assumes (fp8_matmul_tflops = 2x bf16 at the same efficiency) 15
   moe_grouped_gemm_flag  XLA's ragged_dot with the platform's grouped-GEMM flag (XLA reads flags
                 at start: a process of its own)                                                  30
 Timings (benchmarks.common.device_time): batches of back-to-back calls, one sync per batch, each
@@ -71,7 +75,8 @@ def sections() -> dict[str, int]:
     """Section -> timeout in seconds, in the order they run."""
     from benchmarks.gpu_proxy import RUNS
     return {"environment": 30, **{f"proxy_{o}_{n}": 100 for o, n in RUNS}, "calibration": 30,
-            "kernels": 45, "attention": 45, "moe": 45, "moe_grouped_gemm_flag": 30}
+            "kernels": 45, "attention": 45, "moe": 45, "fp8": 15,
+            "moe_grouped_gemm_flag": 30}
 
 
 # -- the parent: preflight, one subprocess per section ------------------------------------------
@@ -281,6 +286,32 @@ def bench_moe() -> dict:
     return out
 
 
+def bench_fp8(n: int, repeats: int) -> dict:
+    """The FP8 matmul rate of the chip built for at [n, n] @ [n, n] beside bf16's: the raw dot
+    (e4m3 operands, f32 accumulation) and zaya_jax.model.fp8's training product forward+backward
+    (3 dots: forward e4m3, both gradients e5m2 x e4m3), TFLOP/s each and as multiples of bf16's."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import gpu_kernels
+    from zaya_jax.model import fp8
+    chip = fp8.chip()
+    fmt = fp8.formats("fp8", chip)
+    a = jnp.ones((n, n), jnp.bfloat16)
+    a8 = a.astype(fmt.forward)
+    flops = 2.0 * n**3
+    product = jax.grad(lambda x, w: jnp.sum(fp8.einsum("ik,kj->ij", x, w, fmt=fmt)), argnums=(0, 1))
+    out = {"chip": chip, "formats": fmt._asdict(), "n": n,
+           "bf16": gpu_kernels.measure(jax.jit(jnp.matmul), (a, a), flops, repeats),
+           "fp8_dot": gpu_kernels.measure(
+               jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32)), (a8, a8), flops, repeats),
+           "fp8_training_product_fwd_bwd": gpu_kernels.measure(jax.jit(product), (a, a), 3 * flops, repeats)}
+    for name in ("fp8_dot", "fp8_training_product_fwd_bwd"):
+        if "tflops" in out[name] and "tflops" in out["bf16"]:
+            out[name]["vs_bf16"] = out[name]["tflops"] / out["bf16"]["tflops"]
+    return out
+
+
 def calibrate() -> dict:
     """The measured rates, with the planner's calibration file written from them."""
     from benchmarks import gpu_calibration
@@ -306,6 +337,9 @@ def section(name: str) -> dict:
         return gpu_kernels.bench_attention(*ATTENTION, REPEATS, on_gpu=True)
     if name == "moe":
         return bench_moe()
+    if name == "fp8":
+        from benchmarks import gpu_calibration
+        return bench_fp8(gpu_calibration.MATMUL_N, REPEATS)
     if name == "moe_grouped_gemm_flag":
         return {**bench_moe_path("ragged_dot"), "xla_flags": os.environ.get("XLA_FLAGS", "")}
     raise ValueError(f"unknown section {name!r}")

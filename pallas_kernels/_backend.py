@@ -73,8 +73,11 @@ def lower_for_gpu(platform: str, jitted: Any, *args: Any, mesh: jax.sharding.Mes
 def target() -> str:
     """"cuda" | "rocm" | "cpu" (or another jax backend name): what kernels are built for now."""
     override = _BUILDING_FOR.get()
-    if override is not None:
-        return override
+    return live_target() if override is None else override
+
+
+def live_target() -> str:
+    """`target()` without `building_for`: this process's own backend, a GPU named by its vendor."""
     backend = jax.default_backend()
     if backend != "gpu":
         return backend

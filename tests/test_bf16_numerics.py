@@ -16,13 +16,14 @@ from zaya_jax.model.build import create_model
 CFG = model_config(load_config_file("configs/tiny.py"))
 
 
-def dots(fn, *args) -> list[tuple[tuple[str, ...], str]]:
-    """[(operand dtypes, result dtype)] of every dot_general in fn's jaxpr, sub-jaxprs included."""
+def dots(fn, *args, primitives=("dot_general",)) -> list[tuple[tuple[str, ...], str]]:
+    """[(operand dtypes, result dtype)] of every dot_general (or other of `primitives`) in fn's
+    jaxpr, sub-jaxprs included."""
     found = []
 
     def walk(jaxpr):
         for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "dot_general":
+            if eqn.primitive.name in primitives:
                 found.append((tuple(str(v.aval.dtype) for v in eqn.invars), str(eqn.outvars[0].aval.dtype)))
             for sub in jax.extend.core.jaxprs_in_params(eqn.params):
                 walk(sub)

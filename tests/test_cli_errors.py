@@ -49,6 +49,10 @@ def test_help_exits_zero_and_shows_the_usage(module):
      ("error: mesh: tensor=8 does not divide qk_heads = 6", "so tensor must be 1 or 2", "fix: --config.mesh.tensor=2")),
     (("--config", TINY, "--config.train.steps=5"), ("optimizer.warmup_steps (10) must be below train.steps (5)",
                                                     "--config.optimizer.warmup_steps")),
+    (("--config", TINY, "--config.model.matmul_precision=fp8_e4m3"),
+     ("model.matmul_precision='fp8_e4m3' does not exist", "'fp8', 'fp8_gpu', 'fp8_nanoo'")),
+    (("--config", TINY, "--config.model.matmul_precision=fp8", "--config.model.moe_backend=native"),
+     ("model.matmul_precision='fp8' runs the experts as FP8 ragged_dot", "model.moe_backend to 'auto' or 'ragged'")),
     (("--config.train.steps=50",), ("--config.train.steps=50: overrides a field of a config file, but no --config "
                                     "was given", "add --config FILE, e.g. --config configs/demo.py")),
 ])

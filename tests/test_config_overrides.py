@@ -10,8 +10,8 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from zaya_jax.config import (COMPUTE_DTYPES, EXPERT_PARALLEL, KERNELS, LAYOUTS, MOE_BACKENDS, REMAT_POLICIES,
-                             ROPE_SCALING_FIELDS, ModelConfig, RopeScaling)
+from zaya_jax.config import (COMPUTE_DTYPES, EXPERT_PARALLEL, KERNELS, LAYOUTS, MATMUL_PRECISIONS, MOE_BACKENDS,
+                             REMAT_POLICIES, ROPE_SCALING_FIELDS, ModelConfig, RopeScaling)
 from zaya_jax.config_files import load_config_file, model_config, model_section
 
 CONFIG_FILES = sorted(glob.glob("configs/*.py"))
@@ -50,7 +50,8 @@ def different_value(name: str, cfg: ModelConfig):
     """A valid value of field `name` that differs from cfg's."""
     value = getattr(cfg, name)
     choices = {"layout": LAYOUTS, "dtype": COMPUTE_DTYPES, "moe_backend": MOE_BACKENDS, "remat": REMAT_POLICIES,
-               "attention_kernel": KERNELS, "moe_matmul_kernel": KERNELS, "expert_parallel": EXPERT_PARALLEL}
+               "attention_kernel": KERNELS, "moe_matmul_kernel": KERNELS, "expert_parallel": EXPERT_PARALLEL,
+               "matmul_precision": MATMUL_PRECISIONS}
     if name in choices:
         return next(c for c in choices[name] if c != value)
     if isinstance(value, bool):
@@ -70,7 +71,8 @@ def different_value(name: str, cfg: ModelConfig):
     return value + 1
 
 
-COMPANIONS = {"layer_types": {"sliding_window": 8}}  # fields a valid new value needs set with it
+COMPANIONS = {"layer_types": {"sliding_window": 8},
+              "matmul_precision": {"moe_backend": "ragged", "moe_matmul_kernel": "xla"}}  # fields a valid new value needs set with it
 
 
 def as_flags(field: str, value) -> list[str]:

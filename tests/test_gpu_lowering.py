@@ -211,3 +211,36 @@ def test_dense_expert_temporaries_are_recognised():
     """The check above can fail: the `dense` backend (every expert on every token) has them."""
     module = lowered_base_step("cuda", moe_backend="dense")
     assert dense_expert_shapes(module, BASE_EXPERTS, BASE_TOKENS)
+
+
+# MLIR's names of the FP8 formats (zaya_jax.model.fp8.Formats holds jnp's)
+MLIR_F8 = {"float8_e4m3fn": "f8E4M3FN", "float8_e5m2": "f8E5M2", "float8_e4m3fnuz": "f8E4M3FNUZ",
+           "float8_e5m2fnuz": "f8E5M2FNUZ"}
+
+
+def fp8_products(text: str) -> collections.Counter:
+    """{(op, lhs element type, rhs element type): count} of the dots and ragged dots with an FP8 operand."""
+    found = collections.Counter()
+    for op, lhs, rhs in re.findall(r'(stablehlo\.dot_general|"chlo\.ragged_dot").*?: \(tensor<[\dx]*(\w+)>, '
+                                   r'tensor<[\dx]*(\w+)>', text):
+        if lhs.startswith("f8") or rhs.startswith("f8"):
+            found[(op.strip('"'), lhs, rhs)] += 1
+    return found
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_zaya1_base_fp8_step_lowers_with_the_platforms_fp8_dots(platform):
+    """model.matmul_precision=fp8 on the ZAYA1-base step (its widths, two scanned layers): the
+    lowered program multiplies in the chip's FP8 family, OCP for the H200 (cuda), FNUZ for the
+    MI300X (gfx942, rocm). Per layer body: CCA's 5 projections (q, k, two v, o) as dot_general
+    and the 3 expert matmuls (gate, up, down) as ragged_dot, each e4m3 x e4m3 forward, e5m2 x
+    e4m3 input gradient and e4m3 x e5m2 weight gradient; no FP8 type of the other family."""
+    from zaya_jax.model import fp8
+    forward, backward = (MLIR_F8[name] for name in (fp8.OCP if platform == "cuda" else fp8.FNUZ))
+    text = str(lowered_base_step(platform, matmul_precision="fp8"))
+    expected = collections.Counter()
+    for op, n in (("stablehlo.dot_general", 5), ("chlo.ragged_dot", 3)):
+        for types in ((forward, forward), (backward, forward), (forward, backward)):
+            expected[(op, *types)] = n
+    assert fp8_products(text) == expected
+    assert set(re.findall(r"f8E\w+", text)) == {forward, backward}

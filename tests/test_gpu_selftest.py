@@ -141,3 +141,14 @@ def test_calibration_file_is_read_by_the_planner(tmp_path):
               if a["axis"] == "tensor"]
     assert tensor and all(a == pytest.approx(b * 448.0 * base.efficiency.intra_node / 200.0) for b, a in tensor)
     assert after["step_s"] != pytest.approx(before["step_s"])
+
+
+def test_fp8_section_measures_the_chips_formats_beside_bf16():
+    """The fp8 section's function at a small size on this CPU: the formats zaya_jax.model.fp8 picks
+    for the chip (OCP here), a rate for bf16, the raw FP8 dot and the training product, each
+    beside bf16's."""
+    from benchmarks.gpu_selftest import bench_fp8
+    out = bench_fp8(64, 1)
+    assert out["chip"] == "cpu" and out["formats"] == {"forward": "float8_e4m3fn", "backward": "float8_e5m2"}
+    for name in ("fp8_dot", "fp8_training_product_fwd_bwd"):
+        assert out[name]["tflops"] > 0 and out[name]["vs_bf16"] > 0, out

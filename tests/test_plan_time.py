@@ -244,3 +244,22 @@ def test_a_dpo_step_also_moves_the_reference_models_bytes():
     assert reference == pytest.approx(2 * 4 * numel + lm_bytes["activations"] / 3 + lm_bytes["loss_logits"] / 4 * 2)
     extra = reference + lm_bytes["loss_logits"] / 4 * 2  # the reference, and the recomputed logits
     assert dpo["memory_s"] == pytest.approx(lm["memory_s"] + extra / PROFILES["mi300x"].achieved()["hbm_bytes"])
+
+
+@pytest.mark.parametrize("name, fp8_peak", [("mi300x", 2614.9), ("h200", 1978.9)])
+def test_fp8_recipe_runs_the_projections_and_experts_at_the_fp8_rate(name, fp8_peak):
+    """model.matmul_precision=fp8: the FP8 groups' FLOPs (CCA q/k, v, o projections and the
+    experts: the same FLOPs as bf16's) move from the bf16 rate to the datasheet FP8 peak times
+    the same efficiency; every other group and the memory time stay; a GPU without FP8 is refused."""
+    hw = PROFILES[name]
+    bf16, fp8 = (_phase1(hw, matmul_precision=p)["prediction"] for p in ("default", "fp8"))
+    groups = ("attention/qk_projections", "attention/value_projections", "attention/output_projection", "experts")
+    assert fp8["flops_per_device"] == bf16["flops_per_device"]
+    moved = sum(bf16["flops_per_device"][g] for g in groups)
+    assert fp8["fp8_matmul_flops_per_device"] == pytest.approx(moved) and moved > 0
+    efficiency = hw.efficiency.matmul
+    expected = bf16["compute_s"] - moved / (hw.matmul_tflops * 1e12 * efficiency) + moved / (fp8_peak * 1e12 * efficiency)
+    assert fp8["compute_s"] == pytest.approx(expected)
+    assert fp8["memory_s"] == bf16["memory_s"] and fp8["step_s"] < bf16["step_s"]
+    with pytest.raises(UserError, match="^model.matmul_precision='fp8': a100 has no FP8 matmuls"):
+        _phase1(PROFILES["a100"], matmul_precision="fp8")

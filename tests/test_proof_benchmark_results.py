@@ -518,3 +518,29 @@ def test_grpo_rollouts_figures_are_the_results_file(stack):
     assert run["stack"]["python"].startswith(STACKS[stack][len("Python "):])
     assert run["work"]["rows"] == 512 and run["checkpoint_step"] == 200  # the GRPO demo's first generation
     assert _rollout_figures(run) in _flat(_doc("posttraining.md"))
+
+
+def test_fp8_planner_figures_are_the_results_file():
+    r = _load("planner_fp8_predictions")
+    fp8_doc = _doc("fp8.md")
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    for hw, name in (("mi300x", "MI300X"), ("h200", "H200")):
+        bf16, fp8 = r[hw]["bf16"][0], r[hw]["fp8"][0]
+        assert (f"| {name} | {bf16['step_s']:.3f} s | {fp8['step_s']:.3f} s | {100 * bf16['mfu']:.1f}% | "
+                f"{100 * fp8['mfu']:.1f}% | {r[hw]['fp8_speedup_per_phase'][0]:.2f}x |") in fp8_doc, hw
+        assert f"{fp8['step_s']:.3f} s in FP8 against {bf16['step_s']:.3f} s" in readme or (
+            f"{fp8['step_s']:.3f} s against {bf16['step_s']:.3f} s" in readme), hw
+
+
+def test_fp8_demo_figures_are_the_results_file():
+    r = _load("fp8_demo_cpu_py311")
+    fp8_doc = _doc("fp8.md")
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    for name, run in (("bf16", r["bf16"]), ("FP8", r["fp8"])):
+        e = run["final_eval_loss"]
+        assert f"| {name} | {run['last_logged_loss']} | {e['code']} | {e['math']} | {e['prose']} |" in fp8_doc
+    share = f"{100 * r['last_logged_loss_rel_diff']:.2f}% above bf16's"
+    assert share in fp8_doc and share in readme
+    assert abs(r["last_logged_loss_rel_diff"]) < 0.02

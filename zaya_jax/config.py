@@ -25,6 +25,8 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 MOE_BACKENDS = ("auto", "dense", "capacity", "ragged", "tiles", "native")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "dots_no_batch_and_kernels")
 KERNELS = ("auto", "xla", "pallas")
+# matmul recipes (zaya_jax.model.fp8): the compute dtype, or FP8 expert and CCA projection matmuls
+MATMUL_PRECISIONS = ("default", "fp8", "fp8_gpu", "fp8_nanoo")
 EXPERT_PARALLEL = ("all_to_all", "all_gather", "ragged_all_to_all")
 LAYER_TYPES = ("hybrid", "hybrid_sliding")  # transformers' ZayaConfig.layer_types: full / sliding-window CCA
 # transformers' RoPE types (modeling_rope_utils.ROPE_INIT_FUNCTIONS and "default") that zaya_jax computes, and
@@ -40,7 +42,7 @@ ROPE_TYPE_KEYS = {
 }
 # Fields that choose how the model runs, not what it computes; an HF checkpoint does not carry them.
 RUNTIME_MODEL_FIELDS = ("dtype", "scan_layers", "remat", "moe_backend", "capacity_factor", "moe_tile_size",
-                        "expert_parallel", "attention_kernel", "moe_matmul_kernel", "init_std",
+                        "expert_parallel", "attention_kernel", "moe_matmul_kernel", "matmul_precision", "init_std",
                         "key_temperature_init", "isolate_documents")
 VISION_LORA_FIELDS = ("vision_lora_rank_attn", "vision_lora_rank_mlp")  # ZAYA1-VL's adapters (0: none)
 ROPE_SCALING_FIELDS = ("rope_scaling", "sliding_rope_scaling")  # full and sliding layers' RopeScaling
@@ -146,6 +148,9 @@ class ModelConfig:
     expert_parallel: str = "all_to_all"
     attention_kernel: str = "auto"
     moe_matmul_kernel: str = "auto"
+    # "default": every matmul in `dtype`; an FP8 recipe of zaya_jax.model.fp8 (docs/fp8.md): the
+    # expert and CCA q/k/v/o matmuls in FP8 (e4m3 forward, e5m2 gradients, per-tensor scaling)
+    matmul_precision: str = "default"
     init_std: float = 0.02
     key_temperature_init: float = 1.0
     # ZAYA1-VL's vision LoRA (docs/vision.md): adapters of these ranks on CCA's projections and on the
@@ -242,9 +247,15 @@ def _validate(c: ModelConfig) -> None:
                           f"number of rotary dims in (0, head_dim]; got {c.rotary_dim}")
     for name, allowed in (("layout", LAYOUTS), ("dtype", COMPUTE_DTYPES), ("moe_backend", MOE_BACKENDS),
                           ("remat", REMAT_POLICIES), ("attention_kernel", KERNELS),
-                          ("moe_matmul_kernel", KERNELS), ("expert_parallel", EXPERT_PARALLEL)):
+                          ("moe_matmul_kernel", KERNELS), ("expert_parallel", EXPERT_PARALLEL),
+                          ("matmul_precision", MATMUL_PRECISIONS)):
         if getattr(c, name) not in allowed:
             raise ConfigError(f"model.{name}={getattr(c, name)!r} does not exist; choose one of {allowed}")
+    if c.matmul_precision != "default" and (c.moe_backend not in ("auto", "ragged")
+                                            or c.moe_matmul_kernel not in ("auto", "xla")):
+        raise ConfigError(f"model.matmul_precision={c.matmul_precision!r} runs the experts as FP8 ragged_dot; set "
+                          f"model.moe_backend to 'auto' or 'ragged' and model.moe_matmul_kernel to 'auto' or 'xla' "
+                          f"(got {c.moe_backend!r}, {c.moe_matmul_kernel!r})")
     for name in VISION_LORA_FIELDS:
         value = getattr(c, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -3,6 +3,10 @@ achievable, which a calibration file of measured rates replaces.
 
 Peaks (per GPU; `sources` below name the datasheets):
   matmul_tflops   dense bf16 matrix peak (no sparsity)
+  fp8_matmul_tflops dense FP8 matrix peak, twice bf16's (0: no FP8 matmuls); the FP8 matmuls
+                  (model.matmul_precision, zaya_jax.model.fp8) are assumed to reach the same
+                  fraction of it as bf16 GEMMs of theirs (an assumption until a GPU measures it:
+                  benchmarks/gpu_selftest.py's fp8 section)
   hbm_gbps        HBM bandwidth, GB/s
   memory_gb       HBM capacity, GB
   intra_node_gbps one direction of the GPU's scale-up links (xGMI / NVLink), GB/s
@@ -52,11 +56,13 @@ class HardwareProfile:
     devices_per_node: int
     efficiency: Efficiency
     sources: str
+    fp8_matmul_tflops: float = 0.0
 
     def achieved(self) -> dict[str, float]:
         """Rates the time model uses: FLOP/s and bytes/s."""
         e = self.efficiency
-        return {"matmul_flops": self.matmul_tflops * 1e12 * e.matmul, "hbm_bytes": self.hbm_gbps * 1e9 * e.hbm,
+        return {"matmul_flops": self.matmul_tflops * 1e12 * e.matmul,
+                "fp8_matmul_flops": self.fp8_matmul_tflops * 1e12 * e.matmul, "hbm_bytes": self.hbm_gbps * 1e9 * e.hbm,
                 "intra_node_bytes": self.intra_node_gbps * 1e9 * e.intra_node,
                 "inter_node_bytes": self.inter_node_gbps * 1e9 * e.inter_node}
 
@@ -80,16 +86,19 @@ PROFILES: dict[str, HardwareProfile] = {p.name: p for p in (
                     "AMD Instinct MI300X datasheet: 1307.4 TFLOP/s dense bf16, 192 GB HBM3 at 5.3 TB/s; "
                     "AMD Instinct platform brief: 7 xGMI links per GPU at 64 GB/s each way (448 GB/s), "
                     "896 GB/s aggregate; NIC: one 400 Gb/s (50 GB/s) Pollara/ConnectX-7 per GPU; GEMM "
-                    f"efficiency: {MAF_SOURCE}"),
+                    f"efficiency: {MAF_SOURCE}; 2614.9 TFLOP/s dense FP8", 2614.9),
     HardwareProfile("mi325x", "MI325X", 1307.4, 6000.0, 256.0, "xGMI", 448.0, 50.0, 8, _MI325X,
                     "AMD Instinct MI325X datasheet: 1307.4 TFLOP/s dense bf16, 256 GB HBM3E at 6 TB/s; "
-                    f"xGMI as MI300X; NIC 400 Gb/s per GPU; GEMM efficiency: {MAF_SOURCE}"),
+                    f"xGMI as MI300X; NIC 400 Gb/s per GPU; GEMM efficiency: {MAF_SOURCE}; 2614.9 TFLOP/s dense FP8",
+                    2614.9),
     HardwareProfile("h100", "H100", 989.4, 3350.0, 80.0, "NVLink", 450.0, 50.0, 8, _NVIDIA,
                     "NVIDIA H100 SXM datasheet: 989.4 TFLOP/s dense bf16 (1979 with sparsity), 80 GB HBM3 "
-                    "at 3.35 TB/s, NVLink 900 GB/s (450 each way); DGX H100: one ConnectX-7 400 Gb/s per GPU"),
+                    "at 3.35 TB/s, NVLink 900 GB/s (450 each way); DGX H100: one ConnectX-7 400 Gb/s per GPU; "
+                    "1978.9 TFLOP/s dense FP8", 1978.9),
     HardwareProfile("h200", "H200", 989.4, 4800.0, 141.0, "NVLink", 450.0, 50.0, 8, _NVIDIA,
                     "NVIDIA H200 SXM datasheet: 989.4 TFLOP/s dense bf16, 141 GB HBM3e at 4.8 TB/s, "
-                    "NVLink 900 GB/s (450 each way); HGX H200: one 400 Gb/s NIC per GPU"),
+                    "NVLink 900 GB/s (450 each way); HGX H200: one 400 Gb/s NIC per GPU; 1978.9 TFLOP/s dense FP8",
+                    1978.9),
     HardwareProfile("a100", "A100", 312.0, 2039.0, 80.0, "NVLink", 300.0, 25.0, 8, _NVIDIA,
                     "NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e, NVLink "
                     "600 GB/s (300 each way); DGX A100: one 200 Gb/s HDR NIC per GPU"),

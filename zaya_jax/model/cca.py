@@ -10,6 +10,8 @@ Shapes: B batch, S seq, D hidden, N query heads, K KV heads, H head dim, C = N +
   L2 norm to sqrt(H), keys times a linear per-KV-head temperature, partial NeoX RoPE
   v: KV heads [0, K/2) from the current token, [K/2, K) from the previous one (value shift)
   o = softmax(q k^T / sqrt(H), causal) v, out = o Wo
+The four projections (x Wq, x Wk, x Wv, o Wo) run in model.matmul_precision (an FP8 recipe:
+zaya_jax.model.fp8); the convolutions, norms and attention itself in the compute dtype.
 
 What one token hands to the next is a `CCACarry`: P[t], Y[t] and the delayed value
 projection x[t] Wv_delayed. `CCA.qkv` takes the previous token's carry (or none at a sequence
@@ -30,6 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from zaya_jax.config import ModelConfig
+from zaya_jax.model.kernels import projection_einsum
 from zaya_jax.model.params import constant, normal, param
 from zaya_jax.model.rope import apply_partial_rope
 from zaya_jax.model.vision_lora import CCAVisionLoRA, masked_lora
@@ -90,6 +93,7 @@ class CCA(nnx.Module):
         self.key_temperature = constant(cfg.key_temperature_init, (k,), ("kv_heads",))
         self.o_proj = param(init, rngs.params(), (n, h, d), ("q_heads", "head_dim", "embed"))
         self.num_q_heads = n
+        self.matmul_precision = cfg.matmul_precision
         self.isolate_documents = cfg.isolate_documents
         self.vision_lora = CCAVisionLoRA(cfg, rngs=rngs) if cfg.vision_lora_rank_attn else None
 
@@ -123,8 +127,9 @@ class CCA(nnx.Module):
         start = self.start_carry(b, dt)
         prev = start if prev is None else prev
         lora = self.vision_lora if image_mask is not None else None
-        q0 = jnp.einsum("bsd,dnh->bsnh", x, w(self.q_proj))
-        k0 = jnp.einsum("bsd,dkh->bskh", x, w(self.k_proj))
+        project = projection_einsum(self.matmul_precision)
+        q0 = project("bsd,dnh->bsnh", x, w(self.q_proj))
+        k0 = project("bsd,dkh->bskh", x, w(self.k_proj))
         if lora is not None:
             q0 = q0 + masked_lora(x, lora.q_a[...], lora.q_b[...], image_mask)
             k0 = k0 + masked_lora(x, lora.k_a[...], lora.k_b[...], image_mask)
@@ -146,8 +151,8 @@ class CCA(nnx.Module):
         q = apply_partial_rope(q, cos, sin)
         k = apply_partial_rope(k, cos, sin)
 
-        v_current = jnp.einsum("bsd,dkh->bskh", x, w(self.v_proj_current))
-        delayed = jnp.einsum("bsd,dkh->bskh", x, w(self.v_proj_delayed))
+        v_current = project("bsd,dkh->bskh", x, w(self.v_proj_current))
+        delayed = project("bsd,dkh->bskh", x, w(self.v_proj_delayed))
         if lora is not None:
             v_current = v_current + masked_lora(x, lora.v_current_a[...], lora.v_current_b[...], image_mask)
             delayed = delayed + masked_lora(x, lora.v_delayed_a[...], lora.v_delayed_b[...], image_mask)
@@ -156,7 +161,7 @@ class CCA(nnx.Module):
 
     def output(self, o: jax.Array, image_mask: jax.Array | None = None) -> jax.Array:
         """o: [B,S,N,H] attention output -> [B,S,D]."""
-        out = jnp.einsum("bsnh,nhd->bsd", o, self.o_proj[...].astype(o.dtype))
+        out = projection_einsum(self.matmul_precision)("bsnh,nhd->bsd", o, self.o_proj[...].astype(o.dtype))
         if self.vision_lora is not None and image_mask is not None:
             out = out + masked_lora(o, self.vision_lora.o_a[...], self.vision_lora.o_b[...], image_mask)
         return out

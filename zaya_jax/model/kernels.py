@@ -19,6 +19,10 @@ process's backend, or the one `pallas_kernels.building_for` names while lowering
                 block sizes are per platform (pallas_kernels.platform_blocks). ragged_dot with
                 the flags stays selectable (model.moe_matmul_kernel=xla) and is timed against it
                 by benchmarks/gpu_selftest.py.
+  fp8 recipes  (model.matmul_precision, zaya_jax.model.fp8) the formats the chip computes in;
+                the experts run `ragged` with the FP8 ragged_dot on every platform (the Pallas
+                kernel and the native CPU matmul have no FP8 path), CCA's projections the FP8
+                einsum (`projection_einsum`).
 Every Pallas kernel runs per device inside jax.shard_map (attention here via
 zaya_jax.parallel.attention_sharding, the grouped matmul inside the MoE dispatch's shard_map).
 """
@@ -29,11 +33,12 @@ import functools
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
 from pallas_kernels import _backend
 from zaya_jax.config import ModelConfig
 from zaya_jax.errors import UserError
-from zaya_jax.model import moe_dispatch
+from zaya_jax.model import fp8, moe_dispatch
 from zaya_jax.model.attention_core import xla_attention
 from zaya_jax.native import grouped_matmul as native_grouped_matmul
 from zaya_jax.parallel.attention_sharding import attention_on_mesh
@@ -88,9 +93,20 @@ def attention_fn(cfg: ModelConfig, bidirectional: jax.Array | None = None) -> Ca
     return xla_attention
 
 
+def projection_einsum(matmul_precision: str) -> Callable:
+    """-> einsum(spec, x, w) for CCA's q/k/v/o projections: jnp.einsum, or the FP8 product in the
+    formats of `matmul_precision` on the chip built for (a ConfigError where it has none)."""
+    fmt = fp8.formats(matmul_precision)
+    return jnp.einsum if fmt is None else functools.partial(fp8.einsum, fmt=fmt)
+
+
 def ragged_matmuls(cfg: ModelConfig) -> dict[str, Callable]:
     """The `ragged` dispatch's grouped matmuls (moe_dispatch.ragged's `matmul` and `matmuls`): the
-    Pallas kernel with the gate and up products in one call, or ragged_dot, one call each."""
+    FP8 ragged_dot under an FP8 recipe, the Pallas kernel with the gate and up products in one
+    call, or ragged_dot, one call each."""
+    fmt = fp8.formats(cfg.matmul_precision)
+    if fmt is not None:
+        return {"matmul": functools.partial(fp8.ragged_dot, fmt=fmt)}
     if resolve_moe_matmul_kernel(cfg.moe_matmul_kernel) == "pallas":
         from pallas_kernels import grouped_matmul, grouped_matmuls
         return {"matmul": grouped_matmul, "matmuls": grouped_matmuls}
@@ -99,7 +115,7 @@ def ragged_matmuls(cfg: ModelConfig) -> dict[str, Callable]:
 
 def moe_dispatch_fn(cfg: ModelConfig) -> Callable:
     """-> dispatch(x [T,D], expert [T], ExpertWeights) -> (y [T,D], dropped [])."""
-    backend = resolve_moe_backend(cfg.moe_backend)
+    backend = "ragged" if cfg.matmul_precision != "default" else resolve_moe_backend(cfg.moe_backend)
     if backend == "capacity":
         return functools.partial(moe_dispatch.capacity, capacity_factor=cfg.capacity_factor)
     if backend == "ragged":

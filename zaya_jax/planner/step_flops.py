@@ -108,6 +108,8 @@ def expert_backend(cfg: ModelConfig, mesh: dict[str, int], platform: str) -> str
     else the local backend (all_gather and ragged_all_to_all hand it the received tokens)."""
     if mesh["expert"] > 1 and cfg.expert_parallel == "all_to_all":
         return "capacity"
+    if cfg.matmul_precision != "default":  # FP8 experts run ragged (zaya_jax.model.kernels)
+        return "ragged"
     return resolve_moe_backend(cfg.moe_backend, platform)
 
 

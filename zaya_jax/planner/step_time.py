@@ -1,6 +1,10 @@
 """Predicted time of one training step on a hardware profile, from FLOPs, HBM bytes and collectives.
 
-  compute     matmul FLOPs per device (zaya_jax.planner.step_flops) / achieved matmul rate
+  compute     matmul FLOPs per device (zaya_jax.planner.step_flops) / achieved matmul rate; under an
+              FP8 recipe (model.matmul_precision) the CCA projections' and experts' FLOPs at the
+              achieved FP8 rate (HardwareProfile.fp8_matmul_tflops), the rest at bf16's; MFU stays
+              model FLOPs over the bf16 peak; HBM traffic is counted as bf16's (FP8 operands would
+              halve the projections' and experts' reads: not modelled)
   memory      HBM bytes the non-matmul work moves per device / achieved HBM bandwidth:
                 activations: elementwise work is assumed fused between matmuls, so a layer's traffic
                   is its matmuls' activation inputs read and outputs written (step_flops.LayerMatmul;
@@ -34,6 +38,7 @@ from __future__ import annotations
 import math
 
 from zaya_jax.config import ModelConfig
+from zaya_jax.errors import UserError
 from zaya_jax.hardware import HardwareProfile
 from zaya_jax.parallel.mesh import MESH_AXES
 from zaya_jax.parallel.rules import zero1_axes
@@ -104,6 +109,11 @@ def hbm_bytes(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_res
     return traffic
 
 
+# step_flops' groups that model.matmul_precision runs in FP8 (zaya_jax.model.fp8): CCA's projections
+# and the experts; the rest (convolutions, scores, router, loss head, Newton-Schulz) at the bf16 rate
+FP8_MATMULS = ("attention/qk_projections", "attention/value_projections", "attention/output_projection", "experts")
+
+
 def matmul_flops(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, parameters: list) -> dict[str, float]:
     """step_flops for a StepShape, and a vision step's tower (tower_plan); parameters: planner._parameters."""
     flops = step_flops(cfg, mesh, global_batch=shape.global_batch, seq_len=shape.seq_len,
@@ -130,7 +140,11 @@ def predict(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_resul
     devices = math.prod(mesh.values())
     flops = matmul_flops(cfg, mesh, shape, parameters)
     traffic = hbm_bytes(cfg, mesh, shape, plan_result)
-    compute_s = sum(flops.values()) / rates["matmul_flops"]
+    fp8 = sum(flops.get(name, 0.0) for name in FP8_MATMULS) if cfg.matmul_precision != "default" else 0.0
+    if fp8 and not hw.fp8_matmul_tflops:
+        raise UserError(f"model.matmul_precision={cfg.matmul_precision!r}: {hw.name} has no FP8 matmuls; set "
+                        "model.matmul_precision='default' or plan for an FP8 GPU")
+    compute_s = (sum(flops.values()) - fp8) / rates["matmul_flops"] + (fp8 / rates["fp8_matmul_flops"] if fp8 else 0.0)
     memory_s = sum(traffic.values()) / rates["hbm_bytes"]
     rows, blocking_s, overlappable_s = [], 0.0, 0.0
     for c in collectives(cfg, mesh, shape, plan_result["bytes_per_device"], parameters):
@@ -155,6 +169,7 @@ def predict(cfg: ModelConfig, mesh: dict[str, int], shape: StepShape, plan_resul
         "step_s_no_overlap": busy_s + blocking_s + overlappable_s,
         "tokens_per_s": tokens_per_s,
         "model_flops_per_s_per_device": model_flops_per_token * tokens_per_s / devices,
+        "fp8_matmul_flops_per_device": fp8,
         "mfu": model_flops_per_token * tokens_per_s / (devices * hw.matmul_tflops * 1e12),
         "bound_by": max(terms, key=terms.get), "overlap_assumptions": OVERLAP_ASSUMPTIONS,
     }
