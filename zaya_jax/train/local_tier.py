@@ -6,11 +6,10 @@ Every K steps each process writes, without waiting for any other process's write
   DIR/process_<i>/own/<step>/   its addressable shards of the whole TrainState (each distinct shard
                                 once: arrays replicated over its devices are written once) and its
                                 data iterator's state
-  DIR/process_<i>/peer/<step>/  the same for process (i+1) % n: the neighbour's shards reach process
-                                i through one device-to-device copy per save (the state resharded
-                                onto the mesh with every process's devices replaced by those of the
-                                process before it: a collective permute, NCCL on GPUs, gloo on CPU),
-                                its data iterator state through jax.distributed's key-value store
+  DIR/process_<i>/peer/<step>/  the same for process (i+1) % n: each process packs its shards, their
+                                layout and its data state into one byte buffer and hands it to the
+                                process before it (_passed_on: a device-to-device collective permute
+                                of one row per process, NCCL on GPUs, gloo on CPU)
   DIR/process_<i>/run.json      the run this tier belongs to (WORKDIR/run_id): a tier of another run
                                 is refused before training starts, never restored
 With one process per node (the SLURM scripts) the neighbour is on another node, so any one lost
@@ -25,8 +24,8 @@ its own and peer copies that pass their manifests (a damaged copy is named and s
 job of this shape wrote (same process count and mesh); the processes exchange the lists
 (distributed.gather_ints) and take the newest step newer than the persistent tier's for which
 every process p has its own copy or process p-1 holds p's as its peer copy. A process without
-its own copy (a replaced node, an emptied disk) gets its shards back through the reverse copy and
-its data state from the key-value store. Nothing usable (another process count or mesh, every
+its own copy (a replaced node, an emptied disk) gets its files back from the process before it,
+through the same hand-off the other way. Nothing usable (another process count or mesh, every
 copy of some process lost): the persistent tier, reshaped as before.
 
 Why not Orbax's emergency managers (orbax.checkpoint.experimental.emergency 0.12): they need a
@@ -51,6 +50,7 @@ import shutil
 import uuid
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from zaya_jax.errors import UserError
@@ -99,29 +99,44 @@ def _host_shards(state) -> tuple[dict, list]:
     return shards, layout
 
 
-def _rolled(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
-    """`mesh` with each process's devices replaced by those of the process before it (same local
-    position): an array put on it lands on process p-1 where it sat on process p."""
-    by_process: dict[int, list] = {}
-    for d in sorted(mesh.devices.flat, key=lambda d: d.id):
-        by_process.setdefault(d.process_index, []).append(d)
-    count = len(by_process)
-    devices = np.vectorize(lambda d: by_process[(d.process_index - 1) % count][by_process[d.process_index].index(d)],
-                           otypes=[object])(mesh.devices)
-    return jax.sharding.Mesh(devices, mesh.axis_names)
+def _pack(header: dict, blobs: dict[str, np.ndarray]) -> np.ndarray:
+    """One uint8 buffer: 8 bytes of header length, the JSON header (with the blobs' names and sizes), the blobs."""
+    arrays = [np.ascontiguousarray(b).reshape(-1).view(np.uint8) for b in blobs.values()]
+    head = json.dumps({**header, "blobs": [[name, int(a.size)] for name, a in zip(blobs, arrays)]}).encode()
+    return np.concatenate([np.frombuffer(np.uint64(len(head)).tobytes() + head, np.uint8), *arrays])
 
 
-def _on(mesh: jax.sharding.Mesh, tree):
-    """`tree`'s shardings (NamedShardings) moved onto `mesh`."""
-    return jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s.spec), tree)
+def _unpack(buffer: np.ndarray) -> tuple[dict, dict[str, np.ndarray]]:
+    """(header, {name: uint8 blob}) of a _pack buffer."""
+    size = int(buffer[:8].view(np.uint64)[0])
+    header = json.loads(buffer[8:8 + size].tobytes())
+    blobs, offset = {}, 8 + size
+    for name, nbytes in header.pop("blobs"):
+        blobs[name] = buffer[offset:offset + nbytes]
+        offset += nbytes
+    return header, blobs
 
 
-def _moved(tree, shardings):
-    """`tree`'s arrays copied onto `shardings` (the same devices in another order: a collective permute
-    between processes). Outside the caller's mesh context: jit refuses a context mesh whose device
-    order differs from its arguments', and here the two orders differ by design."""
-    with jax.set_mesh(None):
-        return jax.tree.map(jax.device_put, tree, shardings)
+def _passed_on(payload: np.ndarray, shift: int) -> np.ndarray:
+    """Every process's `payload` (uint8) delivered to process (i + shift) % n; returns what this one got.
+
+    A device-to-device copy (a collective permute of a [processes, bytes] array, one row per process
+    on its first device: NCCL on GPUs, gloo on CPU); every process calls it at the same point.
+    """
+    index, count = jax.process_index(), jax.process_count()
+    sizes = distributed.gather_ints([payload.size >> 20, payload.size & 0xFFFFF])  # MiB, bytes: int32-safe
+    lengths = [int(mib) << 20 | int(rest) for mib, rest in sizes]
+    width = max(max(lengths), 1)
+    firsts = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id) for p in range(count)]
+    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(firsts), ("process",)),
+                                          jax.sharding.PartitionSpec("process"))
+    row = np.zeros((1, width), np.uint8)
+    row[0, :payload.size] = payload
+    with jax.set_mesh(None):  # the caller's mesh context names its own devices; this mesh has one per process
+        rows = jax.make_array_from_process_local_data(sharding, row, (count, width))
+        moved = jax.jit(lambda x: jnp.roll(x, shift, axis=0), out_shardings=sharding)(rows)
+    received = np.asarray(moved.addressable_shards[0].data)[0]
+    return received[:lengths[(index - shift) % count]]
 
 
 class LocalTier:
@@ -137,7 +152,6 @@ class LocalTier:
         self._check_on_every_process(self._problem())
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-tier")
         self._pending: list[concurrent.futures.Future] = []
-        self._posted: str | None = None  # this process's data state key of the last save (removed at the next)
 
     def _problem(self) -> str | None:
         """Why this process cannot keep its tier in its directory (one line), else None; marks it as this run's."""
@@ -179,16 +193,11 @@ class LocalTier:
         self._pending.append(self._writer.submit(self._write, self.own, step, own, layout, self.index, data_state))
         if self.count == 1:
             return
-        rolled = _moved(state, jax.tree.map(lambda a: _on(_rolled(self.mesh), a.sharding), state))
-        peer, peer_layout = _host_shards(rolled)
+        received = _passed_on(_pack({"layout": layout, "data": data_state}, own), -1)  # the neighbour's
+        header, blobs = _unpack(received)
         neighbour = (self.index + 1) % self.count
-        if self._posted:
-            distributed.unpost(self._posted + "/")
-        self._posted = f"zaya_local_data/{step}/{self.index}"
-        distributed.post(self._posted, json.dumps(data_state))
-        peer_data = json.loads(distributed.wait_posted(f"zaya_local_data/{step}/{neighbour}",
-                                                       distributed.barrier_timeout_s()))
-        self._pending.append(self._writer.submit(self._write, self.peer, step, peer, peer_layout, neighbour, peer_data))
+        self._pending.append(self._writer.submit(self._write, self.peer, step, blobs, header["layout"], neighbour,
+                                                 header["data"]))
 
     def _write(self, directory: str, step: int, shards: dict, layout: list, owner: int, data_state: dict) -> None:
         """In the writer thread: one step directory, sealed and renamed into place; then retention."""
@@ -270,48 +279,45 @@ class LocalTier:
                 return int(step), [p for p in range(self.count) if step not in owns[p]]
         return None
 
-    def _read(self, directory: str, step: int, target):
-        """The arrays of `target` (ShapeDtypeStructs with shardings) from the shards in `directory`/`step`."""
+    def _files(self, directory: str, step: int) -> tuple[dict, dict[str, np.ndarray]]:
+        """({"layout", "data"}, {shard file name: uint8 contents}) of a saved step."""
         step_dir = os.path.join(directory, str(step))
-        layout = self._about(step_dir)["layout"]
+        with open(os.path.join(step_dir, "data", "state.json")) as f:
+            header = {"layout": self._about(step_dir)["layout"], "data": json.load(f)}
+        names = sorted(os.listdir(os.path.join(step_dir, "state")))
+        return header, {name: np.fromfile(os.path.join(step_dir, "state", name), np.uint8) for name in names}
+
+    @staticmethod
+    def _arrays(target, layout: list, blobs: dict[str, np.ndarray], where: str):
+        """The arrays of `target` (ShapeDtypeStructs with shardings) from this process's shards `blobs`."""
         leaves, tree = jax.tree.flatten(target)
         if len(leaves) != len(layout):
-            raise UserError(f"{step_dir} holds {len(layout)} arrays, this run's state has {len(leaves)}")
+            raise UserError(f"{where} holds {len(layout)} arrays, this run's state has {len(leaves)}")
         out = []
         for n, (leaf, (shape, dtype, keys)) in enumerate(zip(leaves, layout)):
             if tuple(shape) != leaf.shape or dtype != str(leaf.dtype):
-                raise UserError(f"{step_dir}: array {n} is {dtype}{shape}, this run's is {leaf.dtype}{list(leaf.shape)}")
-            files = {key: os.path.join(step_dir, "state", f"l{n}.s{k}") for k, key in enumerate(keys)}
+                raise UserError(f"{where}: array {n} is {dtype}{shape}, this run's is {leaf.dtype}{list(leaf.shape)}")
+            names = {key: f"l{n}.s{k}" for k, key in enumerate(keys)}
 
-            def read(index, shape=tuple(shape), dtype=leaf.dtype, files=files):
-                return np.fromfile(files[_index_key(index, shape)], dtype=dtype).reshape(_shape_of(index, shape))
-            out.append(jax.make_array_from_callback(tuple(shape), leaf.sharding, read))
+            def read(index, shape=leaf.shape, dtype=leaf.dtype, names=names):
+                return blobs[names[_index_key(index, shape)]].view(dtype).reshape(_shape_of(index, shape))
+            out.append(jax.make_array_from_callback(leaf.shape, leaf.sharding, read))
         return jax.tree.unflatten(tree, out)
 
     def restore(self, step: int, from_peer: list[int], target) -> tuple[object, dict]:
         """(state, this process's data iterator state) of `step` (agreed_step's), every process together.
-        `target`: a TrainState of ShapeDtypeStructs with this run's shardings."""
-        if not from_peer:
-            with open(os.path.join(self.own, str(step), "data", "state.json")) as f:
-                return self._read(self.own, step, target), json.load(f)
-        rolled = _rolled(self.mesh)
-        rolled_target = jax.tree.map(lambda t: jax.ShapeDtypeStruct(t.shape, t.dtype,
-                                                                    sharding=_on(rolled, t.sharding)), target)
-        neighbour = (self.index + 1) % self.count
-        if neighbour in from_peer:  # this process holds the shards the neighbour lost, and its data state
-            peer = self._read(self.peer, step, rolled_target)
-            with open(os.path.join(self.peer, str(step), "data", "state.json")) as f:
-                distributed.post(f"zaya_local_restore/{step}/{neighbour}", f.read())
-        else:
-            peer = jax.tree.map(lambda t: jax.make_array_from_callback(
-                t.shape, t.sharding, lambda index, t=t: np.zeros(_shape_of(index, t.shape), t.dtype)), rolled_target)
-        back = _moved(peer, jax.tree.map(lambda t: t.sharding, target))  # every process
-        if self.index in from_peer:
-            data = json.loads(distributed.wait_posted(f"zaya_local_restore/{step}/{self.index}",
-                                                      distributed.barrier_timeout_s()))
-            return back, data
-        with open(os.path.join(self.own, str(step), "data", "state.json")) as f:
-            return self._read(self.own, step, target), json.load(f)
+        `target`: a TrainState of ShapeDtypeStructs with this run's shardings. A process in `from_peer`
+        gets its files from the previous process's peer copy (_passed_on)."""
+        if from_peer:
+            neighbour = (self.index + 1) % self.count
+            payload = (_pack(*self._files(self.peer, step)) if neighbour in from_peer else np.zeros(0, np.uint8))
+            received = _passed_on(payload, 1)
+            if self.index in from_peer:
+                header, blobs = _unpack(received)
+                where = f"process {(self.index - 1) % self.count}'s peer copy of step {step}"
+                return self._arrays(target, header["layout"], blobs, where), header["data"]
+        header, blobs = self._files(self.own, step)
+        return self._arrays(target, header["layout"], blobs, os.path.join(self.own, str(step))), header["data"]
 
 
 def _shape_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -173,7 +173,7 @@ class Trainer:
     def _initial_state(self) -> tuple[TrainState, str]:
         point = self.checkpointer.resume_point(self.monitor.log)  # its run was checked: start_checks
         step = point[0] if point else None
-        local = self.local_tier and self.local_tier.agreed_step(-1 if step is None else step, self._log_on_every_process)
+        local = self.local_tier and self.local_tier.agreed_step(-1 if step is None else step, self._log_named)
         if local:
             return self._restore_local(*local)
         if point is not None and point[1] == "training":
@@ -385,6 +385,13 @@ class Trainer:
         self._log_on_every_process(
             f"signal {self.stopped_by}: saving step {step} and stopping" if trained else
             f"signal {self.stopped_by}: stopping at step {step} before training; nothing new to save")
+
+    def _log_named(self, message: str) -> None:
+        """A line that names its process already: logged by process 0, printed by the others."""
+        if self.is_main:
+            self.monitor.log(message)
+        else:
+            print(message, flush=True)
 
     def _log_on_every_process(self, message: str) -> None:
         self.monitor.log(message)
