@@ -12,9 +12,16 @@ time (`stall_s`, `local_stall_s`: the device-to-host copy; the write runs behind
 
   goodput(step_s, nodes, node_mtbf_h, restart_s, every, stall_s, local_every=0, local_stall_s=0.0)
       -> {"goodput", "failures_per_day", "lost_per_failure_s", "save_overhead", "failure_overhead"}
+  best_interval_s(stall_s, nodes, node_mtbf_h)
+      Young's interval sqrt(2 x stall x job MTBF): where the save stalls and the lost work balance
+
+The restart is taken as equally long from either tier (reading from local disk is faster than
+from shared storage; not modelled).
 """
 
 from __future__ import annotations
+
+import math
 
 
 def goodput(step_s: float, nodes: int, node_mtbf_h: float, restart_s: float, every: int, stall_s: float,
@@ -26,3 +33,8 @@ def goodput(step_s: float, nodes: int, node_mtbf_h: float, restart_s: float, eve
     failure = failures_per_s * (restart_s + lost_s)
     return {"goodput": max(0.0, 1 - save - failure), "failures_per_day": failures_per_s * 86400,
             "lost_per_failure_s": lost_s, "save_overhead": save, "failure_overhead": failure}
+
+
+def best_interval_s(stall_s: float, nodes: int, node_mtbf_h: float) -> float:
+    """Young's checkpoint interval in seconds for a save that stalls `stall_s` and a job MTBF of node_mtbf_h / nodes."""
+    return math.sqrt(2 * stall_s * node_mtbf_h * 3600 / nodes)
