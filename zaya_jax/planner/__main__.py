@@ -197,7 +197,8 @@ def render_prediction(prediction: dict) -> list[str]:
     if g:
         lines.append(f"goodput at a node MTBF of {g['node_mtbf_hours']:g} h ({g['nodes']} nodes, "
                      f"{g['persistent_only']['failures_per_day']:.1f} failures/day, restart {g['restart_s'] / 60:g} "
-                     f"min, mean step {g['step_s']:.3g} s, stalls {g['save_stall_s']:g} s persistent, {g['local_stall_s']:g} s "
+                     f"min, mean step {g['step_s']:.3g} s, stalls {g['save_stall_s']:g} s persistent, "
+                     f"{g['local_stall_s']:g} s "
                      f"local): persistent tier only (every {g['every']} steps) "
                      f"{g['persistent_only']['goodput']:.1%}; with the local tier (every {g['local_every']} steps) "
                      f"{g['with_local_tier']['goodput']:.1%}, at Young's interval for its stall (every "
@@ -219,7 +220,8 @@ def planned_goodput(config, prediction: dict, hw) -> dict:
     best = max(1, round(best_interval_s(local_stall, nodes, _MTBF.value) / step_s))
     common = dict(step_s=step_s, nodes=nodes, node_mtbf_h=_MTBF.value, restart_s=60 * _RESTART.value,
                   every=every, stall_s=_STALL.value)
-    return {"node_mtbf_hours": _MTBF.value, "nodes": nodes, "save_stall_s": _STALL.value, "local_stall_s": local_stall, "step_s": step_s, "restart_s": 60 * _RESTART.value,
+    return {"node_mtbf_hours": _MTBF.value, "nodes": nodes, "save_stall_s": _STALL.value, "local_stall_s": local_stall,
+            "step_s": step_s, "restart_s": 60 * _RESTART.value,
             "every": every, "local_every": local_every, "persistent_only": goodput(**common),
             "with_local_tier": goodput(**common, local_every=local_every, local_stall_s=local_stall),
             "best_local_every": best, "with_local_tier_at_best_interval": goodput(

@@ -249,7 +249,8 @@ class LocalTier:
             why = integrity.problem(step_dir, integrity.ITEMS["local"])
             if why is None:
                 about = self._about(step_dir)
-                if about["processes"] != self.count or about["mesh"] != dict(self.mesh.shape) or about["run"] != self.run:
+                shape = (about["processes"], about["mesh"], about["run"])
+                if shape != (self.count, dict(self.mesh.shape), self.run):
                     why = (f"saved by a job of {about['processes']} process(es) on mesh {about['mesh']}; this job has "
                            f"{self.count} on {dict(self.mesh.shape)}")
             if why is None:

@@ -8,9 +8,9 @@
                              and what start-up opened is closed again if it fails -- then builds
                              or restores the state:
                                newest local step every process can restore (checkpoint.local_dir,
-                               if newer than the persistent one)  >  latest checkpoint in workdir  >  init_model (a ZayaLM in memory,
-                               e.g. from a notebook)  >  train.init_from_checkpoint  >
-                               train.init_from_hf  >  fresh init (a DPO run's frozen reference
+                               if newer than the persistent one)  >  latest checkpoint in workdir  >
+                               init_model (a ZayaLM in memory, e.g. from a notebook)  >
+                               train.init_from_checkpoint  >  train.init_from_hf  >  fresh init (a DPO run's frozen reference
                                model is a copy of the weights it starts from)
                              on_log(record) sees every record written to metrics.jsonl (train,
                              eval, rollback, warning), as it is written: a live plot's hook
