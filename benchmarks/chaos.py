@@ -289,23 +289,28 @@ def tiers(root: str, steps: int, count: int, rng: random.Random) -> dict:
         workdir, local = Path(root) / f"tiers_{chains}", Path(root) / f"tiers_{chains}_local"
         tier = (f"--config.checkpoint.local_dir={local}", f"--config.checkpoint.local_every={LOCAL_EVERY}")
         while True:
+            before = len(all_losses(workdir))  # this attempt's records come after these
             job = Job(workdir, *run, *tier)
             killing = len(trials) < count
             if killing:
-                beyond = rng.randint(1, steps - 2)
                 try:
-                    job.wait_for_step(beyond)
-                except AssertionError:  # the job ended first
+                    job.wait_for("start at step ")
+                    beyond = rng.randint(start_step(job.output(0)) + 1, steps - 1)
+                    deadline = time.time() + 600
+                    while max((s for s, _ in all_losses(workdir)[before:]), default=-1) < beyond:
+                        job.check_running(deadline, f"never logged step {beyond}")
+                        time.sleep(0.05)
+                except (AssertionError, ValueError):  # the job ended first (or started at its last step)
                     killing = False
             if killing:
                 time.sleep(rng.uniform(0, 1.5))
-                logged = max((s for s, _ in all_losses(workdir)), default=0)
+                logged = max(s for s, _ in all_losses(workdir)[before:])
                 for i in (0, 1):
                     job.signal(i, signal.SIGKILL)
             codes, _ = job.finish(timeout=600)
             start = start_step(job.output(0))
             if trials and trials[-1]["restored"] is None and start is not None:
-                trials[-1].update(restored=start, lost_steps=trials[-1]["logged"] - start,
+                trials[-1].update(restored=start, lost_steps=trials[-1]["newest_step_logged"] - start,
                                   from_local="restored local step" in job.output(0))
             if codes == [0, 0]:
                 break
@@ -320,7 +325,7 @@ def tiers(root: str, steps: int, count: int, rng: random.Random) -> dict:
                 saved = integrity.steps_in(str(victim))
                 if saved:
                     flip_bytes_of_item(victim / str(saved[0]), "state")
-            trials.append({"chain": chains, "killed_after_step": beyond, "logged": logged, "tier_loss": loss,
+            trials.append({"chain": chains, "killed_after_step": beyond, "newest_step_logged": logged, "tier_loss": loss,
                            "restored": None})
         logged = all_losses(workdir)
         wrong += [(chains, s) for s, value in logged if abs(value - reference[s]) > 1e-6 * abs(reference[s])]
