@@ -2,7 +2,8 @@
 stops of a 2-process job. Writes benchmarks/results/chaos_cpu.json.
 
   python benchmarks/chaos.py [--kills 30] [--commit-kills 10] [--steps 60]
-  python benchmarks/chaos.py --only stops   # one phase (kills, commit_kills, damage, stops) into the existing file
+  python benchmarks/chaos.py --only stops   # one phase (kills, commit_kills, damage, stops, tiers) into the existing file
+  python benchmarks/chaos.py --only tiers [--tier-kills 6]
 
 1. Kills: one workdir, restarted after each SIGKILL until the run finishes (then a new one). Most
    kills land 1 to 8 steps into a run plus a random fraction of a step (some during an
@@ -28,6 +29,13 @@ stops of a 2-process job. Writes benchmarks/results/chaos_cpu.json.
    same step (or, for a signal while the processes build their state, both saying they stop during
    start-up, nothing saved). Also timed: the per-step stop agreement (an all-gather of one int32) against the
    step itself, from the same job's metrics (the machine was shared: ratios, not absolutes).
+5. Tiers (checkpoint.local_dir, 2 processes x 1 CPU device, fsdp=2, local tier every 2 steps, persistent
+   every 4): each attempt is SIGKILLed (both processes) at a random instant after a random step, then a
+   random tier loss: none, one process's whole local directory deleted (a replaced node), or one
+   process's newest own copy damaged (flipped bytes); the restart must resume (0 runs lost), every
+   loss any attempt logged must equal an uninterrupted run's of the same mesh shape (one process,
+   fsdp=2) to 1e-6 relative (0 silently wrong), and the work lost per failure (the newest step logged
+   before the kill minus the step restored) is recorded.
 """
 
 from __future__ import annotations
@@ -47,7 +55,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.train_helpers import DAMAGE, REPO, WRAPPER, Job, cli_env, free_port, run_train  # noqa: E402
+from tests.train_helpers import (DAMAGE, REPO, WRAPPER, Job, cli_env, flip_bytes_of_item, free_port,  # noqa: E402
+                                 run_train)
 from zaya_jax.errors import EXIT_PREEMPTED, EXIT_USER_ERROR  # noqa: E402
 from zaya_jax.train import integrity  # noqa: E402
 
@@ -267,7 +276,69 @@ def agreement_cost(workdir: str) -> dict:
             "ratio_to_step": max(per_call) / step_seconds}
 
 
-PHASES = ("kills", "commit_kills", "damage", "stops")
+def tiers(root: str, steps: int, count: int, rng: random.Random) -> dict:
+    """SIGKILLs of a 2-process job with a local tier, each followed by a random tier loss and a restart."""
+    run = (*FAST, "--config.mesh.fsdp=2", f"--config.train.steps={steps}", f"--config.checkpoint.every_steps={EVERY}")
+    reference_dir = os.path.join(root, "tiers_reference")
+    result = run_train(reference_dir, *run)
+    assert result.returncode == 0, result.stderr[-3000:]
+    reference = dict(all_losses(reference_dir))
+    trials, chains, wrong, lost_runs = [], 0, [], 0
+    while len(trials) < count:
+        chains += 1
+        workdir, local = Path(root) / f"tiers_{chains}", Path(root) / f"tiers_{chains}_local"
+        tier = (f"--config.checkpoint.local_dir={local}", f"--config.checkpoint.local_every={LOCAL_EVERY}")
+        while True:
+            before = len(all_losses(workdir))  # this attempt's records come after these
+            job = Job(workdir, *run, *tier)
+            killing = len(trials) < count
+            if killing:
+                try:
+                    job.wait_for("start at step ")
+                    beyond = rng.randint(start_step(job.output(0)) + 1, steps - 1)
+                    deadline = time.time() + 600
+                    while max((s for s, _ in all_losses(workdir)[before:]), default=-1) < beyond:
+                        job.check_running(deadline, f"never logged step {beyond}")
+                        time.sleep(0.05)
+                except (AssertionError, ValueError):  # the job ended first (or started at its last step)
+                    killing = False
+            if killing:
+                time.sleep(rng.uniform(0, 1.5))
+                logged = max(s for s, _ in all_losses(workdir)[before:])
+                for i in (0, 1):
+                    job.signal(i, signal.SIGKILL)
+            codes, _ = job.finish(timeout=600)
+            start = start_step(job.output(0))
+            if trials and trials[-1]["restored"] is None and start is not None:
+                trials[-1].update(restored=start, lost_steps=trials[-1]["newest_step_logged"] - start,
+                                  from_local="restored local step" in job.output(0))
+            if codes == [0, 0]:
+                break
+            if not killing or any(code not in (-signal.SIGKILL, -signal.SIGABRT) for code in codes):
+                lost_runs += 1
+                break
+            loss = rng.choice(["none", "process_0 directory", "process_1 directory", "damaged own copy"])
+            if loss.endswith("directory"):
+                shutil.rmtree(local / loss.split()[0], ignore_errors=True)
+            elif loss == "damaged own copy":
+                victim = local / f"process_{rng.randint(0, 1)}" / "own"
+                saved = integrity.steps_in(str(victim))
+                if saved:
+                    flip_bytes_of_item(victim / str(saved[0]), "state")
+            trials.append({"chain": chains, "killed_after_step": beyond, "newest_step_logged": logged, "tier_loss": loss,
+                           "restored": None})
+        logged = all_losses(workdir)
+        wrong += [(chains, s) for s, value in logged if abs(value - reference[s]) > 1e-6 * abs(reference[s])]
+    finished = [t for t in trials if t["restored"] is not None]
+    return {"kills": len(trials), "chains": chains, "runs_lost": lost_runs, "silently_wrong_steps": wrong,
+            "restores_from_local": sum(t["from_local"] for t in finished),
+            "max_lost_steps": max((t["lost_steps"] for t in finished), default=None),
+            "mean_lost_steps": round(sum(t["lost_steps"] for t in finished) / max(len(finished), 1), 2),
+            "local_every": LOCAL_EVERY, "persistent_every": EVERY, "trials": trials}
+
+
+LOCAL_EVERY = 2
+PHASES = ("kills", "commit_kills", "damage", "stops", "tiers")
 
 
 def main() -> None:
@@ -276,6 +347,7 @@ def main() -> None:
     parser.add_argument("--commit-kills", type=int, default=10)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tier-kills", type=int, default=6)
     parser.add_argument("--only", choices=PHASES, help="re-run one phase, into the existing results file")
     args = parser.parse_args()
     if args.commit_kills * EVERY >= args.steps:
@@ -289,11 +361,11 @@ def main() -> None:
         with open(RESULT) as f:
             out = json.load(f)
     reference_dir = os.path.join(root, "reference")
-    if args.only != "stops":
+    if args.only not in ("stops", "tiers"):
         result = run_train(reference_dir, *FAST, f"--config.train.steps={args.steps}",
                            f"--config.checkpoint.every_steps={EVERY}")
         assert result.returncode == 0, result.stderr[-3000:]
-    reference = dict(all_losses(reference_dir)) if args.only != "stops" else {}
+    reference = dict(all_losses(reference_dir)) if args.only not in ("stops", "tiers") else {}
     for phase in PHASES if args.only is None else (args.only,):
         if phase == "kills":
             out["kill_trials"] = kills(root, args.steps, args.kills, reference, random.Random(args.seed))
@@ -301,8 +373,10 @@ def main() -> None:
             out["commit_kills"] = commit_kills(root, args.steps, args.commit_kills, reference)
         elif phase == "damage":
             out["damage"] = damage(root, reference_dir, args.steps, reference)
-        else:
+        elif phase == "stops":
             out["multihost_stops"] = stops(root)
+        else:
+            out["tiers"] = tiers(root, 16, args.tier_kills, random.Random(args.seed))
         _write(out)
     out["summary"] = summary(out, wall_seconds=round(time.time() - started) if args.only is None else None)
     _write(out)
@@ -319,6 +393,9 @@ def summary(out: dict, wall_seconds: int | None) -> dict:
                 "silently_wrong_steps_after_commit_kills": len(c["silently_wrong_steps"])} if c else {}),
             "damage_variants_ok": f"{sum(v['ok'] for v in out['damage'].values())}/{len(out['damage'])}",
             **stop_summary(out["multihost_stops"]),
+            **({"tier_kills": out["tiers"]["kills"], "tier_runs_lost": out["tiers"]["runs_lost"],
+                "tier_silently_wrong_steps": len(out["tiers"]["silently_wrong_steps"]),
+                "tier_max_lost_steps": out["tiers"]["max_lost_steps"]} if "tiers" in out else {}),
             "wall_seconds": wall_seconds if wall_seconds is not None else out.get("summary", {}).get("wall_seconds")}
 
 

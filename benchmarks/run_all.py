@@ -27,6 +27,7 @@ RUNS: dict[str, list[str]] = {
     "chaos_cpu": ["chaos.py"],
     "blocks_vs_hf_cpu": ["blocks_vs_hf.py"],
     "checkpoint_save_cpu": ["checkpoint_save.py"],
+    "checkpoint_tiers_cpu": ["checkpoint_tiers.py"],
     "data_pipeline_cpu": ["data_pipeline.py"],
     "demo_run_cpu_py311": ["demo_run.py"],
     "demo_run_cpu_py312": ["demo_run.py"],

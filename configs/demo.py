@@ -19,7 +19,7 @@ import ml_collections
 
 from zaya_jax.config_files import model_section
 from zaya_jax.data import demo_data_config
-from zaya_jax.train.settings import eval_section
+from zaya_jax.train.settings import checkpoint_section, eval_section
 
 STEPS = (100, 100, 60)  # global batches per phase
 BATCH = 8               # rows per global batch (the demo data config's 16, halved for speed)
@@ -53,7 +53,7 @@ def get_config():
         muon_distributed=False,
     ))
     config.balancing = ml_collections.ConfigDict(dict(enabled=True, rate=1e-2, b1=0.9, b2=0.999, include_skip=False))
-    config.checkpoint = ml_collections.ConfigDict(dict(every_steps=100, max_to_keep=2, async_save=True))
+    config.checkpoint = checkpoint_section(every_steps=100, max_to_keep=2, async_save=True)
     config.dpo = ml_collections.ConfigDict(dict(beta=0.1, label_smoothing=0.0, rpo_alpha=0.0))
     config.eval = eval_section(every_steps=100, max_batches=2)
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=1,

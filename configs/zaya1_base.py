@@ -26,7 +26,7 @@ import ml_collections
 
 from zaya_jax.config_files import model_section
 from zaya_jax.data import parse_phases, zaya1_base_data_config
-from zaya_jax.train.settings import eval_section
+from zaya_jax.train.settings import checkpoint_section, eval_section
 
 
 def get_config():
@@ -54,7 +54,7 @@ def get_config():
         muon_distributed=True,
     ))
     config.balancing = ml_collections.ConfigDict(dict(enabled=True, rate=1e-3, b1=0.9, b2=0.999, include_skip=False))
-    config.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, max_to_keep=3, async_save=True))
+    config.checkpoint = checkpoint_section(every_steps=1000, max_to_keep=3, async_save=True)
     config.dpo = ml_collections.ConfigDict(dict(beta=0.1, label_smoothing=0.0, rpo_alpha=0.0))
     config.eval = eval_section(every_steps=5000, max_batches=0)
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1, context=2,

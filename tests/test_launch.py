@@ -113,6 +113,10 @@ def test_job_resumes_and_saves_before_the_time_limit(name):
     workdir = re.search(r"^WORKDIR=(.*)$", text, re.M).group(1)
     assert "SLURM_JOB_ID" not in workdir and "%j" not in workdir   # the same directory on every submission
     assert args[args.index("--workdir") + 1] == "$WORKDIR"
+    # the node-local tier (docs/training.md section 5) in a directory that is the same on a requeue
+    assert "--config.checkpoint.local_dir=$LOCAL_DIR" in args and "--config.checkpoint.local_every=100" in args
+    local_dir = re.search(r"^LOCAL_DIR=(.*)$", text, re.M).group(1)
+    assert "SLURM_JOB_ID" not in local_dir and "%j" not in local_dir
 
 
 def run_local(*args: str, kfd: str) -> list[str]:

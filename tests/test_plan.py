@@ -9,6 +9,7 @@ import pytest
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.mesh import resolve_mesh_shape
+from zaya_jax.planner.goodput import best_interval_s, goodput
 from zaya_jax.planner.step_plan import StepShape, dispatch_numbers_per_layer, plan
 
 
@@ -150,3 +151,16 @@ def test_plan_search_with_bf16_gradient_reduction_leaves_out_the_meshes_the_trai
     done = _plan_cli("--config", "configs/demo.py", "--mesh", "data=2,fsdp=2,tensor=2", "--gradient_reduce_dtype",
                      "bfloat16")
     _assert_user_error(done, "mesh.gradient_reduce_dtype='bfloat16' runs on data with at most one other axis > 1")
+
+
+def test_goodput_is_the_first_order_failure_model_by_hand():
+    # 10 nodes at 100 h each: a failure every 36,000 s; each costs 360 s of restart plus half the
+    # restoring tier's interval (local: 10 steps of 1 s -> 5 s; persistent: 100 -> 50 s)
+    local = goodput(step_s=1, nodes=10, node_mtbf_h=100, restart_s=360, every=100, stall_s=1, local_every=10,
+                    local_stall_s=2)
+    assert local["failure_overhead"] == pytest.approx(365 / 36000)
+    assert local["save_overhead"] == pytest.approx(1 / 100 + 2 / 10)
+    assert local["goodput"] == pytest.approx(1 - 0.21 - 365 / 36000)
+    plain = goodput(step_s=1, nodes=10, node_mtbf_h=100, restart_s=360, every=100, stall_s=1)
+    assert plain["goodput"] == pytest.approx(1 - 0.01 - 410 / 36000) and plain["failures_per_day"] == pytest.approx(2.4)
+    assert best_interval_s(2, 10, 100) == pytest.approx((2 * 2 * 36000) ** 0.5)

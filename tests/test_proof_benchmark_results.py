@@ -244,6 +244,32 @@ def test_chaos_kill_figures_are_the_results_file():
     assert commits["killed_by_sigkill"] == commits["committed_when_killed"] == commits["kills"]
 
 
+def test_checkpoint_tier_figures_are_the_results_file():
+    tiers = _load("checkpoint_tiers_cpu")
+    text = " ".join(_doc("training.md").split())
+    demo, small = tiers["saves"]["demo.py"], tiers["saves"]["bench_small.py"]
+    assert (f"the loop waits {demo['local']['blocking_s']:.3f} s for a local save against "
+            f"{demo['persistent']['blocking_s']:.3f} s for a persistent one on the demo's {demo['state_mb']} MB state "
+            f"({demo['local_vs_persistent_blocking']:.3f}x), {small['local']['blocking_s']:.3f} s against "
+            f"{small['persistent']['blocking_s']:.3f} s on bench_small's {small['state_mb']} MB "
+            f"({small['local_vs_persistent_blocking']:.3f}x)") in text
+    for key in ("goodput_1024_gpus", "goodput_1024_gpus_tenth_of_the_mtbf"):
+        g = tiers[key]
+        assert f"{100 * g['persistent_only']['goodput']:.2f}%" in text
+        assert f"{100 * g['with_local_tier']['goodput']:.2f}%" in text
+        assert f"({g['best_local_every']} steps) {100 * g['with_local_tier_at_best_interval']['goodput']:.2f}%" in text
+
+
+def test_chaos_tier_figures_are_the_results_file():
+    tiers = _load("chaos_cpu")["tiers"]
+    text = " ".join(_doc("training.md").split())
+    assert (f"{tiers['kills']} SIGKILLs of both processes at random instants" in text
+            and f"with {tiers['runs_lost']} runs lost and {len(tiers['silently_wrong_steps'])} steps whose loss" in text)
+    assert (f"{tiers['restores_from_local']} restarts restored a local step" in text
+            and f"was at most {tiers['max_lost_steps']} steps (mean {tiers['mean_lost_steps']:.1f})" in text)
+    assert tiers["max_lost_steps"] <= tiers["local_every"]
+
+
 def test_cpu_mfu_peak_is_the_measured_matmul_peak():
     from zaya_jax.train.metrics import CPU_PEAK_FLOPS
     measured = _load("train_step_cpu_native")["matmul_peak_gflops"] * 1e9

@@ -3,7 +3,8 @@
 Faults are injected from outside the product code: a wrapper script patches the loop's
 per-step seam (Trainer._after_step) or Orbax's final rename, then runs the CLI's main.
   KILL_AT_STEP=n KILL_SIGNAL=SIGKILL|SIGTERM   signal this process after step n (once the
-                                               checkpoints started so far are on disk)
+                                               checkpoints started so far, local tier's included,
+                                               are on disk)
   KILL_IN_SAVE=n                               SIGKILL while checkpoint n is being written (after
                                                its data, before Orbax renames it into place)
   KILL_AFTER_COMMIT=n                          SIGKILL the instant Orbax has renamed checkpoint n
@@ -52,6 +53,8 @@ read_only_at = int(os.environ.get("READ_ONLY_AT_STEP", -1))
 def after_step(self, step):
     if step == kill_at:
         self.checkpointer.wait()
+        if self.local_tier:
+            self.local_tier.wait()
         os.kill(os.getpid(), getattr(signal, os.environ["KILL_SIGNAL"]))
     if step >= poison_from:
         self.state = self.state.replace(params=jax.tree.map(lambda x: x * jnp.nan, self.state.params))
@@ -128,10 +131,9 @@ def train_losses(workdir) -> dict[int, float]:
 # -- damaged checkpoints: variant -> (damage a step directory, the reason a restore names) ---------------
 
 def _blob(step_dir, item):
-    """The largest array blob of `item` (OCDBT data file)."""
-    files = [os.path.join(root, n) for root, _, names in os.walk(os.path.join(step_dir, item)) for n in names
-             if os.sep + "d" + os.sep in os.path.join(root, n)]
-    return max(files, key=os.path.getsize)
+    """The largest array blob of `item` (an OCDBT data file; a local tier step's shard files have no OCDBT)."""
+    files = [os.path.join(root, n) for root, _, names in os.walk(os.path.join(step_dir, item)) for n in names]
+    return max([f for f in files if os.sep + "d" + os.sep in f] or files, key=os.path.getsize)
 
 
 def empty_folder(step_dir):

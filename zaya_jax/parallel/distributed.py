@@ -7,8 +7,9 @@
   with one task per GPU);
   nothing: a single process, jax.distributed is not started.
 `global_batch(local, mesh)` assembles the global batch from each process's rows.
-`broadcast_int` / `max_over_processes`: process 0's value / the largest value, on every process
-(the trainer's choice of checkpoint and its stop decision).
+`broadcast_int` / `max_over_processes` / `gather_ints`: process 0's value / the largest value /
+every process's list, on every process (the trainer's choice of checkpoint, its stop decision, the
+local tier's restore agreement).
 `barrier(name)`: waits for every process through the coordination service, not a device collective
 (see its docstring: why the trainer calls it after each compilation).
 `post(key, value)` / `posted(directory)` / `wait_posted(key)` / `unpost(directory)`: a key-value board every process reads
@@ -152,6 +153,15 @@ def broadcast_int(value: int) -> int:
         return value
     from jax.experimental import multihost_utils
     return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
+def gather_ints(values: list[int]) -> np.ndarray:
+    """[processes, len(values)]: every process's `values` (the same length everywhere), on every
+    process (a collective, as max_over_processes)."""
+    if jax.process_count() == 1:
+        return np.asarray([values], np.int64)
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(np.asarray(values, np.int32))).reshape(jax.process_count(), -1)
 
 
 def max_over_processes(value: int) -> int:

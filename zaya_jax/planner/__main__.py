@@ -42,6 +42,7 @@ from zaya_jax.infer.quantize import MODES
 from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES, check_mesh
 from zaya_jax.parallel.mesh import parse_mesh_flag, resolve_mesh_shape
+from zaya_jax.planner.goodput import best_interval_s, goodput
 from zaya_jax.planner.serve_plan import RESERVE_FRACTION, SERVE_ASSUMPTIONS, plan_serving
 from zaya_jax.planner.mesh_search import VISION_CONTEXT, mesh_name, search
 from zaya_jax.planner.phase_plan import (config_phases, grpo_step_fields, phase_mesh, phase_shape, plan_phase,
@@ -85,6 +86,15 @@ _RESERVE = flags.DEFINE_float("memory_reserve", RESERVE_FRACTION, "--serve: frac
                               "activations and workspace (not for weights or decode state).")
 _GROUP_SIZE = flags.DEFINE_integer("group_size", 64, "--serve: entries per scale of the int8/int4 weights "
                                    "(zaya_jax.infer.quantize).")
+_MTBF = flags.DEFINE_float("node_mtbf_hours", None, "With --hardware: goodput under node failures at this mean time "
+                           "between failures per node (Llama 3's report: about 6,335 h), with and without the local "
+                           "checkpoint tier (zaya_jax.planner.goodput).")
+_RESTART = flags.DEFINE_float("restart_minutes", 10.0, "--node_mtbf_hours: minutes from a failure to training again.")
+_STALL = flags.DEFINE_float("save_stall_s", 2.0, "--node_mtbf_hours: seconds a persistent save blocks the loop.")
+_LOCAL_STALL = flags.DEFINE_float("local_stall_s", None, "--node_mtbf_hours: seconds a local save blocks the loop "
+                                  "(default: twice --save_stall_s, its own copy and its neighbour's).")
+_LOCAL_EVERY = flags.DEFINE_integer("local_every", 0, "--node_mtbf_hours: the local tier's interval (default: the "
+                                    "config's checkpoint.local_every, else 100).")
 
 
 def _human(n: float) -> str:
@@ -183,8 +193,39 @@ def render_prediction(prediction: dict) -> list[str]:
     if run:
         lines.append(f"whole run: {run['tokens_total'] / 1e12:.2f}T tokens in {run['days_total']:.1f} days ("
                      + ", ".join(f"{d:.1f}" for d in run["days_per_phase"]) + " per phase)")
+    g = prediction.get("goodput")
+    if g:
+        lines.append(f"goodput at a node MTBF of {g['node_mtbf_hours']:g} h ({g['nodes']} nodes, "
+                     f"{g['persistent_only']['failures_per_day']:.1f} failures/day, restart {g['restart_s'] / 60:g} "
+                     f"min, mean step {g['step_s']:.3g} s, stalls {g['save_stall_s']:g} s persistent, "
+                     f"{g['local_stall_s']:g} s "
+                     f"local): persistent tier only (every {g['every']} steps) "
+                     f"{g['persistent_only']['goodput']:.1%}; with the local tier (every {g['local_every']} steps) "
+                     f"{g['with_local_tier']['goodput']:.1%}, at Young's interval for its stall (every "
+                     f"{g['best_local_every']} steps) {g['with_local_tier_at_best_interval']['goodput']:.1%}")
     lines.append("overlap assumptions: " + OVERLAP_ASSUMPTIONS)
     return lines
+
+
+def planned_goodput(config, prediction: dict, hw) -> dict:
+    """Goodput of the whole run (step time: the phases' mean, weighted by their steps) under --node_mtbf_hours."""
+    phases = [ph for ph in prediction["phases"] if "prediction" in ph]
+    if len(phases) != len(prediction["phases"]):
+        raise app.UsageError("--node_mtbf_hours needs every phase to fit the mesh (see the phases' errors)")
+    step_s = sum(ph["prediction"]["step_s"] * ph["steps"] for ph in phases) / sum(ph["steps"] for ph in phases)
+    nodes = max(1, phases[0]["devices"] // hw.devices_per_node)
+    every = config.checkpoint.every_steps
+    local_every = _LOCAL_EVERY.value or config.checkpoint.get("local_every", 0) or 100
+    local_stall = _LOCAL_STALL.value if _LOCAL_STALL.value is not None else 2 * _STALL.value
+    best = max(1, round(best_interval_s(local_stall, nodes, _MTBF.value) / step_s))
+    common = dict(step_s=step_s, nodes=nodes, node_mtbf_h=_MTBF.value, restart_s=60 * _RESTART.value,
+                  every=every, stall_s=_STALL.value)
+    return {"node_mtbf_hours": _MTBF.value, "nodes": nodes, "save_stall_s": _STALL.value, "local_stall_s": local_stall,
+            "step_s": step_s, "restart_s": 60 * _RESTART.value,
+            "every": every, "local_every": local_every, "persistent_only": goodput(**common),
+            "with_local_tier": goodput(**common, local_every=local_every, local_stall_s=local_stall),
+            "best_local_every": best, "with_local_tier_at_best_interval": goodput(
+                **common, local_every=best, local_stall_s=local_stall)}
 
 
 def render_serving(plans: list[dict]) -> list[str]:
@@ -426,6 +467,10 @@ def main(argv):
             check_vision_search(summary["search"])
     elif hw:
         summary["prediction"] = plan_phases(config, cfg, hw, mesh, devices, memory_gb)
+        if _MTBF.value:
+            summary["prediction"]["goodput"] = planned_goodput(config, summary["prediction"], hw)
+    if _MTBF.value and "prediction" not in summary:
+        raise app.UsageError("--node_mtbf_hours needs --hardware (and no --search): it uses the predicted step")
     print(json.dumps(summary, indent=2) if _JSON.value else render(summary))
 
 

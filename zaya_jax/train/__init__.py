@@ -10,6 +10,7 @@
   step.py        the jitted train step (micro-batches, clipping, non-finite skip) and eval step
   checkpoint.py  async Orbax checkpoints (model, train state, data iterator, config), verified restores
   integrity.py   the checksum manifest of a checkpoint step, and the newest step that passes it
+  local_tier.py  the node-local checkpoint tier: each process's shards and its neighbour's, agreed restores
   metrics.py     router statistics, model FLOPs, MFU
   monitor.py     metrics.jsonl, TensorBoard, progress bar, expert-load heatmap
   faults.py      rollback (and its budget) after non-finite steps; SIGTERM / SIGINT agreed by all processes

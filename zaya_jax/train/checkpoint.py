@@ -123,7 +123,7 @@ def _os_error(e: OSError) -> str:
     return f"{e.strerror} (errno {e.errno})"
 
 
-def _root_cause(error: BaseException) -> str:
+def root_cause(error: BaseException) -> str:
     """The operating system's error (text, errno, file) behind a failed write, else the error's first line."""
     seen, e = [], error
     while e is not None and e not in seen:
@@ -284,7 +284,7 @@ class Checkpointer:
             self._manager.save(step, args=args, force=True)
         except Exception as e:  # pylint: disable=broad-except
             raise CheckpointWriteError(f"checkpoint {step} could not be written to {self.directory}: "
-                                       f"{_root_cause(e)}") from None
+                                       f"{root_cause(e)}") from None
         finally:
             self._in_save = False
         self._pending = step
@@ -333,12 +333,12 @@ class Checkpointer:
             self._manager.check_for_errors()
         except Exception as e:  # pylint: disable=broad-except
             raise CheckpointWriteError(f"checkpoint {step} could not be written to {self.directory}: "
-                                       f"{_root_cause(e)}") from None
+                                       f"{root_cause(e)}") from None
 
     def _raise_share_errors(self, wait: bool) -> None:
         for error in self._sealer.errors(wait):
             raise CheckpointWriteError(f"the manifest of a checkpoint in {self.directory} could not be written: "
-                                       f"{_root_cause(error)}")
+                                       f"{root_cause(error)}")
 
     def close(self) -> None:
         """Finishes the last save, then releases Orbax's threads."""

@@ -21,8 +21,9 @@
                                    the newest step (or exactly `step`) whose `items` are whole,
                                    and [(step, problem)] of the newer steps passed over
 
-kind: "training" (items model, train, data, config: the trainer's checkpoints) or "model"
-(model, config: `convert to_orbax` and `save_model`). A training checkpoint missing its `train`
+kind: "training" (items model, train, data, config: the trainer's checkpoints), "model"
+(model, config: `convert to_orbax` and `save_model`) or "local" (state, data: one process's shards
+in the local tier, local_tier.py). A training checkpoint missing its `train`
 item is damaged, never mistaken for a model-only one. A DPO run's checkpoints also hold the
 optional item `reference` (the frozen reference model), and a run with a tokenizer the optional
 `tokenizer` (a copy of its file, carried_tokenizer.py); the manifest's `items` lists what the
@@ -39,7 +40,8 @@ MANIFEST = "zaya_manifest.json"
 # What Orbax writes at the top of a step when it commits it, after the manifest: the commit timestamp
 # (an update of _CHECKPOINT_METADATA) and the commit marker. Not listed (older manifests list them).
 COMMIT_RECORDS = ("_CHECKPOINT_METADATA", "commit_success.txt")
-ITEMS = {"training": ("model", "train", "data", "config"), "model": ("model", "config")}
+ITEMS = {"training": ("model", "train", "data", "config"), "model": ("model", "config"),
+         "local": ("state", "data")}
 OPTIONAL_ITEMS = ("reference", "tokenizer")
 _CHUNK = 1 << 22
 

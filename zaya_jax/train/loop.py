@@ -7,9 +7,10 @@
                              data (missing files are named here) -- all before any compilation,
                              and what start-up opened is closed again if it fails -- then builds
                              or restores the state:
-                               latest checkpoint in workdir  >  init_model (a ZayaLM in memory,
-                               e.g. from a notebook)  >  train.init_from_checkpoint  >
-                               train.init_from_hf  >  fresh init (a DPO run's frozen reference
+                               newest local step every process can restore (checkpoint.local_dir,
+                               if newer than the persistent one)  >  latest checkpoint in workdir  >
+                               init_model (a ZayaLM in memory, e.g. from a notebook)  >
+                               train.init_from_checkpoint  >  train.init_from_hf  >  fresh init (a DPO run's frozen reference
                                model is a copy of the weights it starts from)
                              on_log(record) sees every record written to metrics.jsonl (train,
                              eval, rollback, warning), as it is written: a live plot's hook
@@ -35,7 +36,7 @@ from zaya_jax.errors import UserError
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.parallel import distributed
 from zaya_jax.parallel.mesh import check_declared_platform, check_platform_support, make_mesh
-from zaya_jax.train import checkpoint, faults, integrity
+from zaya_jax.train import checkpoint, faults, integrity, local_tier
 from zaya_jax.train.checkpoint import Checkpointer, config_json, read_config, restore_model
 from zaya_jax.train.data import curriculum_extension, eval_batches, open_training_data, phases_of
 from zaya_jax.train.objectives import TokenObjective, zero_sums
@@ -130,6 +131,11 @@ class Trainer:
         self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), s.checkpoint,
                                          reference=self.objective.needs_reference)
         opened.push(self._close_checkpointer_unless_stopped)
+        self.local_tier = None  # checkpoint.local_dir: the node-local tier (local_tier.py)
+        if s.checkpoint.local_dir:
+            self.local_tier = local_tier.LocalTier(s.checkpoint.local_dir, s.checkpoint.local_max_to_keep, self.mesh,
+                                                   local_tier.run_id(self.workdir))
+            opened.callback(self.local_tier.close)
         self.monitor = Monitor(self.workdir, s.train.steps, progress_bar=s.monitor.progress_bar,
                                tensorboard=s.monitor.tensorboard, enabled=self.is_main)
         opened.callback(self.monitor.close)
@@ -167,6 +173,9 @@ class Trainer:
     def _initial_state(self) -> tuple[TrainState, str]:
         point = self.checkpointer.resume_point(self.monitor.log)  # its run was checked: start_checks
         step = point[0] if point else None
+        local = self.local_tier and self.local_tier.agreed_step(-1 if step is None else step, self._log_named)
+        if local:
+            return self._restore_local(*local)
         if point is not None and point[1] == "training":
             return self._restore(step), f"restored checkpoint {step}"
         if point is not None:
@@ -210,6 +219,14 @@ class Trainer:
                                 {"params": self.shardings.params, "biases": self.shardings.biases})
         model, _ = restore_model(directory, target, step)
         return model["params"], model["biases"]
+
+    def _restore_local(self, step: int, from_peer: list[int]) -> tuple[TrainState, str]:
+        """The state and data position of local step `step` (every process restores it together)."""
+        state, position = self.local_tier.restore(step, from_peer, with_shardings(self.abstract_state, self.shardings))
+        self.data.set_state(position)
+        peers = "".join(f"; process {p}'s shards from process {(p - 1) % jax.process_count()}'s peer copy"
+                        for p in from_peer)
+        return state, f"restored local step {step} ({self.settings.checkpoint.local_dir}{peers})"
 
     def _restore(self, step: int) -> TrainState:
         return self.checkpointer.restore(step, with_shardings(self.abstract_state, self.shardings), self.data)
@@ -265,6 +282,8 @@ class Trainer:
                     self.run_harness(step, phase.rope_theta)
                 if s.checkpoint.every_steps and step % s.checkpoint.every_steps == 0:
                     last_saved = self._save_unless_nonfinite(streak, last_saved)
+                if self.local_tier and step % s.checkpoint.local_every == 0 and not streak:
+                    self.local_tier.save(self.state, self.data.get_state())
                 window_start += time.perf_counter() - paused
             self._log_profile(self.profiler.stop(self.state))  # a run that ended inside the traced steps
             if self.stopped_by:
@@ -276,6 +295,8 @@ class Trainer:
             if last_saved != step and not (self.stopped_by and step == start):
                 self._save_unless_nonfinite(int(jax.device_get(self.state.nonfinite_streak)), last_saved)
             self.checkpointer.wait()
+            if self.local_tier:
+                self.local_tier.wait()
         self.monitor.draw_heatmap()
         self._summarize(step)
         return self.state
@@ -348,6 +369,10 @@ class Trainer:
         """At a step boundary, jointly with every process: raise a failed checkpoint write, or stop
         on a signal any process received (sets `stopped_by`)."""
         error = self.checkpointer.poll()
+        if error is None and self.local_tier:
+            failed = self.local_tier.poll()
+            error = failed and checkpoint.CheckpointWriteError(
+                f"a local checkpoint could not be written to {self.local_tier.home}: {checkpoint.root_cause(failed)}")
         decision = stop.agreed(failing=error is not None)
         if decision == faults.PEER_FAILED:
             raise error or checkpoint.CheckpointWriteError("another process failed to write its checkpoint")
@@ -360,6 +385,13 @@ class Trainer:
         self._log_on_every_process(
             f"signal {self.stopped_by}: saving step {step} and stopping" if trained else
             f"signal {self.stopped_by}: stopping at step {step} before training; nothing new to save")
+
+    def _log_named(self, message: str) -> None:
+        """A line that names its process already: logged by process 0, printed by the others."""
+        if self.is_main:
+            self.monitor.log(message)
+        else:
+            print(message, flush=True)
 
     def _log_on_every_process(self, message: str) -> None:
         self.monitor.log(message)
@@ -415,6 +447,8 @@ class Trainer:
     def close(self) -> None:
         self.profiler.stop()  # a run that raised inside the traced steps: one trace per process at a time
         self.checkpointer.close()
+        if self.local_tier:
+            self.local_tier.close()
         self.monitor.close()
         self.data.close()
         if self._lock is not None:

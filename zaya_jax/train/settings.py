@@ -48,7 +48,8 @@ below, and every error names the offending `section.field`):
               min_lr_ratio, b1, b2, eps, weight_decay, decay_embedding, grad_clip_norm (0: off),
               muon_momentum, muon_ns_steps, muon_nesterov, muon_rms_scale, muon_distributed
   balancing   enabled, rate, b1, b2, include_skip (whether the skip slot is balanced too)
-  checkpoint  every_steps (0: only at the end and on a signal), max_to_keep, async_save
+  checkpoint  every_steps (0: only at the end and on a signal), max_to_keep, async_save; local_dir,
+              local_every, local_max_to_keep (the node-local tier, local_tier.py; off when local_dir='')
   eval        every_steps (0: never), max_batches (0: data.eval.max_batches); harness_tasks (lm-eval
               tasks scored in the trainer's process, '' : none), harness_every_steps (0: at each
               checkpoint save), harness_limit (documents per task, 0: all), harness_include_path,
@@ -172,6 +173,9 @@ class CheckpointSettings:
     every_steps: int = 1000
     max_to_keep: int = 3
     async_save: bool = True
+    local_dir: str = ""     # node-local tier (local_tier.py): '' = none
+    local_every: int = 0    # steps between local saves (divides every_steps)
+    local_max_to_keep: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,6 +285,23 @@ def _section(config, section: str):
     return cls(**{k: _check_type(section, fields[k], v) for k, v in values.items()})
 
 
+def checkpoint_section(**values) -> ml_collections.ConfigDict:
+    """A config's `checkpoint` section: every CheckpointSettings field, its default unless given in
+    `values` (so --config.checkpoint.local_dir=... overrides any config)."""
+    return ml_collections.ConfigDict({**dataclasses.asdict(CheckpointSettings()), **values})
+
+
+def check_local_tier(c: CheckpointSettings) -> None:
+    """checkpoint.local_dir / local_every: both or neither; the persistent interval a multiple of the local one."""
+    if bool(c.local_dir) != bool(c.local_every):
+        raise ConfigError("checkpoint.local_dir and checkpoint.local_every go together: set both (e.g. "
+                          "--config.checkpoint.local_dir=/dev/shm/zaya --config.checkpoint.local_every=50) or neither")
+    if c.local_every and c.every_steps % c.local_every:
+        raise ConfigError(f"checkpoint.local_every={c.local_every} must divide checkpoint.every_steps="
+                          f"{c.every_steps} (the persistent tier saves at a multiple of the local interval): "
+                          f"choose a divisor of {c.every_steps}")
+
+
 def eval_section(**values) -> ml_collections.ConfigDict:
     """A config's `eval` section: every EvalSettings field, its default unless given in `values` (so any
     field can be overridden from the command line, e.g. --config.eval.harness_tasks=zaya_demo)."""
@@ -292,6 +313,7 @@ def settings_from_config(config) -> Settings:
     s = Settings(model=model_config(config), **{name: _section(config, name) for name in SECTIONS},
                  vision=vision_config(config))
     check_vision_run(s)
+    check_local_tier(s.checkpoint)
     if s.train.objective == "grpo":  # train.data is not read: the batches are sampled (grpo.prompts)
         check_grpo_run(s)
     elif s.train.data == "synthetic":

@@ -1,0 +1,102 @@
+"""The local checkpoint tier (checkpoint.local_dir, local_tier.py) on this CPU.
+
+A 2-process job (1 CPU device each, the state sharded fsdp=2 across them) saves its local tier
+every 2 steps and its persistent tier every 4; process 0 is SIGKILLed after step 7 and process 1
+with it, and process 0's whole local directory is deleted (a replaced node). The restart resumes
+from local step 6, not persistent step 4: process 0's shards come back from process 1's peer
+copy, and every loss any attempt logged equals an uninterrupted run's without a local tier (one
+process, 8 devices; to the last bits of float32: gloo sums in another order, as
+test_proof_kill_after_commit says). A damaged local copy is named and skipped, never restored; bad
+input ends in one `error:` line before training.
+"""
+
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from tests.test_cli_errors import assert_user_error
+from tests.test_proof_kill_after_commit import logged_losses
+from tests.train_helpers import RERUN_IF_OVERLOADED, Job, flip_bytes_of_item, run_train
+from zaya_jax.train import integrity
+
+STEPS, EVERY, LOCAL, KILL = 10, 4, 2, 7
+RUN = ("--config.optimizer.warmup_steps=1", "--config.optimizer.name=adamw", "--config.train.log_every_steps=1",
+       "--config.eval.every_steps=0", "--config.monitor.tensorboard=False", "--config.monitor.heatmap_every_steps=0",
+       "--config.mesh.fsdp=2", f"--config.train.steps={STEPS}", f"--config.checkpoint.every_steps={EVERY}")
+
+
+def tier(local_dir) -> tuple[str, ...]:
+    return (f"--config.checkpoint.local_dir={local_dir}", f"--config.checkpoint.local_every={LOCAL}")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run without a local tier: {step: loss}."""
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    result = run_train(workdir, *RUN)
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = dict(logged_losses(workdir))
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    return losses
+
+
+@pytest.mark.xdist_group("multiprocess")
+@pytest.mark.flaky(**RERUN_IF_OVERLOADED)
+def test_a_lost_node_resumes_from_the_newest_local_step_through_its_peer(reference, tmp_path):
+    workdir, local = tmp_path / "run", tmp_path / "local"
+    job = Job(workdir, *RUN, *tier(local), faults={"KILL_AT_STEP": KILL, "KILL_SIGNAL": "SIGKILL"})
+    deadline = time.time() + 300
+    while job.processes[0].poll() is None:
+        job.check_running(deadline, f"process 0 was not killed after step {KILL}") if time.time() > deadline else None
+        time.sleep(0.05)
+    job.signal(1, signal.SIGKILL)
+    codes, _ = job.finish()
+    assert codes[0] == -signal.SIGKILL, (codes, job.output(0)[-3000:], job.output(1)[-3000:])
+    assert integrity.steps_in(str(workdir / "checkpoints")) == [EVERY]  # the persistent tier is older
+    shutil.rmtree(local / "process_0")  # the replaced node's local storage
+
+    resumed = Job(workdir, *RUN, *tier(local))
+    codes, _ = resumed.finish(timeout=300)
+    assert codes == [0, 0], resumed.output(0)[-3000:] + resumed.output(1)[-3000:]
+    assert (f"start at step 6: restored local step 6 ({local}; process 0's shards from process 1's peer copy)"
+            in resumed.output(0)), resumed.output(0)[-3000:]
+    logged = logged_losses(workdir)
+    assert sorted({s for s, _ in logged}) == list(range(1, STEPS + 1))
+    assert [loss for _, loss in logged] == pytest.approx([reference[s] for s, _ in logged], rel=1e-6, abs=0)
+    assert sorted(os.listdir(local / "process_0" / "own")) == ["10", "8"]  # the new node keeps the tier again
+
+
+def test_a_damaged_local_copy_is_named_and_skipped(reference, tmp_path):
+    workdir, local = tmp_path / "run", tmp_path / "local"
+    killed = run_train(workdir, *RUN, *tier(local), faults={"KILL_AT_STEP": KILL, "KILL_SIGNAL": "SIGKILL"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    damaged = local / "process_0" / "own" / "6"
+    flip_bytes_of_item(damaged, "state")
+    finished = run_train(workdir, *RUN, *tier(local))
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert f"process 0: local step 6 in {damaged} skipped (state/" in finished.stdout
+    assert "fails its checksum" in finished.stdout
+    assert f"start at step {EVERY}: restored checkpoint {EVERY}" in finished.stdout  # local 4 is no newer
+    assert [(s, loss) for s, loss in logged_losses(workdir) if loss != reference[s]] == []
+
+
+def test_bad_local_tier_input_is_one_error_line_before_training(tmp_path):
+    assert_user_error(run_train(tmp_path / "a", *RUN, f"--config.checkpoint.local_dir={tmp_path}/l",
+                                "--config.checkpoint.local_every=3"),
+                      "checkpoint.local_every=3 must divide checkpoint.every_steps=4")
+    assert_user_error(run_train(tmp_path / "b", *RUN, f"--config.checkpoint.local_dir={tmp_path}/l"),
+                      "checkpoint.local_dir and checkpoint.local_every go together")
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    assert_user_error(run_train(tmp_path / "c", *RUN, *tier(blocked)), f"checkpoint.local_dir: {blocked}",
+                      "is not writable")
+    other = tmp_path / "other"
+    os.makedirs(other / "process_0" / "own" / "2")
+    (other / "process_0" / "run.json").write_text('{"run": "an-earlier-run"}')
+    done = run_train(tmp_path / "d", *RUN, *tier(other))
+    assert_user_error(done, "holds the local tier of another run (run id an-earlier-run", "empty that directory")
+    assert os.path.isdir(other / "process_0" / "own" / "2")  # nothing saved is lost
+    assert "step 1" not in done.stdout
