@@ -34,7 +34,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from benchmarks.common import stack  # noqa: E402
-from benchmarks.posttrain_demo import accuracy, train  # noqa: E402
+from benchmarks.posttrain_demo import accuracy, sft_run, train  # noqa: E402
 from zaya_jax.train.monitor import read_metrics  # noqa: E402
 
 LOGGED = ("reward", "reward_std", "frac_reward_zero_std", "completion_length", "clipped_completion_ratio", "kl",
@@ -94,10 +94,7 @@ def main():
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         root = os.path.abspath(args.workdir or tmp)
-        sft = os.path.abspath(args.sft) if args.sft else os.path.join(root, "demo_sft")
-        if not args.sft:
-            train("demo.py", os.path.join(root, "demo"), None)
-            train("demo_sft.py", sft, os.path.join(root, "demo"))
+        sft = sft_run(root, args.sft)
         before = accuracy(sft)
         runs = [one_seed(sft, before, os.path.join(root, f"demo_grpo_seed{seed}"), seed) for seed in seeds]
     print(json.dumps({

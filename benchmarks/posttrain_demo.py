@@ -52,6 +52,16 @@ def train(config: str, workdir: str, init_from: str | None, *overrides: str) -> 
     return round(wall, 1)
 
 
+def sft_run(root: str, given: str) -> str:
+    """The SFT demo run to start from: `given` (a finished configs/demo_sft.py run), else the
+    pretraining and SFT demos trained under `root` now."""
+    if given:
+        return os.path.abspath(given)
+    train("demo.py", os.path.join(root, "demo"), None)
+    train("demo_sft.py", os.path.join(root, "demo_sft"), os.path.join(root, "demo"))
+    return os.path.join(root, "demo_sft")
+
+
 def make_pairs(checkpoint: str, output: str) -> dict:
     """The DPO pairs of the README's command -> its summary with the wall time."""
     stdout, wall = run(["zaya_jax.preference_pairs", "--checkpoint", checkpoint, "--output", output])

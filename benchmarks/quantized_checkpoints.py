@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks.common import stack  # noqa: E402
-from benchmarks.posttrain_demo import run, train  # noqa: E402
+from benchmarks.posttrain_demo import run, sft_run  # noqa: E402
 from zaya_jax.config_files import load_config_file  # noqa: E402
 from zaya_jax.data import instruction_tasks  # noqa: E402
 from zaya_jax.data.tokenizer import Tokenizer  # noqa: E402
@@ -81,10 +81,7 @@ def main():
     tasks = instruction_tasks.tasks("heldout", 100, 0)
     with tempfile.TemporaryDirectory() as tmp:
         root = os.path.abspath(args.workdir or tmp)
-        sft = os.path.abspath(args.sft) if args.sft else os.path.join(root, "demo_sft")
-        if not args.sft:
-            train("demo.py", os.path.join(root, "demo"), None)
-            train("demo_sft.py", sft, os.path.join(root, "demo"))
+        sft = sft_run(root, args.sft)
         template = run_template(sft, None)
         results = {}
         for name, flags in EXPORTS.items():

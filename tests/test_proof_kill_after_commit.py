@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.train_helpers import RERUN_IF_OVERLOADED, Job, run_train
+from tests.train_helpers import RERUN_IF_OVERLOADED, Job, run_train, uninterrupted_losses
 from zaya_jax.train import integrity
 
 STEPS, EVERY = 12, 4
@@ -48,10 +48,7 @@ def assert_committed_and_sealed(workdir, step: int) -> None:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """An uninterrupted run: {step: loss}."""
-    workdir = tmp_path_factory.mktemp("uninterrupted")
-    result = run_train(workdir, *RUN)
-    assert result.returncode == 0, result.stderr[-3000:]
-    losses = dict(logged_losses(workdir))
+    losses = uninterrupted_losses(tmp_path_factory.mktemp("uninterrupted"), *RUN)
     assert sorted(losses) == list(range(1, STEPS + 1))
     return losses
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.test_cli_errors import assert_user_error
 from tests.test_proof_kill_after_commit import logged_losses
-from tests.train_helpers import RERUN_IF_OVERLOADED, Job, flip_bytes_of_item, run_train
+from tests.train_helpers import RERUN_IF_OVERLOADED, Job, flip_bytes_of_item, run_train, uninterrupted_losses
 from zaya_jax.train import integrity
 
 STEPS, EVERY, LOCAL, KILL = 10, 4, 2, 7
@@ -35,10 +35,7 @@ def tier(local_dir) -> tuple[str, ...]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """An uninterrupted run without a local tier: {step: loss}."""
-    workdir = tmp_path_factory.mktemp("uninterrupted")
-    result = run_train(workdir, *RUN)
-    assert result.returncode == 0, result.stderr[-3000:]
-    losses = dict(logged_losses(workdir))
+    losses = uninterrupted_losses(tmp_path_factory.mktemp("uninterrupted"), *RUN)
     assert sorted(losses) == list(range(1, STEPS + 1))
     return losses
 

@@ -117,6 +117,13 @@ def run_train(workdir, *overrides: str, config: str = "configs/tiny.py", faults:
                           preexec_fn=without_dac_override if unprivileged else None)
 
 
+def uninterrupted_losses(workdir, *overrides: str) -> dict[int, float]:
+    """A run of configs/tiny.py with `overrides` that must end well -> its {step: loss}."""
+    result = run_train(workdir, *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return train_losses(workdir)
+
+
 def train_losses(workdir) -> dict[int, float]:
     """{step: loss} from metrics.jsonl; a step logged again after a restart keeps its last loss."""
     losses = {}
