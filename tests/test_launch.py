@@ -134,6 +134,25 @@ def test_local_launch_gives_each_process_its_own_gpus(tmp_path):
         "[0] C= R=0,1 H=", "[1] C= R=2,3 H=", "[2] C= R=4,5 H=", "[3] C= R=6,7 H="]
 
 
+def test_local_launch_stops_the_job_when_a_process_fails_and_restarts_it(tmp_path):
+    """A failed process ends the others at once (one waiting forever would hang the job, as a peer
+    does in a collective); --restarts 1 starts the whole job once more (ZAYA_RESTART=1), which ends well."""
+    launch = ["bash", os.path.join(REPO, "launch/local.sh"), "2"]
+    marker = tmp_path / "failed_once"
+    command = ["bash", "-c", f'echo "start $ZAYA_RESTART"; if [ $ZAYA_PROCESS_ID = 1 ] && [ ! -e {marker} ]; then '
+               f'touch {marker}; exit 3; fi; [ $ZAYA_RESTART = 0 ] && exec sleep 600; echo ok']
+    done = subprocess.run([*launch, *command], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "a process exited with status 3; the job is stopped" in done.stderr
+    marker.unlink()
+    done = subprocess.run([*launch, "--restarts", "1", *command], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == ["[0] ok", "[0] start 0", "[0] start 1", "[1] ok", "[1] start 0",
+                                                "[1] start 1"]
+    assert "starts again (restart 1 of 1)" in done.stderr
+    bad = subprocess.run([*launch, "--restarts", "-1", "true"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--restarts must be a non-negative integer, got '-1'" in bad.stderr
+
+
 # -- SLURM: the devices each task drives, the XLA flags ---------------------------------------------
 
 SLURM_START = """
