@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -234,10 +235,15 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, cli
 
 
 def test_a_full_queue_answers_429_and_the_rest_are_served(server, client):
-    """3 slots and at most 4 waiting: of 12 requests sent at once, some are refused with 429."""
+    """3 slots and at most 4 waiting: of 12 requests sent at once, some are refused with 429. Each
+    holds its slot for 150 tokens (its cache's whole length), so the queue overflows however the
+    sends spread (with 40 tokens, a machine at load 4 spread them past the slots' turnover: no 429)."""
+    together = threading.Barrier(12)
+
     def send(i):
+        together.wait()
         try:
-            return completion(client, prompt_ids(10, i), 40, ignore_eos=True)[2]
+            return completion(client, prompt_ids(10, i), 150, ignore_eos=True)[2]
         except openai.RateLimitError:
             return 429
     with concurrent.futures.ThreadPoolExecutor(12) as pool:

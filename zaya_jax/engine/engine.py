@@ -33,11 +33,13 @@ width and patch bucket), skips the prefix cache, and then decodes among the othe
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 import logging
 import queue
 import threading
+import time
 from typing import Callable, NamedTuple
 
 import jax
@@ -126,6 +128,8 @@ class Engine:
         self._ids = itertools.count()
         self._lock = threading.RLock()
         self._work = threading.Condition(self._lock)
+        self._callers = 0  # threads waiting in _callers_turn (counted under _callers_lock)
+        self._callers_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._prompt_tokens = self._generated_tokens = 0
@@ -161,7 +165,7 @@ class Engine:
                 raise ValueError(str(err)) from None
         elif images:
             raise ValueError("images need a vision-language model (a ZayaVL); this engine serves a text model")
-        with self._lock:
+        with self._callers_turn():
             request = _Request(next(self._ids), prompt.astype(np.int32), params, stops, on_token, events,
                                padded=padded, images=batch)
             self._waiting.append(request)
@@ -170,7 +174,7 @@ class Engine:
 
     def cancel(self, request_id: int) -> bool:
         """End a waiting or running request now (its slot is free for the next step) -> whether it was found."""
-        with self._lock:
+        with self._callers_turn():
             for r in self._waiting:
                 if r.id == request_id:
                     self._waiting.remove(r)
@@ -185,7 +189,7 @@ class Engine:
     def stats(self) -> dict:
         """waiting, running, free_slots, prompt_tokens (prefilled), generated_tokens, and the prefix
         cache's hits, misses (per admitted request), tokens_reused, entries, bytes and evictions."""
-        with self._lock:
+        with self._callers_turn():
             running = sum(r is not None for r in self._rows)
             prefix = (self._prefix or PrefixCache(self.chunk, 0)).stats()  # all 0 without a prefix cache
             return dict(waiting=len(self._waiting), running=running, free_slots=self.slots - running,
@@ -201,7 +205,7 @@ class Engine:
         if graphdef != self._graphdef or isinstance(model, ZayaVL) != (self._vl is not None):
             raise ValueError("set_weights needs a model of the engine's architecture (an equal graph: same config "
                              "and layers); build a new Engine for another model")
-        with self._lock:
+        with self._callers_turn():
             if self.has_work():
                 raise RuntimeError("set_weights() runs on an idle engine: requests are running or waiting")
             self._params = params if self.mesh is None else place_params(params, self.mesh)
@@ -300,6 +304,25 @@ class Engine:
                 if self._stopping:
                     return
             self.step()
+            while self._callers and not self._stopping:  # their turn first: a lock is not fair, and the
+                time.sleep(1e-4)                           # loop would take it back before a woken caller runs
+
+    @contextlib.contextmanager
+    def _callers_turn(self):
+        """The engine's lock for submit, cancel, stats and set_weights, taken between two steps: the
+        background loop waits while a caller waits for it (without this, a loop that is never idle
+        kept the lock from callers: the server's requests and metrics stalled until the engine idled)."""
+        with self._callers_lock:
+            self._callers += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._callers_lock:
+                self._callers -= 1
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     # ---- inside a step --------------------------------------------------------------------------
     def _admit(self) -> None:
