@@ -153,6 +153,33 @@ def test_local_launch_stops_the_job_when_a_process_fails_and_restarts_it(tmp_pat
     assert bad.returncode == 2 and "--restarts must be a non-negative integer, got '-1'" in bad.stderr
 
 
+CRASHING_PROCESS = """
+from zaya_jax import cli
+from zaya_jax.parallel import distributed
+
+def main(argv):
+    distributed.initialize()
+    if distributed.jax.process_index() == 1:
+        raise RuntimeError("process 1 crashed")
+    distributed.barrier("waiting for process 1", timeout_s=600)
+
+cli.run(main)
+"""
+
+
+def test_a_process_that_crashes_exits_at_once_and_the_launcher_stops_the_job():
+    """An uncaught error in one process of a job (a gloo connection that timed out, a bug) prints its
+    traceback and exits 1 at once (cli.exit_failed_now), while process 0 waits at a barrier for it:
+    before, its exit ran jax.distributed's shutdown, which waited at a barrier process 0 never
+    reached, so the job hung and launch/local.sh could neither stop nor restart it."""
+    launch = ["bash", os.path.join(REPO, "launch/local.sh"), "2", "--devices-per-process", "1"]
+    done = subprocess.run([*launch, sys.executable, "-c", CRASHING_PROCESS], capture_output=True, text=True,
+                          timeout=90, cwd=REPO)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "[1] RuntimeError: process 1 crashed" in done.stdout
+    assert "a process exited with status 1; the job is stopped" in done.stderr
+
+
 # -- SLURM: the devices each task drives, the XLA flags ---------------------------------------------
 
 SLURM_START = """

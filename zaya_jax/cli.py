@@ -10,7 +10,9 @@ data.prepare:
   - a user error ends in `error: ...` lines (one or two: the input and the fix) and exit code 2:
     a `zaya_jax.errors.UserError` raised anywhere, an unknown or malformed flag or config
     override, a missing config file, `app.UsageError`; `--debug` shows the traceback instead;
-  - library logs (Orbax INFO lines) are quiet unless `--verbosity` asks for them.
+  - library logs (Orbax INFO lines) are quiet unless `--verbosity` asks for them;
+  - in one process of a multi-process job, any other error prints its traceback and exits 1 at
+    once (`exit_failed_now`): the job's launcher sees the failure and can stop and restart the job.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import os
 import pathlib
 import re
 import sys
+import traceback
 from typing import Callable, Sequence
 
 from absl import app, flags, logging
 
-from zaya_jax.errors import EXIT_USER_ERROR, UserError
+from zaya_jax.errors import EXIT_FAILED, EXIT_USER_ERROR, UserError
 
 _DEBUG = flags.DEFINE_bool("debug", False, "Show the traceback of an error (otherwise a user error is one "
                                            "`error:` line and exit code 2).")
@@ -138,5 +141,32 @@ def run(main: Callable[[list[str]], object], argv: Sequence[str] | None = None) 
             if _DEBUG.value:
                 raise
             sys.exit(report(err))
+        except Exception:
+            if in_multi_process_job():
+                exit_failed_now()
+            raise
 
     app.run(guarded, argv=argv, flags_parser=parse)
+
+
+def in_multi_process_job() -> bool:
+    """Whether this process is one of a jax.distributed job's (zaya_jax.parallel.distributed started it)."""
+    started = sys.modules.get("zaya_jax.parallel.distributed")
+    return started is not None and started.multi_process()
+
+
+def exit_failed_now() -> None:
+    """Prints the error being handled (its traceback) and exits EXIT_FAILED at once, skipping the
+    interpreter's teardown, for an error in one process of a multi-process job.
+
+    A normal exit runs jax.distributed's shutdown, which waits up to 300 s for every process at a
+    barrier the others never reach while they wait for this one in a collective: the failed process
+    hung instead of exiting (a gloo connection that timed out after 30 s did), and no launcher could
+    see the failure to stop and restart the job. Exiting at once also ends the others: process 0's
+    exit takes the coordination service with it and every other process aborts; another process's
+    exit is seen by the launcher (launch/local.sh, srun --kill-on-bad-exit), which stops the job.
+    """
+    traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_FAILED)

@@ -33,6 +33,7 @@ from zaya_jax.parallel.rules import batch_spec
 
 log = logging.getLogger(__name__)
 _STARTED = False
+_MULTI_PROCESS = False  # initialize() started jax.distributed (explicit or SLURM): this is one of several processes
 
 
 def _int_env(env: Mapping[str, str], name: str) -> int | None:
@@ -62,7 +63,7 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
 
     Must run before anything touches jax devices. Calling it again is a no-op.
     """
-    global _STARTED
+    global _STARTED, _MULTI_PROCESS
     env = os.environ if env is None else env
     coordinator = coordinator or env.get("ZAYA_COORDINATOR")
     num_processes = num_processes if num_processes is not None else _int_env(env, "ZAYA_NUM_PROCESSES")
@@ -91,8 +92,13 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         how = f"SLURM job {env['SLURM_JOB_ID']}: process {jax.process_index()} of {jax.process_count()}"
     else:
         how = "single process"
-    _STARTED = True
+    _STARTED, _MULTI_PROCESS = True, how != "single process"
     return how
+
+
+def multi_process() -> bool:
+    """Whether initialize() made this process one of a jax.distributed job's (never starts jax)."""
+    return _MULTI_PROCESS
 
 
 def slurm_local_device_ids(env: Mapping[str, str]) -> list[int] | None:

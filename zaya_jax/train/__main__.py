@@ -62,8 +62,13 @@ def main(argv):
         trainer.run()
     except (faults.TrainingFailed, CheckpointWriteError) as e:
         failure = f"{type(e).__name__}: {e}"
-    finally:
+    except BaseException as e:
+        if isinstance(e, Exception) and not isinstance(e, UserError) and cli.in_multi_process_job():
+            # close() could wait for the other processes' part of a save, which never comes: exit now
+            cli.exit_failed_now()
         trainer.close()
+        raise
+    trainer.close()
     if failure:
         print(failure, file=sys.stderr, flush=True)
         # Skip the interpreter's teardown: TensorStore's writes that were cut short would print a
