@@ -74,7 +74,7 @@ def measure(config_path: str, repeats: int) -> dict:
             times["persistent"].append(timed(lambda: persistent.save(state, data, config), persistent.wait))
             state = state.replace(step=state.step + 1)
             jax.block_until_ready(state)
-            times["local"].append(timed(lambda: local.save(state, data.get_state()), local.wait))
+            times["local"].append(timed(lambda: local.save(state, data.get_state(), config), local.wait))
     finally:
         persistent.close()
         local.close()

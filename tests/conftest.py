@@ -54,6 +54,7 @@ ONE_STACK = {
     "test_cli_errors.py": "the CLIs' error messages",
     "test_proof_local_tier.py::test_bad_local_tier_input": "the local tier's refusals (its saves and restores run "
                                                            "on both: the file's other tests)",
+    "test_proof_local_tier.py::test_a_local_step_from_another_config": "a refused local resume (its message)",
     "test_cli_convert.py": "convert's refusals and read-back messages",
     "test_config_and_loading_errors.py": "config and loading error messages",
     "test_config_overrides.py": "ml_collections overrides",

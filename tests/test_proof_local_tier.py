@@ -97,3 +97,17 @@ def test_bad_local_tier_input_is_one_error_line_before_training(tmp_path):
     assert_user_error(done, "holds the local tier of another run (run id an-earlier-run", "empty that directory")
     assert os.path.isdir(other / "process_0" / "own" / "2")  # nothing saved is lost
     assert "step 1" not in done.stdout
+
+
+def test_a_local_step_from_another_config_is_refused_before_training(tmp_path):
+    """Only local steps exist (the kill comes before the first persistent save), so the persistent
+    tier's resume checks see nothing; the local step's own saved config is checked the same way."""
+    workdir, local = tmp_path / "run", tmp_path / "local"
+    run = (*RUN[:-1], "--config.checkpoint.every_steps=8")
+    killed = run_train(workdir, *run, *tier(local), faults={"KILL_AT_STEP": 3, "KILL_SIGNAL": "SIGKILL"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert integrity.steps_in(str(workdir / "checkpoints")) == []
+    done = run_train(workdir, *run, *tier(local), "--config.optimizer.name=muon")
+    assert_user_error(done, f"resuming {local}/process_0/own step 2: its optimizer state was saved with "
+                            "optimizer.name='adamw'")
+    assert "step 3" not in done.stdout and os.listdir(local / "process_0" / "own") == ["2"]  # nothing lost

@@ -4,8 +4,8 @@
 
 Every K steps each process writes, without waiting for any other process's write:
   DIR/process_<i>/own/<step>/   its addressable shards of the whole TrainState (each distinct shard
-                                once: arrays replicated over its devices are written once) and its
-                                data iterator's state
+                                once: arrays replicated over its devices are written once), its
+                                data iterator's state and the run's config (as a persistent step's)
   DIR/process_<i>/peer/<step>/  the same for process (i+1) % n: each process packs its shards, their
                                 layout and its data state into one byte buffer and hands it to the
                                 process before it (_passed_on: a device-to-device collective permute
@@ -25,7 +25,10 @@ job of this shape wrote (same process count and mesh); the processes exchange th
 (distributed.gather_ints) and take the newest step newer than the persistent tier's for which
 every process p has its own copy or process p-1 holds p's as its peer copy. A process without
 its own copy (a replaced node, an emptied disk) gets its files back from the process before it,
-through the same hand-off the other way. Nothing usable (another process count or mesh, every
+through the same hand-off the other way. Before it, the config saved with the step must be one this
+config resumes (start_checks.check_resumable, as for a persistent step), and after it, the data
+iterator state each process restores one its iterator continues (state_problem): otherwise every
+process raises a ConfigError naming the step's directory, and nothing is deleted. Nothing usable (another process count or mesh, every
 copy of some process lost): the persistent tier, reshaped as before.
 
 Why not Orbax's emergency managers (orbax.checkpoint.experimental.emergency 0.12): they need a
@@ -176,30 +179,28 @@ class LocalTier:
         return None
 
     def _check_on_every_process(self, problem: str | None) -> None:
-        failing = distributed.gather_ints([int(problem is not None)])[:, 0]
-        if problem:
-            raise UserError(problem)
-        if failing.any():
-            raise UserError(f"checkpoint.local_dir: process {int(np.argmax(failing))} cannot keep its local tier "
-                            "(see its message)")
+        raise_on_every_process(problem, "checkpoint.local_dir: process {} cannot keep its local tier (see its message)")
 
     # -- saving ------------------------------------------------------------------------------------
-    def save(self, state, data_state: dict) -> None:
-        """Every process at the same step: starts writing `state`'s shards (own and the neighbour's) and
-        the data iterator state. Blocks for the device-to-host copies and the previous local save."""
+    def save(self, state, data_state: dict, config: dict) -> None:
+        """Every process at the same step: starts writing `state`'s shards (own and the neighbour's),
+        the data iterator state and `config` (checkpoint.config_json's record of the run, the same on
+        every process). Blocks for the device-to-host copies and the previous local save."""
         self.wait()
         step = int(jax.device_get(state.step))
         own, layout = _host_shards(state)
-        self._pending.append(self._writer.submit(self._write, self.own, step, own, layout, self.index, data_state))
+        self._pending.append(self._writer.submit(self._write, self.own, step, own, layout, self.index, data_state,
+                                                 config))
         if self.count == 1:
             return
         received = _passed_on(_pack({"layout": layout, "data": data_state}, own), -1)  # the neighbour's
         header, blobs = _unpack(received)
         neighbour = (self.index + 1) % self.count
         self._pending.append(self._writer.submit(self._write, self.peer, step, blobs, header["layout"], neighbour,
-                                                 header["data"]))
+                                                 header["data"], config))
 
-    def _write(self, directory: str, step: int, shards: dict, layout: list, owner: int, data_state: dict) -> None:
+    def _write(self, directory: str, step: int, shards: dict, layout: list, owner: int, data_state: dict,
+               config: dict) -> None:
         """In the writer thread: one step directory, sealed and renamed into place; then retention."""
         tmp, final = os.path.join(directory, f"{step}{TMP}"), os.path.join(directory, str(step))
         shutil.rmtree(tmp, ignore_errors=True)
@@ -212,7 +213,7 @@ class LocalTier:
         about = {"step": step, "process": owner, "processes": self.count, "mesh": dict(self.mesh.shape),
                  "run": self.run, "layout": layout}
         write_files(tmp, {"data/state.json": json.dumps(data_state).encode(),
-                          "data/about.json": json.dumps(about).encode()})
+                          "data/about.json": json.dumps(about).encode(), "data/config.json": json.dumps(config).encode()})
         integrity.write_manifest(tmp, "local")
         if os.path.isdir(final):  # a step saved again (after a restore from an older one)
             shutil.rmtree(final)
@@ -280,6 +281,16 @@ class LocalTier:
                 return int(step), [p for p in range(self.count) if step not in owns[p]]
         return None
 
+    def saved_config(self, step: int) -> tuple[str, dict] | None:
+        """(the directory holding it, the run config saved with `step`) from this process's own copy of
+        the step, else its peer copy (the same run's), or None when it holds neither."""
+        for directory in (self.own, self.peer):
+            path = os.path.join(directory, str(step), "data", "config.json")
+            if os.path.isfile(path):
+                with open(path) as f:
+                    return directory, json.load(f)
+        return None
+
     def _files(self, directory: str, step: int) -> tuple[dict, dict[str, np.ndarray]]:
         """({"layout", "data"}, {shard file name: uint8 contents}) of a saved step."""
         step_dir = os.path.join(directory, str(step))
@@ -323,3 +334,13 @@ class LocalTier:
 
 def _shape_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(len(range(*s.indices(dim))) for s, dim in zip(index, shape))
+
+
+def raise_on_every_process(problem: str | None, elsewhere: str) -> None:
+    """Every process together: raises UserError(`problem`) where it is not None, and on every other
+    process when some process has one (`elsewhere` with that process's index for {})."""
+    failing = distributed.gather_ints([int(problem is not None)])[:, 0]
+    if problem:
+        raise UserError(problem)
+    if failing.any():
+        raise UserError(elsewhere.format(int(np.argmax(failing))))

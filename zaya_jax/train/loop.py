@@ -28,6 +28,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from flax import nnx
 
@@ -44,9 +45,9 @@ from zaya_jax.train.metrics import expert_load, flops_per_token, peak_flops, rou
 from zaya_jax.train.monitor import HEATMAP_FILE, METRICS_FILE, Monitor
 from zaya_jax.train.profiling import StepProfiler
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
-from zaya_jax.train.start_checks import (ResumePoint, check_data_state, check_resumable, check_same_architecture,
-                                         check_start_rope_theta, checkpoint_to_start_from, load_hf_matching,
-                                         run_tokenizer)
+from zaya_jax.train.start_checks import (RESUME_FIX, ResumePoint, check_data_state, check_resumable,
+                                         check_same_architecture, check_start_rope_theta, checkpoint_to_start_from,
+                                         load_hf_matching, run_tokenizer)
 from zaya_jax.train.program import abstract_batch, build_program, check_mesh_divides_model, image_shape
 from zaya_jax.train.state import (ModelParts, TrainState, initial_state, merged, with_shardings,
                                   without_vision_lora)
@@ -221,20 +222,42 @@ class Trainer:
         return model["params"], model["biases"]
 
     def _restore_local(self, step: int, from_peer: list[int]) -> tuple[TrainState, str]:
-        """The state and data position of local step `step` (every process restores it together)."""
+        """The state and data position of local step `step` (every process restores it together),
+        checked as a persistent resume is: the config saved with it, then each process's data state
+        (a ConfigError on every process when one process finds a problem)."""
+        elsewhere = f"local step {step}: process {{}} cannot resume it (see its message)"
+        saved = self.local_tier.saved_config(step)
+        local_tier.raise_on_every_process(saved and self._local_resume_problem(step, *saved), elsewhere)
         state, position = self.local_tier.restore(step, from_peer, with_shardings(self.abstract_state, self.shardings))
+        problem = self.data.state_problem(position)
+        local_tier.raise_on_every_process(
+            problem and f"local step {step} of {self.local_tier.home}: its data iterator state {problem}: {RESUME_FIX}",
+            elsewhere)
         self.data.set_state(position)
         peers = "".join(f"; process {p}'s shards from process {(p - 1) % jax.process_count()}'s peer copy"
                         for p in from_peer)
         return state, f"restored local step {step} ({self.settings.checkpoint.local_dir}{peers})"
 
+    def _local_resume_problem(self, step: int, directory: str, config: dict) -> str | None:
+        """Why this config cannot resume local step `step` (its config saved in `directory`), or None."""
+        try:
+            check_resumable(ResumePoint(directory, step, "training", ml_collections.ConfigDict(config)), self.config,
+                            self.settings)
+        except ConfigError as err:
+            return str(err)
+        return None
+
     def _restore(self, step: int) -> TrainState:
         return self.checkpointer.restore(step, with_shardings(self.abstract_state, self.shardings), self.data)
 
     def save(self) -> int:
-        config = config_json(self.config, self.data.phase.rope_theta, self.data.chat_template,
-                             self.tokenizer and self.tokenizer.record())
-        return self.checkpointer.save(self.state, self.data, config, self.tokenizer and self.tokenizer.files())
+        return self.checkpointer.save(self.state, self.data, self._config_record(),
+                                      self.tokenizer and self.tokenizer.files())
+
+    def _config_record(self) -> dict:
+        """The run's config as a checkpoint keeps it (checkpoint.config_json, at the current phase)."""
+        return config_json(self.config, self.data.phase.rope_theta, self.data.chat_template,
+                           self.tokenizer and self.tokenizer.record())
 
     # -- loop -------------------------------------------------------------------------------
     def run(self) -> TrainState:
@@ -283,7 +306,7 @@ class Trainer:
                 if s.checkpoint.every_steps and step % s.checkpoint.every_steps == 0:
                     last_saved = self._save_unless_nonfinite(streak, last_saved)
                 if self.local_tier and step % s.checkpoint.local_every == 0 and not streak:
-                    self.local_tier.save(self.state, self.data.get_state())
+                    self.local_tier.save(self.state, self.data.get_state(), self._config_record())
                 window_start += time.perf_counter() - paused
             self._log_profile(self.profiler.stop(self.state))  # a run that ended inside the traced steps
             if self.stopped_by:
