@@ -156,6 +156,19 @@ def test_rollback_budget_ends_the_run_and_skipped_saves_are_logged(tmp_path):
     assert integrity.steps_in(str(tmp_path / "checkpoints")) == [2]
 
 
+def test_a_rollback_goes_to_the_newest_local_step_when_the_local_tier_is_newer(tmp_path):
+    """Local saves every 2 steps, persistent every 4: the parameters turn NaN after step 3, so the
+    persistent save of step 4 is skipped and the rollback at step 5 takes local step 2 (before the
+    local tier, there was no checkpoint to roll back to and the run failed)."""
+    result = run_train(tmp_path / "run", *SHORT, "--config.train.steps=8", "--config.checkpoint.every_steps=4",
+                       f"--config.checkpoint.local_dir={tmp_path}/local", "--config.checkpoint.local_every=2",
+                       "--config.train.max_nonfinite_streak=2", "--config.train.max_rollbacks=1",
+                       faults={"POISON_FROM_STEP": 3}, timeout=240)
+    assert result.returncode == EXIT_FAILED, result.stderr[-3000:]
+    assert "2 non-finite steps in a row at step 5: rolled back to local step 2" in result.stdout, result.stdout
+    assert "after 1 rollback(s)" in result.stderr.strip().splitlines()[-1]
+
+
 def test_a_failed_checkpoint_write_stops_the_run_at_the_next_step(tmp_path):
     result = run_train(tmp_path, *SHORT, "--config.train.steps=16", "--config.checkpoint.every_steps=8",
                        faults={"FSIZE_LIMIT_AT_STEP": 2})

@@ -456,15 +456,21 @@ class Trainer:
         faults.check_rollback_budget(self._rollbacks, self.settings.train.max_rollbacks, step, streak)
         self.checkpointer.wait()
         latest = self.checkpointer.newest_whole_training_step()
-        if latest is None:
+        local = self.local_tier and self.local_tier.agreed_step(-1 if latest is None else latest, self._log_named)
+        if latest is None and not local:
             raise faults.TrainingFailed(f"{streak} non-finite steps in a row at step {step} "
                                         "and no checkpoint to roll back to")
         self._rollbacks += 1
         position, skipped = self.data.get_state(), self.state.skipped_steps
-        self.state = self._restore(latest).replace(skipped_steps=skipped)  # skipped_steps counts the whole run
+        if local:  # newer than the persistent tier's (local saves skip non-finite steps too)
+            restored, _ = self.local_tier.restore(*local, with_shardings(self.abstract_state, self.shardings))
+            latest, origin = local[0], f"local step {local[0]}"
+        else:
+            restored, origin = self._restore(latest), f"checkpoint {latest}"
+        self.state = restored.replace(skipped_steps=skipped)  # skipped_steps counts the whole run
         self.data.set_state(position)  # keep reading forward: do not replay the batches that failed
         self._write({"kind": "rollback", "step": step, "restored_step": latest, "nonfinite_streak": streak})
-        self.monitor.log(f"{streak} non-finite steps in a row at step {step}: rolled back to checkpoint {latest}")
+        self.monitor.log(f"{streak} non-finite steps in a row at step {step}: rolled back to {origin}")
         return latest
 
     def close(self) -> None:
