@@ -40,11 +40,9 @@ def reference(tmp_path_factory):
     return losses
 
 
-@pytest.mark.xdist_group("multiprocess")
-@pytest.mark.flaky(**RERUN_IF_OVERLOADED)
-def test_a_lost_node_resumes_from_the_newest_local_step_through_its_peer(reference, tmp_path):
-    workdir, local = tmp_path / "run", tmp_path / "local"
-    job = Job(workdir, *RUN, *tier(local), faults={"KILL_AT_STEP": KILL, "KILL_SIGNAL": "SIGKILL"})
+def killed_job(workdir, local, *run) -> None:
+    """A 2-process job with a local tier, process 0 SIGKILLed after step KILL and process 1 with it."""
+    job = Job(workdir, *run, *tier(local), faults={"KILL_AT_STEP": KILL, "KILL_SIGNAL": "SIGKILL"})
     deadline = time.time() + 300
     while job.processes[0].poll() is None:
         job.check_running(deadline, f"process 0 was not killed after step {KILL}") if time.time() > deadline else None
@@ -52,18 +50,46 @@ def test_a_lost_node_resumes_from_the_newest_local_step_through_its_peer(referen
     job.signal(1, signal.SIGKILL)
     codes, _ = job.finish()
     assert codes[0] == -signal.SIGKILL, (codes, job.output(0)[-3000:], job.output(1)[-3000:])
-    assert integrity.steps_in(str(workdir / "checkpoints")) == [EVERY]  # the persistent tier is older
-    shutil.rmtree(local / "process_0")  # the replaced node's local storage
 
-    resumed = Job(workdir, *RUN, *tier(local))
+
+def resumed_job(workdir, local, reference, *run) -> str:
+    """The restarted job, run to the end: process 0's output, once every logged loss equals `reference`'s."""
+    resumed = Job(workdir, *run, *tier(local))
     codes, _ = resumed.finish(timeout=300)
     assert codes == [0, 0], resumed.output(0)[-3000:] + resumed.output(1)[-3000:]
-    assert (f"start at step 6: restored local step 6 ({local}; process 0's shards from process 1's peer copy)"
-            in resumed.output(0)), resumed.output(0)[-3000:]
     logged = logged_losses(workdir)
     assert sorted({s for s, _ in logged}) == list(range(1, STEPS + 1))
     assert [loss for _, loss in logged] == pytest.approx([reference[s] for s, _ in logged], rel=1e-6, abs=0)
+    return resumed.output(0)
+
+
+@pytest.mark.xdist_group("multiprocess")
+@pytest.mark.flaky(**RERUN_IF_OVERLOADED)
+def test_a_lost_node_resumes_from_the_newest_local_step_through_its_peer(reference, tmp_path):
+    workdir, local = tmp_path / "run", tmp_path / "local"
+    killed_job(workdir, local, *RUN)
+    assert integrity.steps_in(str(workdir / "checkpoints")) == [EVERY]  # the persistent tier is older
+    shutil.rmtree(local / "process_0")  # the replaced node's local storage
+    output = resumed_job(workdir, local, reference, *RUN)
+    assert (f"start at step 6: restored local step 6 ({local}; process 0's shards from process 1's peer copy)"
+            in output), output[-3000:]
     assert sorted(os.listdir(local / "process_0" / "own")) == ["10", "8"]  # the new node keeps the tier again
+
+
+@pytest.mark.xdist_group("multiprocess")
+@pytest.mark.flaky(**RERUN_IF_OVERLOADED)
+def test_local_tiers_that_disagree_resume_from_the_newest_step_every_process_holds(reference, tmp_path):
+    """No persistent step before the kill (every 8 steps); process 1 lost its step 6 and process 0
+    its peer copy of it (a kill in the middle of a local save leaves such tiers), so step 6 cannot be
+    restored everywhere: every process takes local step 4, process 0 although it holds its own 6."""
+    workdir, local = tmp_path / "run", tmp_path / "local"
+    run = (*RUN[:-1], "--config.checkpoint.every_steps=8")
+    killed_job(workdir, local, *run)
+    assert integrity.steps_in(str(workdir / "checkpoints")) == []
+    shutil.rmtree(local / "process_1" / "own" / "6")
+    shutil.rmtree(local / "process_0" / "peer" / "6")
+    output = resumed_job(workdir, local, reference, *run)
+    assert f"start at step 4: restored local step 4 ({local})" in output, output[-3000:]
 
 
 def test_a_damaged_local_copy_is_named_and_skipped(reference, tmp_path):
