@@ -103,6 +103,24 @@ def test_evaluate_and_convert_use_the_phase_rope_theta(demo_run, demo_export):
     assert losses[0] == pytest.approx(losses[1], rel=1e-7) and len(losses[0]) == 3
 
 
+def test_evaluate_scores_a_quantized_export(demo_run, demo_export, tmp_path):
+    """`evaluate --hf` on the demo run's FP8 export: its weights dequantized onto the evaluation mesh (a
+    traceback before: quantized leaves do not take the float weights' shardings). The losses are the
+    float export's within FP8's error, and not equal to them (the FP8 weights were scored)."""
+    workdir, _ = demo_run
+    out = tmp_path / "fp8"
+    exported = cli("zaya_jax.convert", "to_hf", "--checkpoint", workdir, "--out", out, "--quantize", "fp8",
+                   "--fp8_block", "16")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    scores = []
+    for directory in (out, demo_export[0]):
+        done = cli("zaya_jax.evaluate", "--hf", directory, "--config", "configs/demo.py", *SMALL_DEMO,
+                   f"--config.data.demo.cache_dir={workdir.parent / 'corpus'}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        scores.append({source: r["loss"] for source, r in json.loads(done.stdout)["results"].items()})
+    assert scores[0] == pytest.approx(scores[1], rel=2e-2) and scores[0] != scores[1]
+
+
 def test_convert_says_what_its_read_back_check_found(demo_export):
     line = next(ln for ln in demo_export[1].splitlines() if ln.startswith("checked:"))
     found = re.fullmatch(r"checked: the native export read back gives every architecture field and the source's "

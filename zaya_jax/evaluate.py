@@ -12,7 +12,8 @@ held-out batches), scored with the RoPE base of the curriculum phase the checkpo
 (--rope_theta overrides; for --hf the model config's). Held-out data prepared with another tokenizer
 than the one the checkpoint carries (the file its run was trained with) is refused. A
 vision-language run's checkpoint is scored on its held-out image_chat rows (the tower on their
-images). Prints one JSON object.
+images). An FP8 or MXFP4 HF checkpoint (its quantization_config) is scored on its quantized values,
+expanded to float on the mesh. Prints one JSON object.
 
 The weights are restored onto this process's mesh whatever mesh wrote them. Without --config,
 when the saved config's mesh does not fit this process's device count (a checkpoint trained on
@@ -98,8 +99,9 @@ def main(argv):
     shardings = {"params": to_shardings(parts.param_specs(mesh), mesh),
                  "biases": jax.sharding.NamedSharding(mesh, parts.biases_spec(mesh))}
     if _HF.value:
+        from zaya_jax.infer.quantize import dequantize_model
         hf_model = load_hf_matching(_HF.value, settings.model, "--hf")
-        params, biases = ModelParts.arrays(hf_model)
+        params, biases = ModelParts.arrays(dequantize_model(hf_model))  # an FP8 / MXFP4 export: its values, in float
         model = jax.device_put({"params": params, "biases": biases}, shardings)
         step, rope_theta = None, hf_model.config.rope_theta  # the RoPE base it was exported with
     else:
