@@ -151,6 +151,21 @@ def test_a_decode_block_stops_each_slot_on_device_and_equals_one_step_at_a_time(
     assert sum(made) == sum(len(f.tokens) - 1 for f, _ in got)
 
 
+def test_a_host_stop_runs_in_decode_blocks_and_drops_the_tokens_past_it(model, prompts):
+    """A stop predicate (what a stop string becomes) no longer makes every call one step: the block
+    runs, the host ends the request at the token the predicate names, and the tokens its slot made
+    after it are dropped; the responses equal one step at a time's."""
+    requests = [(prompts[4], SamplingParams(MAX_TOKENS, ignore_eos=True, stop=lambda t: len(t) == 6)),
+                (prompts[1], sampled(3)._replace(stop=lambda t: len(t) == 3, logprobs=True))]
+    blocks = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, decode_block=4)
+    got = run(blocks, [requests])
+    want = run(Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, decode_block=1), [requests])
+    assert [(f.reason, f.tokens) for f, _ in got] == [(f.reason, f.tokens) for f, _ in want]
+    assert [len(f.tokens) for f, _ in got] == [6, 3] and all(f.reason == "stop" for f, _ in got)
+    np.testing.assert_allclose(got[1][0].logprobs, want[1][0].logprobs, atol=1e-5, rtol=0)
+    assert blocks.calls["decode", 4] > 0
+
+
 def sampled(seed: int) -> SamplingParams:
     return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, top_k=20, top_p=0.9, seed=seed, ignore_eos=True)
 

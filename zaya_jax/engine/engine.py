@@ -11,8 +11,10 @@ feed (idle slots sit it out: count 0). The chunk call's rows are the prefilling 
 into the smallest of `row_buckets` (1, 2, 4, ... and N; padded with other slots, which sit it
 out), so one arriving prompt costs a [1,C] extend, not [N,C]. The decode call runs up to
 `decode_block` steps on the device, each slot stopping on its stop ids or max_tokens there, when
-no slot is prefilling and no request has a host `stop` predicate (or more than step.STOP_IDS stop
-ids), else one step: a block of k tokens per host round trip. So the engine compiles
+no slot is prefilling, else one step: a block of k tokens per host round trip. A request's `stop`
+predicate (a stop string) and stop ids beyond step.STOP_IDS are checked on the host, token by
+token in order, after the block: the tokens its slot made past the stop are dropped (the slot is
+free, and the next request's prefill starts it over). So the engine compiles
 `engine_chunk` once per row bucket, `engine_decode`, `snapshot` and `restore` once each, and
 nothing after warm-up. A response ends on a stop id (eos unless ignore_eos, and the request's
 stop_ids), max_tokens, the request's `stop` predicate, or `cancel`; its slot is free at once (a
@@ -372,17 +374,15 @@ class Engine:
 
     def _run_decode(self, feeding: list[int], block: bool) -> None:
         """One engine_decode for the `feeding` slots: up to decode_block steps, or one when `block`
-        (a slot is prefilling) or a request is stopped by the host only (its `stop` predicate or
-        more than STOP_IDS stop ids); then each token in order, step by step, slot by slot."""
+        (a slot is prefilling); then each token in order, step by step, slot by slot, until a
+        request ends (a stop its host checks: the rest of its slot's tokens are dropped)."""
         requests = {slot: self._rows[slot] for slot in feeding}
         tokens, budget = np.zeros(self.slots, np.int32), np.zeros(self.slots, np.int32)
         stop_ids = np.full((self.slots, STOP_IDS), -1, np.int32)
-        host_stops = block
         for slot, r in requests.items():
             tokens[slot], budget[slot] = r.tokens[-1], r.params.max_tokens - len(r.tokens)
             stop_ids[slot, :min(len(r.stops), STOP_IDS)] = sorted(r.stops)[:STOP_IDS]
-            host_stops |= r.params.stop is not None or len(r.stops) > STOP_IDS
-        steps = 1 if host_stops else min(self.decode_block, int(budget.max()))
+        steps = 1 if block else min(self.decode_block, int(budget.max()))
         self.calls["decode", steps] += 1
         self._state, decoded = self._decode(self._graphdef, self._params, self._state, self._lengths(), tokens,
                                             np.minimum(budget, steps), stop_ids,
