@@ -41,7 +41,6 @@ import itertools
 import logging
 import queue
 import threading
-import time
 from typing import Callable, NamedTuple
 
 import jax
@@ -130,8 +129,8 @@ class Engine:
         self._ids = itertools.count()
         self._lock = threading.RLock()
         self._work = threading.Condition(self._lock)
-        self._callers = 0  # threads waiting in _callers_turn (counted under _callers_lock)
-        self._callers_lock = threading.Lock()
+        self._callers = 0  # threads waiting in _callers_turn for the lock (counted under _callers_in)
+        self._callers_in = threading.Condition(threading.Lock())  # notified when the last of them has it
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._prompt_tokens = self._generated_tokens = 0
@@ -306,21 +305,23 @@ class Engine:
                 if self._stopping:
                     return
             self.step()
-            while self._callers and not self._stopping:  # their turn first: a lock is not fair, and the
-                time.sleep(1e-4)                           # loop would take it back before a woken caller runs
+            with self._callers_in:  # their turn first: a lock is not fair, and the loop would take
+                self._callers_in.wait_for(lambda: not self._callers)  # it back before a woken caller ran
 
     @contextlib.contextmanager
     def _callers_turn(self):
         """The engine's lock for submit, cancel, stats and set_weights, taken between two steps: the
         background loop waits while a caller waits for it (without this, a loop that is never idle
         kept the lock from callers: the server's requests and metrics stalled until the engine idled)."""
-        with self._callers_lock:
+        with self._callers_in:
             self._callers += 1
         try:
             self._lock.acquire()
         finally:
-            with self._callers_lock:
+            with self._callers_in:
                 self._callers -= 1
+                if not self._callers:
+                    self._callers_in.notify_all()
         try:
             yield
         finally:
