@@ -105,3 +105,35 @@ def test_to_hf_quantize_writes_what_transformers_loads_with_our_logits(native_ch
     assert isinstance(ours.layers.moe.down.get_value(), BlockScaledArray)
     np.testing.assert_allclose(np.asarray(ours(IDS)), hf_logits(reference, IDS), atol=1e-4, rtol=0)
     assert os.path.isfile(out / "model.safetensors")
+
+
+@pytest.mark.torch_reference
+@pytest.mark.parametrize("method", ["fp8", "mxfp4"])
+def test_a_zaya1_vl_exports_quantized_text_weights_and_a_float_vision_tower(tmp_path, method):
+    """save_vl_hf(quantize=...): the text model's attention (fp8) or experts (both) quantized, FP8 bit for
+    bit as transformers' Fp8Quantize makes them from the float export's tensors; the vision tower,
+    merger and vision LoRA written in float exactly as the float export writes them, and named in
+    modules_to_not_convert; read back with those weights kept quantized (the logits check runs on write)."""
+    from tests.quantized_fixtures import transformers_fp8
+    from tests.vision_fixtures import TEXT, random_vl_model
+    from zaya_jax.convert.hf_vl import load_vl_hf, save_vl_hf
+    from zaya_jax.convert.safetensors_io import TensorReader
+    source = random_vl_model(TEXT.replace(moe_intermediate_size=32))
+    save_vl_hf(source, tmp_path / "float")
+    lines = []
+    save_vl_hf(source, tmp_path / method, quantize=method, block=8, report=lines.append)
+    assert lines[-1].endswith("tensors quantized") and "holding the" in lines[-1]
+    config = json.loads((tmp_path / method / "config.json").read_text())["quantization_config"]
+    assert "model.visual" in config["modules_to_not_convert"]
+    floats, written = TensorReader(tmp_path / "float"), TensorReader(tmp_path / method)
+    kept = [n for n in floats.names() if "language_model" not in n or "_lora_" in n]
+    assert kept and all(n in written.names() and np.array_equal(written.get(n), floats.get(n)) for n in kept)
+    model = load_vl_hf(tmp_path / method)
+    assert isinstance(model.text.layers.moe.down.get_value(), BlockScaledArray)
+    if method == "fp8":
+        assert isinstance(model.text.layers.attention.q_proj.get_value(), BlockScaledArray)
+        reference = transformers_fp8((8, 8))
+        name = next(n for n in floats.names() if n.endswith("self_attn.qkv_proj.q_proj.weight"))
+        theirs = reference(name, floats.get(name))
+        np.testing.assert_array_equal(written.get(name).view(np.uint8), theirs[name].view(np.uint8))
+        np.testing.assert_array_equal(written.get(name + "_scale_inv"), theirs[name + "_scale_inv"])

@@ -14,7 +14,8 @@ to_hf --quantize fp8 | mxfp4 writes the weights as transformers' quantizers writ
 quantization_config (zaya_jax.convert.quantized_export): fp8 (FineGrainedFP8Config) the attention
 projections and experts in --fp8_block square blocks of e4m3 values and float32 scales, mxfp4
 (Mxfp4Config, gpt-oss's layout) the experts; router, norms, CCA convolutions and temperatures, the
-embedding and the LM head stay in float. The read-back check then compares the files, read
+embedding and the LM head stay in float (a ZAYA1-VL's text model likewise; its vision tower, merger
+and vision LoRA stay in float). The read-back check then compares the files, read
 quantized, with the model holding the quantized weights' values. An HF directory with such a
 quantization_config (either method) is read by to_orbax, generate --hf and the server, its
 experts and attention kept quantized in memory (zaya_jax.convert.hf_quantized).

@@ -81,10 +81,7 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
                         "transformers' names only: drop --schema")
     model, loaded_step = load_checkpoint_model(checkpoint, step, dtype="float32")
     if isinstance(model, ZayaVL):
-        if quantize is not None:
-            raise UserError(f"--quantize {quantize}: --checkpoint {checkpoint} holds a vision-language model, which "
-                            "exports in float only: drop --quantize")
-        return vl_to_hf(checkpoint, loaded_step, model, out_dir, schema, tokenizer_path)
+        return vl_to_hf(checkpoint, loaded_step, model, out_dir, schema, tokenizer_path, quantize, block)
     if schema is None:
         problem = schema_problem(model, "native")
         if problem:
@@ -103,9 +100,10 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
 
 
 def vl_to_hf(checkpoint: str, step: int | None, model, out_dir: str, schema: str | None,
-             tokenizer_path: str | None) -> str:
+             tokenizer_path: str | None, quantize: str | None = None, block: int = 128) -> str:
     """A vision-language run's checkpoint as a zaya1_vl HF directory (its native names only), with the
-    image processor its run prepared its images with (the config's vision.min_pixels / max_pixels)."""
+    image processor its run prepared its images with (the config's vision.min_pixels / max_pixels);
+    quantize: its text model's weights as save_vl_hf writes them."""
     from zaya_jax.config_files import image_processor
     from zaya_jax.convert.hf_vl import save_vl_hf
     from zaya_jax.train.checkpoint import checkpoint_dir, read_config
@@ -115,6 +113,6 @@ def vl_to_hf(checkpoint: str, step: int | None, model, out_dir: str, schema: str
     files, told = export_tokenizer(checkpoint, step, model.text.config, tokenizer_path)
     processor = image_processor(read_config(checkpoint_dir(checkpoint), step))
     save_vl_hf(model, out_dir, report=lambda line: print(line, file=sys.stderr), extra_files=files,
-               processor=processor)
+               processor=processor, quantize=quantize, block=block)
     print(told, file=sys.stderr)
     return out_dir

@@ -75,11 +75,7 @@ def save_hf(model: ZayaLM, directory: str | os.PathLike, schema: str | None = No
     if schema not in ENTRIES:
         raise UserError(f"schema={schema!r} does not exist; choose one of {sorted(ENTRIES)}")
     check_schema(model, schema)
-    if quantize is not None and (quantize not in QUANTIZE_METHODS or schema != "native"):
-        raise UserError(f"quantize={quantize!r}: choose one of {list(QUANTIZE_METHODS)}, with the native schema "
-                        "(transformers' names: its quantizers' layouts are written for them)")
-    if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-        raise UserError(f"block={block!r}: the FP8 block size must be a positive integer (transformers' default: 128)")
+    check_quantize(quantize, block, schema)
 
     def fill(staging: Path) -> str:
         config = {**hf_config_from_model(cfg, schema), "torch_dtype": "float32"}
@@ -103,6 +99,15 @@ def save_hf(model: ZayaLM, directory: str | os.PathLike, schema: str | None = No
                 + f"; {quantize}: {len(quantized)} tensors quantized")
 
     return write_whole_directory(directory, fill, report)
+
+
+def check_quantize(quantize: str | None, block: int, schema: str = "native") -> None:
+    """UserError naming the argument unless `quantize` (None or a method) and `block` can be written."""
+    if quantize is not None and (quantize not in QUANTIZE_METHODS or schema != "native"):
+        raise UserError(f"quantize={quantize!r}: choose one of {list(QUANTIZE_METHODS)}, with the native schema "
+                        "(transformers' names: its quantizers' layouts are written for them)")
+    if not isinstance(block, int) or isinstance(block, bool) or block < 1:
+        raise UserError(f"block={block!r}: the FP8 block size must be a positive integer (transformers' default: 128)")
 
 
 def write_whole_directory(directory: str | os.PathLike, fill: Callable[[Path], str],

@@ -30,9 +30,10 @@ from zaya_jax.convert.hf_image_processor import (PREPROCESSOR_CONFIG, compare_im
                                                  read_image_processor)
 from zaya_jax.convert.hf_load import (_lookup, _with_arrays, arrays_from_tensors, check_names, quantized_source,
                                       read_hf_config)
-from zaya_jax.convert.hf_save import write_whole_directory
+from zaya_jax.convert.hf_save import check_quantize, write_whole_directory
 from zaya_jax.convert.hf_names import Entry, _Builder, _SWAP, _swiglu_split, native_entries
 from zaya_jax.convert.hf_vision_names import vision_entries
+from zaya_jax.convert.quantized_export import quantization_config, quantized_tensors
 from zaya_jax.convert.safetensors_io import TensorReader, write_sharded
 from zaya_jax.vision.config import VisionConfig
 from zaya_jax.vision.layout import patch_layout
@@ -236,21 +237,35 @@ def vl_tensors(model: ZayaVL):
 
 def save_vl_hf(model: ZayaVL, directory: str | os.PathLike, max_shard_bytes: int = 5 * 2**30,
                report: Callable[[str], None] | None = None, extra_files: dict[str, str] | None = None,
-               processor: ImageProcessor | None = None) -> Path:
+               processor: ImageProcessor | None = None, quantize: str | None = None, block: int = 128) -> Path:
     """Writes a zaya1_vl checkpoint (transformers' `Zaya1VLForConditionalGeneration` layout) with its
     image processor's preprocessor_config.json (`processor`: the run's, whose sizes its images were
     prepared with; default: Qwen2-VL's sizes on the tower's patches), checked on write and whole or
     absent, as save_hf does for the text model (extra_files: its {file name: text} beside them, the
-    tokenizer's)."""
+    tokenizer's). quantize "fp8" / "mxfp4": the text model's weights quantized as save_hf writes them
+    (zaya_jax.convert.quantized_export), the vision tower, merger and LoRA in float; the read-back
+    check then compares with the model holding the written weights' dequantized values."""
     check_schema(model.text, "native")
+    check_quantize(quantize, block)
     processor = processor or ImageProcessor.for_tower(model.vision.config)
 
     def fill(staging: Path) -> str:
-        write_sharded(staging, vl_tensors(model), max_shard_bytes)
-        (staging / "config.json").write_text(json.dumps(hf_vl_config(model), indent=2))
+        config, tensors, dequantized = hf_vl_config(model), vl_tensors(model), {}
+        if quantize is not None:
+            tensors = quantized_tensors(tensors, quantize, block, dequantized)
+            config["quantization_config"] = quantization_config(quantize, block, vision_language=True)
+        write_sharded(staging, tensors, max_shard_bytes)
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
         (staging / PREPROCESSOR_CONFIG).write_text(json.dumps(preprocessor_config(processor), indent=2))
         for name, text in (extra_files or {}).items():
             (staging / name).write_text(text, encoding="utf-8")
-        return verify_vl_export(model, staging, processor)
+        if quantize is None:
+            return verify_vl_export(model, staging, processor)
+        floats = {name: dequantized.get(name, tensor) for name, tensor in vl_tensors(model)}
+        expected = vl_model_from_tensors(hf_vl_config(model), set(floats), floats.__getitem__, "the dequantized export",
+                                         **{f: getattr(model.text.config, f) for f in RUNTIME_MODEL_FIELDS})
+        return (verify_vl_export(expected, staging, processor).replace(
+            "the source's configs and logits", f"the configs and logits of the source holding the {quantize} weights' "
+            "values") + f"; {quantize}: {len(dequantized)} tensors quantized")
 
     return write_whole_directory(directory, fill, report)

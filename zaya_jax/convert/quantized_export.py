@@ -14,6 +14,9 @@ zaya_jax.convert.hf_quantized): [E, A, B] as `_blocks` [E, B, A/32, 16] and `_sc
 the exponent of each 32 values rounded up (the triton kernels' default, DequantScaleRoundingMode
 ROUND_UP): X = ceil(log2(max|w| / 6)), values w / 2^X rounded to the nearest e2m1.
 modules_to_not_convert: attention, router, embedding, LM head.
+
+A ZAYA1-VL (zaya1_vl names): its text model's tensors as above, under `model.language_model.`; its
+vision tower, patch merger and vision LoRA stay in float and are named in modules_to_not_convert.
 """
 
 from __future__ import annotations
@@ -34,12 +37,19 @@ NOT_CONVERTED = {"fp8": ["model.layers.*.mlp.gate", "lm_head"],
                  "mxfp4": ["model.layers.*.self_attn", "model.layers.*.mlp.gate", "model.embed_tokens", "lm_head"]}
 
 
-def quantization_config(method: str, block: int) -> dict:
-    """config.json's quantization_config for `method` ("fp8" | "mxfp4")."""
+VL_NOT_CONVERTED = ["model.visual", r"model.language_model.layers.*_lora_[ab]"]  # the tower and merger, the LoRA
+
+
+def quantization_config(method: str, block: int, vision_language: bool = False) -> dict:
+    """config.json's quantization_config for `method` ("fp8" | "mxfp4"); `vision_language`: a
+    zaya1_vl checkpoint's (its text modules under model.language_model., the vision modules in float)."""
+    skip = NOT_CONVERTED[method]
+    if vision_language:
+        skip = [n.replace("model.", "model.language_model.", 1) for n in skip] + VL_NOT_CONVERTED
     if method == "fp8":
         return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [block, block],
-                "modules_to_not_convert": NOT_CONVERTED["fp8"]}
-    return {"quant_method": "mxfp4", "modules_to_not_convert": NOT_CONVERTED["mxfp4"]}
+                "modules_to_not_convert": skip}
+    return {"quant_method": "mxfp4", "modules_to_not_convert": skip}
 
 
 def fp8_blocks(w: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
