@@ -279,9 +279,23 @@ def test_no_template_is_recorded_when_sources_disagree_or_the_file_changed(tmp_p
     assert chat_template_of(sources(x=None)) is None
     assert chat_template_of(sources(x=infos["a"], y=infos["b"])) is None
     assert "data.sources.x and data.sources.y were prepared with different chat templates" in caplog.text
+    recorded = ChatTemplate.load(files["a"]).record()  # what a manifest holds now: the text itself
     files["a"].write_text("{{ messages }}")
     assert chat_template_of(sources(x=infos["a"])) is None
     assert f"data.sources.x was prepared with the chat template {files['a']}, which has changed since" in caplog.text
+    assert chat_template_of(sources(x=recorded)) == recorded  # its file changed: the recorded text is kept
+
+
+def test_a_cached_source_whose_template_file_is_gone_records_the_bundled_template(tmp_path):
+    """A demo corpus prepared from another checkout (its manifest, written before manifests held the
+    text, names that checkout's plain.jinja, since deleted): the bundled template of that digest is
+    recorded, so the run's chat endpoint and `generate --chat` still work (before: none was recorded)."""
+    from zaya_jax.data.chat_template import PLAIN, ChatTemplate
+    from zaya_jax.data.sources import PreparedSource, chat_template_of
+    plain = ChatTemplate.load(PLAIN)
+    gone = {"path": str(tmp_path / "deleted_checkout" / "plain.jinja"), "sha256": plain.sha256}
+    assert chat_template_of({"chat": PreparedSource("chat", "unused", {"chat_template": gone}, None, None)}) == \
+        plain.record()
 
 
 def test_messages_files_are_read_or_named(tmp_path):

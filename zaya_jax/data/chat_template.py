@@ -43,7 +43,8 @@ BOS, EOS, OPEN, CLOSE, IMAGE = "\ufdd0", "\ufdd1", "\ufdd2", "\ufdd3", "\ufdd4"
 _SENTINELS = BOS + EOS + OPEN + CLOSE
 _SPECIAL_SPLIT = re.compile(f"([{BOS}{EOS}{IMAGE}])")
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
-PLAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat_templates", "plain.jinja")
+BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat_templates")
+PLAIN = os.path.join(BUNDLED, "plain.jinja")
 
 Messages = Sequence[dict]
 
@@ -349,3 +350,12 @@ def encode_preference(template: ChatTemplate | None, tokenizer, prompt, chosen, 
                                 "begins the assistant turn")
         completions.append(ids[len(prompt_ids):])
     return prompt_ids, completions[0], completions[1]
+
+
+def bundled_template(sha256: str) -> ChatTemplate | None:
+    """The template shipped in zaya_jax/data/chat_templates/ whose text has digest `sha256`, or None."""
+    for name in sorted(os.listdir(BUNDLED)):
+        template = ChatTemplate.load(os.path.join(BUNDLED, name))
+        if template.sha256 == sha256:
+            return template
+    return None

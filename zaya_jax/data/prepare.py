@@ -351,7 +351,7 @@ def prepare_dataset(inputs: str | Sequence[str], fmt: str, tokenizer_path: str, 
     for task in tasks:
         with open(task.path(".json")) as f:
             shards.append(json.load(f))
-    template_info = template and {"path": template.path, "sha256": template.sha256}
+    template_info = template and template.record()
     return _write_manifest(output_dir, shards, tokenizer_info=tok.info(), fmt=fmt, text_field=field,
                            inputs=files, kind=kind, template_info=template_info)
 
@@ -411,7 +411,7 @@ def write_tokenized(output_dir: str, documents: Sequence, *, tokenizer_info: dic
             _add_document(stats, kind, doc)
         writer.close()
         shards.append(stats)
-    template_info = chat_template and {"path": chat_template.path, "sha256": chat_template.sha256}
+    template_info = chat_template and chat_template.record()
     return _write_manifest(output_dir, shards, tokenizer_info=tokenizer_info, fmt="tokenized", text_field="",
                            inputs=[], kind=kind, template_info=template_info)
 

@@ -23,7 +23,7 @@ from absl import logging
 
 from zaya_jax.config import ConfigError
 from zaya_jax.data import records
-from zaya_jax.data.chat_template import ChatTemplate
+from zaya_jax.data.chat_template import ChatTemplate, bundled_template
 from zaya_jax.errors import MissingInputError, UserError
 
 MANIFEST = "manifest.json"
@@ -177,9 +177,12 @@ def open_sources(data_config, names: list[str] | None = None) -> dict[str, Prepa
 
 def chat_template_of(sources: Mapping[str, PreparedSource]) -> dict | None:
     """The chat template the sources were prepared with (their manifests' "chat_template"), as
-    ChatTemplate.record() (its text, read now), for the run's checkpoints; None when no source
-    recorded one (text, or preference pairs of plain strings). None and a warning when two sources
-    name different templates or the file no longer holds the text it was prepared with."""
+    ChatTemplate.record(), for the run's checkpoints; None when no source recorded one (text, or
+    preference pairs of plain strings). A manifest holds the template's record, text included, so the
+    file may be gone (a cache prepared from another checkout). An older manifest holds its path and
+    digest only: the file is read now, else the bundled template (zaya_jax/data/chat_templates/) of
+    that digest. None and a warning when two sources name different templates or an older manifest's
+    text is found nowhere."""
     infos = {name: s.manifest.get("chat_template") for name, s in sources.items() if s.manifest.get("chat_template")}
     if not infos:
         return None
@@ -190,11 +193,15 @@ def chat_template_of(sources: Mapping[str, PreparedSource]) -> dict | None:
                             "%s): the checkpoints record none; generate --chat then needs --chat_template",
                             first, name, info["path"], other["path"])
             return None
+    if "source" in info:
+        return ChatTemplate.from_record(info).record()
     try:
         template = ChatTemplate.load(info["path"])
         problem = None if template.sha256 == info["sha256"] else "has changed since"
     except UserError as e:
         problem = f"cannot be read ({e})"
+    if problem and (template := bundled_template(info["sha256"])) is not None:
+        problem = None
     if problem:
         logging.warning("data.sources.%s was prepared with the chat template %s, which %s: the checkpoints record "
                         "none; generate --chat then needs --chat_template", first, info["path"], problem)
