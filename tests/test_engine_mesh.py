@@ -110,8 +110,29 @@ def test_a_mesh_the_engine_cannot_use_is_named_before_anything_compiles(model, l
         Engine(model, slots=slots, cache_size=CACHE, chunk=CHUNK, mesh=make_mesh(parse_mesh_flag(layout)))
 
 
-def test_quantized_weights_on_a_mesh_are_refused(model):
-    from zaya_jax.infer.quantize import quantize_model
-    with pytest.raises(ConfigError, match=r"quantized weights are not sharded on a mesh yet\nfix: "):
-        Engine(quantize_model(model, "int8"), slots=SLOTS, cache_size=CACHE, chunk=CHUNK,
-               mesh=make_mesh(parse_mesh_flag(LAYOUT)))
+@pytest.mark.parametrize("mode", ["int8", "int4", "fp8"])
+def test_a_quantized_model_on_a_mesh_serves_what_it_serves_on_one_device(model, mode, tmp_path):
+    """int8 / int4 weights, or an FP8 checkpoint's blocks, placed on data=2,tensor=2,expert=2: the
+    experts' stored arrays split over `expert` (int8 / int4 over `tensor` too, as the float weight's:
+    their groups run along the model width), the greedy tokens of the quantized model on one device,
+    log-probs within the sharded tolerance."""
+    import zaya_jax
+    from zaya_jax.infer.quantize import BlockScaledArray, QuantizedArray, quantize_model
+    if mode == "fp8":
+        source = random_tiny_model(**MIXED, capacity_factor=4.0, moe_intermediate_size=32, layout="native",
+                                   router_norm_eps=1e-5, residual_in_fp32=True)
+        zaya_jax.save_hf(source, tmp_path / mode, quantize=mode, block=8)
+        quantized = zaya_jax.load_hf(tmp_path / mode, capacity_factor=4.0)
+    else:
+        quantized = quantize_model(model, mode, 16)
+    want = serve(Engine(quantized, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=1 << 20,
+                        max_top_logprobs=TOP), quantized)
+    engine = Engine(quantized, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=1 << 20,
+                    max_top_logprobs=TOP, mesh=make_mesh(parse_mesh_flag(LAYOUT)))
+    gate = engine._params["layers"]["moe"]["gate"].get_value()
+    assert isinstance(gate, BlockScaledArray if mode == "fp8" else QuantizedArray)
+    assert gate.scales.sharding.spec[1] == "expert"
+    assert gate.values.sharding.spec == P(None, "expert", None, None if mode == "fp8" else "tensor")
+    for (w, _), (g, _) in zip(want, serve(engine, quantized)):
+        assert g.tokens == w.tokens and g.reason == w.reason
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=TOLERANCE, rtol=0)

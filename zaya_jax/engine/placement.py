@@ -1,8 +1,11 @@
 """The engine on a device mesh, its weights placed as the trainer places them.
 
-Weights: `zaya_jax.parallel.rules.state_shardings`, the trainer's logical-axis rules: tensor > 1
+Weights: `zaya_jax.parallel.rules.state_specs`, the trainer's logical-axis rules: tensor > 1
 splits the heads, the vocabulary and each expert's hidden size; expert > 1 the experts; fsdp > 1
-the model width (each gathered where a layer needs it). Decode state (N slots): every leaf's slot
+the model width (each gathered where a layer needs it). A quantized weight (int8 / int4, FP8 /
+MXFP4 blocks) is split as its float weight would be along the axes its stored arrays keep whole
+(the layer and expert axes, and for int8 every axis its values keep), the rest replicated
+(`quantized_spec`): expert parallelism splits a quantized model's experts as a float one's. Decode state (N slots): every leaf's slot
 dimension (dim 1 of the [L,N,...] caches and carry, dim 0 of lengths [N]) over `data`, replicated
 over the other axes. The compiled calls (engine_chunk, engine_decode, the prefix cache's snapshot and restore) are
 jitted with those shardings as outputs (an entry: replicated), so each call's state comes back as
@@ -13,6 +16,7 @@ rest of the model trace for the mesh. The host loop does not change.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Callable, NamedTuple
@@ -25,10 +29,10 @@ from zaya_jax.config import ConfigError
 from zaya_jax.engine.prefix_cache import RESTORE_JIT, SNAPSHOT_JIT, restore_fn, snapshot_fn
 from zaya_jax.engine.step import CHUNK_JIT, DECODE_JIT, chunk_fn, decode_fn
 from zaya_jax.infer.cache import DecodeState
-from zaya_jax.infer.quantize import QuantizedWeight
+from zaya_jax.infer.quantize import QuantizedArray, QuantizedWeight
 from zaya_jax.parallel.context import active_axes
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
-from zaya_jax.parallel.rules import RULES, check_axes_divide, state_shardings
+from zaya_jax.parallel.rules import RULES, check_axes_divide, state_specs
 
 
 def mesh_text(shape: dict[str, int]) -> str:
@@ -41,15 +45,12 @@ def check_mesh(model: nnx.Module, shape: dict[str, int], slots: int, where: str 
     """A ConfigError naming the axis and the fix, before anything compiles, when the engine cannot
     run `model` with `slots` rows on a mesh of `shape` {axis: size}: an axis that does not divide a
     weight dimension it shards (the trainer's check, rules.check_axes_divide), context > 1, slots not
-    a multiple of the batch axes' product, quantized weights, or an expert exchange the platform lacks.
+    a multiple of the batch axes' product, or an expert exchange the platform lacks.
     `fix(axis, size)` words the fix for a mesh with that axis changed (default: the mesh's sizes)."""
     fix = fix or (lambda axis, size: f"a mesh of {mesh_text({**shape, axis: size})}")
     if shape.get("context", 1) > 1:
         raise ConfigError(f"{where}: context={shape['context']}: an engine step's chunk (one token when decoding) "
                           f"is not split over context\nfix: {fix('context', 1)} (those devices on data or tensor)")
-    if any(isinstance(v.get_value(), QuantizedWeight) for _, v in nnx.to_flat_state(nnx.state(model))):
-        raise ConfigError(f"{where}: quantized weights are not sharded on a mesh yet\nfix: serve the unquantized "
-                          "model on the mesh, or the quantized one on one device")
     check_axes_divide([nnx.state(model)], shape, where, fix)
     batch = active_axes(RULES["batch"], shape)
     rows = math.prod(shape[a] for a in batch)
@@ -107,7 +108,34 @@ def place(model: nnx.Module, params: nnx.State, state: DecodeState, mesh: Mesh, 
 def place_params(params: nnx.State, mesh: Mesh) -> nnx.State:
     """Weights (nnx.split(model)'s state) on `mesh` by the trainer's rules (Engine.set_weights
     places new weights so too: the compiled calls take them as they took the first)."""
-    return jax.device_put(params, state_shardings(params, mesh))
+    specs = dict(nnx.to_flat_state(state_specs(params, mesh)))
+    placed = []
+    for path, var in nnx.to_flat_state(params):
+        spec, value = specs[path].get_value(), var.get_value()
+        if isinstance(value, QuantizedWeight):
+            spec = quantized_spec(value, spec, dict(mesh.shape))
+        placed.append((path, var.replace(jax.tree.map(lambda s: NamedSharding(mesh, s), spec,
+                                                      is_leaf=lambda x: isinstance(x, P)))))
+    return jax.device_put(params, nnx.from_flat_state(placed))
+
+
+def quantized_spec(weight: QuantizedWeight, spec: P, mesh_shape: dict[str, int]) -> QuantizedWeight:
+    """The PartitionSpecs of a quantized weight's stored arrays, as `weight` (a pytree of P): each
+    dimension the array shares with the float weight (its leading ones: all of an int8 array's, all
+    but the block matrix of a block-scaled one's) takes the float weight's entry where that divides
+    it; the others are replicated."""
+    shape = weight.shape
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    shared = len(shape) if isinstance(weight, QuantizedArray) else weight.values.ndim - 2
+
+    def one(array) -> P:
+        out = []
+        for d, size in enumerate(array.shape):
+            entry = entries[d] if d < shared and size == shape[d] else None
+            axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+            out.append(entry if size % math.prod(mesh_shape[a] for a in axes) == 0 else None)
+        return P(*out)
+    return dataclasses.replace(weight, values=one(weight.values), scales=one(weight.scales))
 
 
 def on_mesh(jitted: Callable, mesh: Mesh) -> Callable:
