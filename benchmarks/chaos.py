@@ -57,7 +57,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.train_helpers import (DAMAGE, REPO, WRAPPER, Job, cli_env, flip_bytes_of_item, free_port,  # noqa: E402
                                  run_train)
-from zaya_jax.errors import EXIT_PREEMPTED, EXIT_USER_ERROR  # noqa: E402
+from zaya_jax.errors import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USER_ERROR  # noqa: E402
 from zaya_jax.train import integrity  # noqa: E402
 
 RESULT = os.path.join(REPO, "benchmarks", "results", "chaos_cpu.json")
@@ -314,7 +314,9 @@ def tiers(root: str, steps: int, count: int, rng: random.Random) -> dict:
                                   from_local="restored local step" in job.output(0))
             if codes == [0, 0]:
                 break
-            if not killing or any(code not in (-signal.SIGKILL, -signal.SIGABRT) for code in codes):
+            # a process whose peer was killed ends too: SIGABRT (the coordinator gone) or exit 1 (its
+            # collective's gloo error, cli.exit_failed_now)
+            if not killing or any(code not in (-signal.SIGKILL, -signal.SIGABRT, EXIT_FAILED) for code in codes):
                 lost_runs += 1
                 break
             loss = rng.choice(["none", "process_0 directory", "process_1 directory", "damaged own copy"])
