@@ -21,12 +21,17 @@ the 3.12 stack compiles with the fusion emitters, and the suite tests both.
 
 import functools
 import importlib.metadata
+import os
+import tempfile
 
 CHEAP_COMPILE = "--xla_backend_optimization_level=0"
 
 LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
 RUNTIME_BOUND = ("configs/demo.py",)
+
+# the persistent compilation cache every process of the suite shares (the CLIs' JAX_COMPILATION_CACHE_DIR)
+COMPILATION_CACHE = os.environ.get("ZAYA_JAX_TEST_CACHE", os.path.join(tempfile.gettempdir(), "zaya_jax_jit_cache"))
 
 
 @functools.cache  # xla_flags runs for every subprocess the suite starts

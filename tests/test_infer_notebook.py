@@ -8,9 +8,10 @@ import base64
 import os
 import re
 
-import jax
 import nbclient
 import nbformat
+
+from fake_devices import COMPILATION_CACHE
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -33,7 +34,7 @@ def _cell(notebook, marker: str):
 def test_quickstart_notebook_executes(monkeypatch, tmp_path):
     xla_flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                          if not f.startswith("--xla_force_host_platform_device_count"))
-    env = {"JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir,
+    env = {"JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": COMPILATION_CACHE,
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
            "XLA_FLAGS": xla_flags, "TMPDIR": str(tmp_path)}
     for key, value in env.items():

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from fake_devices import RUNTIME_BOUND, xla_flags
+from fake_devices import COMPILATION_CACHE, RUNTIME_BOUND, xla_flags
 from zaya_jax.errors import EXIT_PREEMPTED
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,7 +84,7 @@ def cli_env(cheap_compile: bool = True) -> dict[str, str]:
     """The environment of a CLI subprocess: 8 fake devices, the suite's compilation cache (fake_devices.xla_flags)."""
     env = dict(os.environ)
     env.update(XLA_FLAGS=xla_flags(8, cheap_compile), JAX_PLATFORMS="cpu",
-               JAX_COMPILATION_CACHE_DIR=os.environ.get("ZAYA_JAX_TEST_CACHE", "/tmp/zaya_jax_jit_cache"),
+               JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
     return env
 
