@@ -84,6 +84,9 @@ RUNS: dict[str, list[str]] = {
     "ci_suite_cpu_loaded": ["ci_suite.py", "--busy", "2"],  # the same at a load of about 4
     "suite_compile_level_cpu": ["suite_compile_level.py"],  # the suite's -O0 compiles against the default
     "suite_profile_cpu": ["suite_profile.py"],  # every test's time, by size and module
+    # a test worker's memory mappings over the modules a 3.12 worker ran before it segfaulted,
+    # with conftest's jax.clear_caches() after each module and without
+    "worker_mappings_cpu_py312": ["worker_mappings.py"],
 }
 NEEDS_NATIVE = {name for name in RUNS if name.endswith("_native")}
 STACK_SUFFIXES = ("_py311", "_py312")  # a results name ending so is measured by that Python only
