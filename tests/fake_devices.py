@@ -1,4 +1,5 @@
-"""XLA_FLAGS of the suite's processes: fake CPU devices, patient collectives, cheap compiles.
+"""XLA_FLAGS of the suite's processes: fake CPU devices, patient collectives, cheap compiles; and
+the persistent compilation cache they share (COMPILATION_CACHE).
 
 XLA:CPU ends a collective whose in-process participants have not all arrived within 40 s; on two
 cores loaded by two test workers a device thread can be descheduled that long (seen with
