@@ -45,6 +45,8 @@ RUNS: dict[str, list[str]] = {
     "planner_predictions": ["planner_predictions.py"],
     "planner_fp8_predictions": ["planner_fp8.py"],  # ZAYA1-base bf16 vs model.matmul_precision=fp8
     "fp8_demo_cpu_py311": ["fp8_demo.py"],  # the demo in bf16 and in FP8 (docs/fp8.md)
+    "fp8_demo_cpu_py312": ["fp8_demo.py"],
+    "fp8_vs_qwix_cpu": ["fp8_vs_qwix.py"],  # FP8 training through Qwix 0.1.8 against ours and bf16 (docs/fp8.md)
     "serve_predictions": ["serve_predictions.py"],  # the planner's --serve for ZAYA1-8B on one H200 / MI300X
     # the demos' figures differ by stack (the demo corpus holds that Python's standard library): each
     # runs under its own interpreter (STACK_SUFFIXES); GRPO starts from the SFT run of the same stack's

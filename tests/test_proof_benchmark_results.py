@@ -570,3 +570,34 @@ def test_fp8_demo_figures_are_the_results_file():
     share = f"{100 * r['last_logged_loss_rel_diff']:.2f}% above bf16's"
     assert share in fp8_doc and share in readme
     assert abs(r["last_logged_loss_rel_diff"]) < 0.02
+
+
+def _fp8_vs_qwix_row(label: str, name: str, r: dict) -> str:
+    run, ops = r["modes"][name], r["modes"][name]["fp8_ops_stablehlo"]
+    forward = ops["by_operand_types"].get("dot_general f8E4M3FN x f8E4M3FN", 0)
+    if name == "bf16":
+        return f"| {label} | {ops['total']} ({forward}) | | | | | {run['median_step_s']} s |"
+    c = r["against_bf16"][name]
+    g = c["grad_cosine_first_batch"]
+    return (f"| {label} | {ops['total']} ({forward}) | {c['first_step_loss_rel_diff']} | "
+            f"{c['last_step_loss_rel_diff']} | {c['last_5_steps_mean_loss_rel_diff']} | {g['min']} / {g['median']} | "
+            f"{run['median_step_s']} s ({c['median_step_s_ratio_to_bf16']}x) |")
+
+
+def test_fp8_vs_qwix_figures_are_the_results_file():
+    r = _load("fp8_vs_qwix_cpu")
+    section = _doc("fp8.md").split("## Qwix or our own")[1].split("\n## ")[0]
+    flat = _flat(section)
+    for label, name in (("bf16", "bf16"), ("ours", "ours"), ("Qwix", "qwix")):
+        assert _fp8_vs_qwix_row(label, name, r) in section, name
+    rules = r["qwix_rules_only"]["fp8_stablehlo"]
+    assert (f"rules alone put {rules['by_operand_types']['dot_general f8E4M3FN x f8E4M3FN']} FP8 forward dots "
+            f"({rules['total']} in all) in the step instead of 8") in flat
+    load, ours, qwix = r["load_average_1m_start_end"], r["against_bf16"]["ours"], r["against_bf16"]["qwix"]
+    assert f"{r['steps']} batches of demo text" in flat and f"(load {load[0]} to {load[1]} on 2 cores)" in flat
+    assert (f"last 5 steps {ours['last_5_steps_mean_loss_rel_diff']} and {qwix['last_5_steps_mean_loss_rel_diff']} "
+            f"above bf16, minimum cosines {ours['grad_cosine_first_batch']['min']} and "
+            f"{qwix['grad_cosine_first_batch']['min']}) and a step {r['qwix_median_step_s_ratio_to_ours']}x ours "
+            f"(one run, load {load[0]} on 2 cores)") in flat
+    assert r["cpu_count"] == 2 and r["qwix"]["version"] == "0.1.8" and "error" not in r["qwix"]
+    assert r["modes"]["ours"]["fp8_ops_stablehlo"]["by_operand_types"]["dot_general f8E4M3FN x f8E4M3FN"] == 8

@@ -333,13 +333,17 @@ def _train_records(workdir) -> dict[int, dict]:
     return {r["step"]: {k: r[k] for k in LOGGED if k in r} for r in read_metrics(str(workdir / "metrics.jsonl"))}
 
 
-@pytest.mark.parametrize("objective", ["sft", "dpo"])
+@pytest.mark.parametrize("objective", ["sft", "dpo", "lm-fp8"])
 def test_resume_after_sigkill_is_bit_exact(tmp_path, objective):
     """Killed (SIGKILL) after step 4 with checkpoint 3 on disk, restarted: every logged metric equals
     an uninterrupted run's. The DPO run starts from another run's checkpoint, which trains on
-    between the kill and the restart: the restart takes its reference model from its own checkpoint."""
+    between the kill and the restart: the restart takes its reference model from its own checkpoint.
+    lm-fp8 trains with model.matmul_precision=fp8: its per-tensor scales are recomputed from each
+    step's operands (current scaling), so the weights and the batch position are all a resume needs."""
     from tests.train_helpers import run_train
-    overrides = (*RESUME_RUN, f"--config.train.objective={objective}")
+    objective, _, precision = objective.partition("-")
+    overrides = (*RESUME_RUN, f"--config.train.objective={objective}",
+                 f"--config.model.matmul_precision={precision or 'default'}")
     source = tmp_path / "source"
     if objective == "dpo":
         made = run_train(source, *RESUME_RUN, "--config.train.steps=2")
@@ -362,6 +366,9 @@ def test_resume_after_sigkill_is_bit_exact(tmp_path, objective):
     finished = run_train(tmp_path / "run", *overrides)
     assert finished.returncode == 0 and "start at step 3: restored checkpoint 3" in finished.stdout + finished.stderr
     assert _train_records(tmp_path / "run") == expected
+    if precision:  # the restarted run kept the recipe (its checkpoint's config records it)
+        from zaya_jax.train.checkpoint import read_config
+        assert read_config(str(tmp_path / "run" / "checkpoints")).model.matmul_precision == precision
     if objective == "dpo":  # the evaluate CLI scores the checkpoint against its saved reference model
         from tests.train_helpers import REPO, cli_env
         from zaya_jax.train.monitor import read_metrics
