@@ -146,3 +146,32 @@ def test_bad_image_requests_are_refused_before_anything_runs(model, requests):
     submit(engine, [2, 5], SamplingParams(max_tokens=1))  # a text request on a vision-language engine
     while engine.has_work():
         engine.step()
+
+
+def test_a_vl_engine_on_a_mesh_serves_what_one_device_serves(model, requests):
+    """data=2,tensor=2,expert=2 on 8 fake devices: the tower's weights split by the trainer's rules
+    and each image prefill's row repeated over the 4 rows the MoE splits (data x expert). The image
+    and text requests arriving as in the test above give the one-device engine's tokens, logprobs
+    within 1e-4 (fp32; sharded sums add in another order)."""
+    from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
+
+    def serve(engine):
+        queues = []
+        for batch in [requests[:2], requests[2:4], [], requests[4:]]:
+            for prompt, images in batch:
+                engine.submit(prompt, greedy(), images=images, events=(events := queue.Queue()))
+                queues.append(events)
+            engine.step()
+        while engine.has_work():
+            engine.step()
+        return [drain(q)[0] for q in queues]
+    settings = dict(slots=4, cache_size=CACHE, chunk=CHUNK, image_processor=PROCESSOR)
+    want = serve(Engine(model, **settings))
+    sharded = Engine(model, **settings, mesh=make_mesh(parse_mesh_flag("data=2,tensor=2,expert=2")))
+    got = serve(sharded)
+    for a, b in zip(got, want):
+        assert a.tokens == b.tokens and a.reason == b.reason
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4, rtol=0)
+    tower = [x for x in jax.tree.leaves(sharded._vision[1]) if len(x.sharding.device_set) == 8]
+    assert tower and any(not x.sharding.is_fully_replicated for x in tower)
+    assert sharded.calls and sharded.row_buckets[0] == 4

@@ -29,7 +29,8 @@ thread while there is work.
 A ZAYA1-VL model (ZayaVL) also takes requests with images (`submit(..., images=[...])`, the prompt
 holding each image's expanded span as generate takes it): such a request is prefilled whole and
 alone when it is admitted, its vision tower in that call (images.py: one compilation per prompt
-width and patch bucket), skips the prefix cache, and then decodes among the others as text.
+width and patch bucket), skips the prefix cache, and then decodes among the others as text. On a
+mesh the tower's weights are placed by the trainer's rules as the text model's are.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from zaya_jax.engine.images import fill_test_image, image_inputs, prefill_with_images
+from zaya_jax.engine.images import fill_test_image, image_inputs, prefill_with_images, vision_split
 from zaya_jax.engine.params import SamplingParams
 from zaya_jax.engine.placement import place, place_params, row_buckets
 from zaya_jax.engine.prefix_cache import PrefixCache, block_keys, restore, snapshot
@@ -100,11 +101,8 @@ class Engine:
         images are resized and cut (default: ImageProcessor.for_tower, Qwen2-VL's sizes);
         mesh: None (one device) or a mesh with the trainer's axes (parallel.mesh.make_mesh): weights
         sharded by the trainer's rules, slots split over data, every compiled call sharded
-        (zaya_jax.engine.placement; a mesh the model cannot use is a ConfigError here; a ZayaVL
-        is served on one device); decode_block: k, the most decode steps one compiled call runs
+        (zaya_jax.engine.placement; a mesh the model cannot use is a ConfigError here); decode_block: k, the most decode steps one compiled call runs
         (1: a host round trip per token)."""
-        if mesh is not None and isinstance(model, ZayaVL):
-            raise UserError("a vision-language model is served on one device for now: drop --mesh")
         self.config = text_model(model).config
         self._graphdef, self._params = nnx.split(text_model(model))
         self._vl = model if isinstance(model, ZayaVL) else None
@@ -119,9 +117,11 @@ class Engine:
         self.decode_block = decode_block
         self.row_buckets = row_buckets(slots, mesh)
         self._chunk, self._decode, self._snapshot, self._restore = engine_chunk, engine_decode, snapshot, restore
+        self._images = prefill_with_images
         if mesh is not None:
-            self._params, self._state, self._chunk, self._decode, self._snapshot, self._restore = place(
-                model, self._params, self._state, mesh, slots)
+            (self._params, self._state, self._chunk, self._decode, self._snapshot, self._restore,
+             self._images) = place(model, self._params, self._state, mesh, slots)
+        self._vision = None if self._vl is None else self._place_vision(model)  # (graphdef, tower params)
         self.calls = collections.Counter()  # compiled calls run: ("chunk", B) and ("decode", steps asked)
         self._prefix = PrefixCache(chunk, prefix_cache_bytes) if prefix_cache_bytes else None
         self._rows: list[_Request | None] = [None] * slots
@@ -203,7 +203,8 @@ class Engine:
         (RuntimeError otherwise: a running response would mix two models' tokens). The prefix
         cache is emptied (its entries hold the old weights' keys and values)."""
         graphdef, params = nnx.split(text_model(model))
-        if graphdef != self._graphdef or isinstance(model, ZayaVL) != (self._vl is not None):
+        if graphdef != self._graphdef or isinstance(model, ZayaVL) != (self._vl is not None) or (
+                self._vl is not None and nnx.graphdef(model) != self._vision[0]):
             raise ValueError("set_weights needs a model of the engine's architecture (an equal graph: same config "
                              "and layers); build a new Engine for another model")
         with self._callers_turn():
@@ -211,7 +212,7 @@ class Engine:
                 raise RuntimeError("set_weights() runs on an idle engine: requests are running or waiting")
             self._params = params if self.mesh is None else place_params(params, self.mesh)
             if self._vl is not None:
-                self._vl = model
+                self._vl, self._vision = model, self._place_vision(model)
             if self._prefix is not None:
                 self._prefix = PrefixCache(self.chunk, self._prefix.budget)
 
@@ -416,14 +417,18 @@ class Engine:
     def _prefill_images(self, slot: int, r: _Request) -> None:
         """Prefill a request with images whole, alone, into its slot's row (images.py), and emit its
         first token."""
-        graphdef, params = nnx.split(self._vl)
         rows = self._row_sampling([r])
-        self._state, picked = prefill_with_images(graphdef, params, self._state, np.int32(slot), r.padded,
-                                                  np.asarray([r.prompt.size], np.int32), r.images, rows,
-                                                  top=max(self.max_top_logprobs, 1))
+        self._state, picked = self._images(*self._vision, self._params, self._state, np.int32(slot), r.padded,
+                                           np.asarray([r.prompt.size], np.int32), r.images, rows,
+                                           top=max(self.max_top_logprobs, 1), copies=self.row_buckets[0])
         r.prefilled = r.prompt.size
         self._prompt_tokens += r.prompt.size
         self._emit(slot, r, Picked(*jax.device_get(picked)), 0)
+
+    def _place_vision(self, model: ZayaVL) -> tuple[nnx.GraphDef, nnx.State]:
+        """A ZayaVL's vision_split, its tower's weights on the engine's mesh (as they are without one)."""
+        graphdef, tower = vision_split(model)
+        return graphdef, tower if self.mesh is None else place_params(tower, self.mesh)
 
     def _store_prefix(self, slot: int, r: _Request) -> None:
         if self._prefix is not None and self._prefix.wants(r.blocks, r.prefilled):

@@ -11,14 +11,18 @@ same padded ids and ImageBatch as `zaya_jax.generate` of that request alone buil
 written into row `slot` of the engine's donated [N,T] state; the request then decodes among the
 others as text (its image positions' keys and values are in the cache). One compilation per
 (S, P) bucket pair that requests use.
+
+On a mesh (zaya_jax.engine.placement) the MoE splits a call's rows over the batch axes, so the
+request's row is repeated to m = their product (`copies`, the engine's smallest row bucket) and
+row 0 is kept: the copies compute the same function of the same inputs.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -41,14 +45,24 @@ def image_inputs(model: ZayaVL, prompt: np.ndarray, images: Sequence | None, pro
     return ids[:, :cache_size], batch
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("top",), donate_argnums=(2,))
-def prefill_with_images(graphdef, params, state: DecodeState, slot: jax.Array, ids: jax.Array, length: jax.Array,
-                        images: ImageBatch, rows: RowSampling, *, top: int) -> tuple[DecodeState, Picked]:
-    """graphdef/params: a ZayaVL's; state: the engine's [N,T] state (donated); slot: [] int32; ids:
-    [1,S] right-padded prompt; length: [1] its tokens; images: [1,P,...]; rows: one row's sampling
-    ([1] arrays) -> the state with row `slot` holding the prompt (every other row unchanged) and the
-    pick [1] after its last token."""
-    model = nnx.merge(graphdef, params)
+def vision_split(model: ZayaVL) -> tuple[nnx.GraphDef, nnx.State]:
+    """A ZayaVL -> (its graphdef, its state without the text model's: the vision tower), to merge
+    with the engine's text params (its own placed copy) in `prefill_with_images_fn`."""
+    graphdef, tower, _ = nnx.split(model, lambda path, _: path[0] != "text", ...)
+    return graphdef, tower
+
+
+def prefill_with_images_fn(graphdef, vision_params, text_params, state: DecodeState, slot: jax.Array, ids: jax.Array,
+                           length: jax.Array, images: ImageBatch, rows: RowSampling, *, top: int,
+                           copies: int) -> tuple[DecodeState, Picked]:
+    """graphdef/vision_params: vision_split of a ZayaVL; text_params: its text model's; state: the
+    engine's [N,T] state (donated); slot: [] int32; ids: [1,S] right-padded prompt; length: [1] its
+    tokens; images: [1,P,...]; rows: one row's sampling ([1] arrays); copies: m, rows computed (the
+    row repeated) -> the state with row `slot` holding the prompt (every other row unchanged) and
+    the pick [1] after its last token. Unjitted: `prefill_with_images` is it jitted with IMAGES_JIT;
+    zaya_jax.engine.placement jits it with a mesh's shardings."""
+    model = nnx.merge(graphdef, vision_params, nnx.State({"text": text_params}))
+    ids, length, images = jax.tree.map(lambda x: jnp.repeat(x, copies, axis=0), (ids, length, images))
     with jax.named_scope("vision_tower"):
         tokens = model.vision(*images)
     logits, row = prefill(model.text, ids, length, state.keys.shape[2],
@@ -56,7 +70,11 @@ def prefill_with_images(graphdef, params, state: DecodeState, slot: jax.Array, i
     per_layer = [(s, r) for s, r in zip(jax.tree.leaves(state[:5]), jax.tree.leaves(row[:5]))]
     placed = [s.at[:, slot].set(r[:, 0].astype(s.dtype)) for s, r in per_layer]
     lengths = state.lengths.at[slot].set(length[0])
-    return jax.tree.unflatten(jax.tree.structure(state), placed + [lengths]), pick(logits, rows, top)
+    return jax.tree.unflatten(jax.tree.structure(state), placed + [lengths]), pick(logits[:1], rows, top)
+
+
+IMAGES_JIT = dict(static_argnums=(0,), static_argnames=("top", "copies"), donate_argnums=(3,))
+prefill_with_images = jax.jit(prefill_with_images_fn, **IMAGES_JIT)
 
 
 def fill_test_image(height: int, width: int) -> np.ndarray:

@@ -7,9 +7,9 @@ MXFP4 blocks) is split as its float weight would be along the axes its stored ar
 (the layer and expert axes, and for int8 every axis its values keep), the rest replicated
 (`quantized_spec`): expert parallelism splits a quantized model's experts as a float one's. Decode state (N slots): every leaf's slot
 dimension (dim 1 of the [L,N,...] caches and carry, dim 0 of lengths [N]) over `data`, replicated
-over the other axes. The compiled calls (engine_chunk, engine_decode, the prefix cache's snapshot and restore) are
-jitted with those shardings as outputs (an entry: replicated), so each call's state comes back as
-it went in and nothing recompiles, and run under `jax.set_mesh(mesh)`, so the MoE dispatch
+over the other axes. The compiled calls (engine_chunk, engine_decode, the prefix cache's snapshot
+and restore, a ZayaVL's image prefill) are jitted with those shardings as outputs (an entry:
+replicated), so each call's state comes back as it went in and nothing recompiles, and run under `jax.set_mesh(mesh)`, so the MoE dispatch
 (zaya_jax.parallel.moe_sharding: a shard_map over the batch axes data, fsdp, expert) and the
 rest of the model trace for the mesh. The host loop does not change.
 """
@@ -26,6 +26,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from zaya_jax.config import ConfigError
+from zaya_jax.engine.images import IMAGES_JIT, prefill_with_images_fn
 from zaya_jax.engine.prefix_cache import RESTORE_JIT, SNAPSHOT_JIT, restore_fn, snapshot_fn
 from zaya_jax.engine.step import CHUNK_JIT, DECODE_JIT, chunk_fn, decode_fn
 from zaya_jax.infer.cache import DecodeState
@@ -33,6 +34,7 @@ from zaya_jax.infer.quantize import QuantizedArray, QuantizedWeight
 from zaya_jax.parallel.context import active_axes
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
 from zaya_jax.parallel.rules import RULES, check_axes_divide, state_specs
+from zaya_jax.vision.model import ZayaVL
 
 
 def mesh_text(shape: dict[str, int]) -> str:
@@ -58,7 +60,7 @@ def check_mesh(model: nnx.Module, shape: dict[str, int], slots: int, where: str 
         raise ConfigError(f"{where}: slots={slots} does not split over {' x '.join(f'{a}={shape[a]}' for a in batch)}"
                           f" = {rows}, the axes the MoE splits an engine step's rows over\nfix: slots a multiple "
                           f"of {rows}, e.g. {-(-slots // rows) * rows}")
-    check_platform_support(shape, model.config.expert_parallel)
+    check_platform_support(shape, (model.text if isinstance(model, ZayaVL) else model).config.expert_parallel)
 
 
 def row_buckets(slots: int, mesh: Mesh | None) -> tuple[int, ...]:
@@ -90,19 +92,23 @@ class Placed(NamedTuple):
     decode: Callable     # engine_decode's
     snapshot: Callable   # prefix_cache.snapshot's
     restore: Callable    # prefix_cache.restore's
+    images: Callable     # images.prefill_with_images's
 
 
 def place(model: nnx.Module, params: nnx.State, state: DecodeState, mesh: Mesh, slots: int) -> Placed:
-    """params (nnx.split(model)'s state) by the trainer's rules, state [.., N, ..] by slot_shardings,
-    and engine_chunk, engine_decode, snapshot and restore jitted with those output shardings, each called under
-    jax.set_mesh(mesh). check_mesh first: a mesh the model cannot use fails before anything moves."""
+    """params (nnx.split's state of model, or of a ZayaVL's text model) by the trainer's rules, state
+    [.., N, ..] by slot_shardings, and engine_chunk, engine_decode, snapshot, restore and the image
+    prefill jitted with those output shardings, each called under jax.set_mesh(mesh). check_mesh
+    first (a ZayaVL's tower included): a mesh the model cannot use fails before anything moves."""
     check_mesh(model, dict(mesh.shape), slots)
     state_sharding, replicated = slot_shardings(state, mesh), NamedSharding(mesh, P())
     return Placed(place_params(params, mesh), jax.device_put(state, state_sharding),
                   on_mesh(jax.jit(chunk_fn, **CHUNK_JIT, out_shardings=(state_sharding, replicated)), mesh),
                   on_mesh(jax.jit(decode_fn, **DECODE_JIT, out_shardings=(state_sharding, replicated)), mesh),
                   on_mesh(jax.jit(snapshot_fn, **SNAPSHOT_JIT, out_shardings=replicated), mesh),
-                  on_mesh(jax.jit(restore_fn, **RESTORE_JIT, out_shardings=state_sharding), mesh))
+                  on_mesh(jax.jit(restore_fn, **RESTORE_JIT, out_shardings=state_sharding), mesh),
+                  on_mesh(jax.jit(prefill_with_images_fn, **IMAGES_JIT, out_shardings=(state_sharding, replicated)),
+                          mesh))
 
 
 def place_params(params: nnx.State, mesh: Mesh) -> nnx.State:

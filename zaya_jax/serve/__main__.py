@@ -152,11 +152,8 @@ def serving_mesh(model):
     before anything compiles."""
     from zaya_jax.engine.placement import check_mesh, mesh_text
     from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
-    from zaya_jax.vision.model import ZayaVL
     if _MESH.value is None:
         return None
-    if isinstance(model, ZayaVL):
-        raise UserError(f"--mesh {_MESH.value}: a vision-language model is served on one device for now; drop --mesh")
     mesh = make_mesh(parse_mesh_flag(_MESH.value))
     shape = dict(mesh.shape)
     check_mesh(model, shape, _SLOTS.value, f"--mesh {_MESH.value}",
