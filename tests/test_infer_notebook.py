@@ -11,7 +11,7 @@ import re
 import nbclient
 import nbformat
 
-from fake_devices import COMPILATION_CACHE
+from tests.fake_devices import COMPILATION_CACHE
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from fake_devices import COMPILATION_CACHE, RUNTIME_BOUND, xla_flags
+from tests.fake_devices import COMPILATION_CACHE, RUNTIME_BOUND, xla_flags
 from zaya_jax.errors import EXIT_PREEMPTED
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
