@@ -175,10 +175,10 @@ def test_posttrain_demo_readme_table_and_changes_are_both_stacks_files():
                                                in stages]
         assert f"| {name} | {steps} | " + " | ".join(cells) + " |" in readme, name
     moved = " and ".join(f"{100 * (r['accuracy']['after_dpo'] - r['accuracy']['after_sft']):+.1f}" for r in runs.values())
-    alone = " and ".join(f"{100 * (r['accuracy']['after_sft'] - r['dpo_without_rpo']['accuracy']):.1f}"
+    alone = " and ".join(f"{100 * (r['dpo_without_rpo']['accuracy'] - r['accuracy']['after_sft']):+.1f}"
                          for r in runs.values())
     assert f"{moved} points" in _flat(readme) and f"moved exact match by {moved} points" in flat_doc
-    assert f"DPO's loss alone lowered it by {alone} points" in flat_doc
+    assert f"DPO's loss alone moved it by {alone} points" in flat_doc
 
 
 def _grpo_seed_row(label, seed):
