@@ -59,14 +59,8 @@ def greedy() -> SamplingParams:
     return SamplingParams(max_tokens=NEW, logprobs=True, top_logprobs=2)
 
 
-def test_image_and_text_requests_together_equal_each_alone(model, requests):
-    """Arrivals at steps 0, 0, 1, 1, 3 and 3 into 3 slots (the prefix cache on): the image requests are
-    prefilled whole beside text requests mid-prefill or decoding; each response is generate's for it
-    alone, its logprobs the whole model's over prompt + tokens. Two share their ids and differ in
-    their image's pixels: different answers; the last one starts with a block the cache holds, yet
-    no prefix hit (images bypass the cache)."""
-    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=1 << 20,
-                    image_processor=PROCESSOR)
+def serve_arrivals(engine: Engine, requests) -> list[queue.Queue]:
+    """requests submitted greedy, two at steps 0 and 1 and two at step 3, served to the end -> each one's events."""
     queues = []
     for batch in [requests[:2], requests[2:4], [], requests[4:]]:
         for prompt, images in batch:
@@ -75,6 +69,18 @@ def test_image_and_text_requests_together_equal_each_alone(model, requests):
         engine.step()
     while engine.has_work():
         engine.step()
+    return queues
+
+
+def test_image_and_text_requests_together_equal_each_alone(model, requests):
+    """Arrivals at steps 0, 0, 1, 1, 3 and 3 into 3 slots (the prefix cache on): the image requests are
+    prefilled whole beside text requests mid-prefill or decoding; each response is generate's for it
+    alone, its logprobs the whole model's over prompt + tokens. Two share their ids and differ in
+    their image's pixels: different answers; the last one starts with a block the cache holds, yet
+    no prefix hit (images bypass the cache)."""
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=1 << 20,
+                    image_processor=PROCESSOR)
+    queues = serve_arrivals(engine, requests)
     answers = []
     for (prompt, images), q in zip(requests, queues):
         finished, events = drain(q)
@@ -156,15 +162,7 @@ def test_a_vl_engine_on_a_mesh_serves_what_one_device_serves(model, requests):
     from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
 
     def serve(engine):
-        queues = []
-        for batch in [requests[:2], requests[2:4], [], requests[4:]]:
-            for prompt, images in batch:
-                engine.submit(prompt, greedy(), images=images, events=(events := queue.Queue()))
-                queues.append(events)
-            engine.step()
-        while engine.has_work():
-            engine.step()
-        return [drain(q)[0] for q in queues]
+        return [drain(q)[0] for q in serve_arrivals(engine, requests)]
     settings = dict(slots=4, cache_size=CACHE, chunk=CHUNK, image_processor=PROCESSOR)
     want = serve(Engine(model, **settings))
     sharded = Engine(model, **settings, mesh=make_mesh(parse_mesh_flag("data=2,tensor=2,expert=2")))
