@@ -40,8 +40,9 @@ def reference(tmp_path_factory):
     return losses
 
 
-def killed_job(workdir, local, *run) -> None:
-    """A 2-process job with a local tier, process 0 SIGKILLed after step KILL and process 1 with it."""
+def killed_job(workdir, local, *run) -> str:
+    """A 2-process job with a local tier, process 0 SIGKILLed after step KILL and process 1 with it
+    -> process 0's output."""
     job = Job(workdir, *run, *tier(local), faults={"KILL_AT_STEP": KILL, "KILL_SIGNAL": "SIGKILL"})
     deadline = time.time() + 300
     while job.processes[0].poll() is None:
@@ -50,6 +51,7 @@ def killed_job(workdir, local, *run) -> None:
     job.signal(1, signal.SIGKILL)
     codes, _ = job.finish()
     assert codes[0] == -signal.SIGKILL, (codes, job.output(0)[-3000:], job.output(1)[-3000:])
+    return job.output(0)
 
 
 def resumed_job(workdir, local, reference, *run) -> str:
@@ -66,14 +68,21 @@ def resumed_job(workdir, local, reference, *run) -> str:
 @pytest.mark.xdist_group("multiprocess")
 @pytest.mark.flaky(**RERUN_IF_OVERLOADED)
 def test_a_lost_node_resumes_from_the_newest_local_step_through_its_peer(reference, tmp_path):
+    """Then the restarted job is killed again after step 7, before its next local save, and the
+    other node is replaced: the restore wrote step 6 again on both processes, so the third start
+    also resumes from local step 6, now through process 0's peer copy."""
     workdir, local = tmp_path / "run", tmp_path / "local"
     killed_job(workdir, local, *RUN)
     assert integrity.steps_in(str(workdir / "checkpoints")) == [EVERY]  # the persistent tier is older
     shutil.rmtree(local / "process_0")  # the replaced node's local storage
-    output = resumed_job(workdir, local, reference, *RUN)
+    output = killed_job(workdir, local, *RUN)
     assert (f"start at step 6: restored local step 6 ({local}; process 0's shards from process 1's peer copy)"
             in output), output[-3000:]
-    assert sorted(os.listdir(local / "process_0" / "own")) == ["10", "8"]  # the new node keeps the tier again
+    shutil.rmtree(local / "process_1")
+    output = resumed_job(workdir, local, reference, *RUN)
+    assert (f"start at step 6: restored local step 6 ({local}; process 1's shards from process 0's peer copy)"
+            in output), output[-3000:]
+    assert sorted(os.listdir(local / "process_1" / "own")) == ["10", "8"]  # the new node keeps the tier again
 
 
 @pytest.mark.xdist_group("multiprocess")

@@ -224,7 +224,8 @@ class Trainer:
     def _restore_local(self, step: int, from_peer: list[int]) -> tuple[TrainState, str]:
         """The state and data position of local step `step` (every process restores it together),
         checked as a persistent resume is: the config saved with it, then each process's data state
-        (a ConfigError on every process when one process finds a problem)."""
+        (a ConfigError on every process when one process finds a problem); then saved to the local
+        tier again, own and peer copies, so that every shard is held twice before the first step."""
         elsewhere = f"local step {step}: process {{}} cannot resume it (see its message)"
         saved = self.local_tier.saved_config(step)
         local_tier.raise_on_every_process(saved and self._local_resume_problem(step, *saved), elsewhere)
@@ -234,6 +235,11 @@ class Trainer:
             problem and f"local step {step} of {self.local_tier.home}: its data iterator state {problem}: {RESUME_FIX}",
             elsewhere)
         self.data.set_state(position)
+        # written again on every process before training goes on: a process restored from its peer
+        # copy held its shards once (and its neighbour's copy was lost with its disk), so a second
+        # failure before the next local save would otherwise fall back to the persistent tier
+        self.local_tier.save(state, self.data.get_state(), self._config_record())
+        self.local_tier.wait()
         peers = "".join(f"; process {p}'s shards from process {(p - 1) % jax.process_count()}'s peer copy"
                         for p in from_peer)
         return state, f"restored local step {step} ({self.settings.checkpoint.local_dir}{peers})"
