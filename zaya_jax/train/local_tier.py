@@ -25,7 +25,8 @@ job of this shape wrote (same process count and mesh); the processes exchange th
 (distributed.gather_ints) and take the newest step newer than the persistent tier's for which
 every process p has its own copy or process p-1 holds p's as its peer copy. A process without
 its own copy (a replaced node, an emptied disk) gets its files back from the process before it,
-through the same hand-off the other way. Before it, the config saved with the step must be one this
+through the same hand-off the other way, and the trainer then saves the restored step again (own
+and peer copies, waiting for them), so every shard is held twice before training goes on. Before it, the config saved with the step must be one this
 config resumes (start_checks.check_resumable, as for a persistent step), and after it, the data
 iterator state each process restores one its iterator continues (state_problem): otherwise every
 process raises a ConfigError naming the step's directory, and nothing is deleted. Nothing usable (another process count or mesh, every
