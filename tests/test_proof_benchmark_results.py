@@ -559,16 +559,17 @@ def test_fp8_planner_figures_are_the_results_file():
             f"{fp8['step_s']:.3f} s against {bf16['step_s']:.3f} s" in readme), hw
 
 
-def test_fp8_demo_figures_are_the_results_file():
-    r = _load("fp8_demo_cpu_py311")
-    fp8_doc = _doc("fp8.md")
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = " ".join(f.read().split())
+@pytest.mark.parametrize("stack", STACKS)
+def test_fp8_demo_figures_are_the_results_file(stack):
+    r = _load(f"fp8_demo_cpu_{stack}")
+    fp8_doc, flat_doc, readme = _doc("fp8.md"), _flat(_doc("fp8.md")), _flat(_readme())
+    assert STACKS[stack] == f"Python {r['stack']['python'].rsplit('.', 1)[0]}"
     for name, run in (("bf16", r["bf16"]), ("FP8", r["fp8"])):
         e = run["final_eval_loss"]
-        assert f"| {name} | {run['last_logged_loss']} | {e['code']} | {e['math']} | {e['prose']} |" in fp8_doc
-    share = f"{100 * r['last_logged_loss_rel_diff']:.2f}% above bf16's"
-    assert share in fp8_doc and share in readme
+        assert (f"| {STACKS[stack]}: {name} | {run['last_logged_loss']} | {e['code']} | {e['math']} | "
+                f"{e['prose']} |") in fp8_doc
+    share = f"{100 * r['last_logged_loss_rel_diff']:.2f}% above"
+    assert share in flat_doc and share in readme
     assert abs(r["last_logged_loss_rel_diff"]) < 0.02
 
 
