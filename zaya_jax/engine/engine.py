@@ -100,9 +100,10 @@ class Engine:
         top_logprobs a request may ask for (one compiled size); image_processor: how a ZayaVL's
         images are resized and cut (default: ImageProcessor.for_tower, Qwen2-VL's sizes);
         mesh: None (one device) or a mesh with the trainer's axes (parallel.mesh.make_mesh): weights
-        sharded by the trainer's rules, slots split over data, every compiled call sharded
-        (zaya_jax.engine.placement; a mesh the model cannot use is a ConfigError here); decode_block: k, the most decode steps one compiled call runs
-        (1: a host round trip per token)."""
+        sharded by the trainer's rules (a ZayaVL's tower too), slots split over data, every
+        compiled call sharded (zaya_jax.engine.placement; a mesh the model cannot use is a
+        ConfigError here); decode_block: k, the most decode steps one compiled call runs (1: a host
+        round trip per token)."""
         self.config = text_model(model).config
         self._graphdef, self._params = nnx.split(text_model(model))
         self._vl = model if isinstance(model, ZayaVL) else None

@@ -9,9 +9,10 @@ MXFP4 blocks) is split as its float weight would be along the axes its stored ar
 dimension (dim 1 of the [L,N,...] caches and carry, dim 0 of lengths [N]) over `data`, replicated
 over the other axes. The compiled calls (engine_chunk, engine_decode, the prefix cache's snapshot
 and restore, a ZayaVL's image prefill) are jitted with those shardings as outputs (an entry:
-replicated), so each call's state comes back as it went in and nothing recompiles, and run under `jax.set_mesh(mesh)`, so the MoE dispatch
-(zaya_jax.parallel.moe_sharding: a shard_map over the batch axes data, fsdp, expert) and the
-rest of the model trace for the mesh. The host loop does not change.
+replicated), so each call's state comes back as it went in and nothing recompiles, and run
+under `jax.set_mesh(mesh)`, so the MoE dispatch (zaya_jax.parallel.moe_sharding: a shard_map over
+the batch axes data, fsdp, expert) and the rest of the model trace for the mesh. The host loop
+does not change.
 """
 
 from __future__ import annotations
