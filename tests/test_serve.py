@@ -252,10 +252,13 @@ def test_a_full_queue_answers_429_and_the_rest_are_served(server, client):
     assert metric(server, "zaya_slots_in_use") == 0
 
 
+@pytest.mark.flaky(reruns=2)
 def test_a_client_that_disconnects_mid_stream_frees_its_slot(server):
     """The engine stops generating for it at once: it never makes its 150 tokens, and few after the
     client has gone (counted from the close: the server streams ahead of a client that has not read
-    yet, so tokens made before the close say nothing of the cancel)."""
+    yet, so tokens made before the close say nothing of the cancel). Rerun up to twice: in a full
+    3.12 suite the server once noticed the close only after all 150 (85 after it), with its event
+    loop behind the engine's thread; with the cancel removed every attempt makes all 150."""
     aborted = metric(server, 'zaya_requests_total{finish_reason="abort"}')
     generated = metric(server, "zaya_engine_generated_tokens_total")
     body = {"model": NAME, "prompt": prompt_ids(4), "max_tokens": 150, "ignore_eos": True, "stream": True}
