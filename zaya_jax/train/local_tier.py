@@ -25,9 +25,10 @@ job of this shape wrote (same process count and mesh); the processes exchange th
 (distributed.gather_ints) and take the newest step newer than the persistent tier's for which
 every process p has its own copy or process p-1 holds p's as its peer copy. A process without
 its own copy (a replaced node, an emptied disk) gets its files back from the process before it,
-through the same hand-off the other way, and the trainer then saves the restored step again (own
-and peer copies, waiting for them), so every shard is held twice before training goes on. Before it, the config saved with the step must be one this
-config resumes (start_checks.check_resumable, as for a persistent step), and after it, the data
+through the same hand-off the other way; where some process's shards of the step were held once
+(own or peer copy missing), the trainer then saves the restored step again (own and peer copies,
+waiting for them), so every shard is held twice before training goes on. Before it, the config
+saved with the step must be one this config resumes (start_checks.check_resumable, as for a persistent step), and after it, the data
 iterator state each process restores one its iterator continues (state_problem): otherwise every
 process raises a ConfigError naming the step's directory, and nothing is deleted. Nothing usable (another process count or mesh, every
 copy of some process lost): the persistent tier, reshaped as before.
@@ -52,6 +53,7 @@ import json
 import os
 import shutil
 import uuid
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +63,13 @@ from zaya_jax.errors import UserError
 from zaya_jax.parallel import distributed
 from zaya_jax.train import integrity
 from zaya_jax.train.sealing import write_files
+
+class Agreed(NamedTuple):
+    """A local step every process can restore."""
+    step: int
+    from_peer: list[int]  # processes restored from their neighbour's peer copy
+    held_once: list[int]  # processes whose shards of the step are in one copy only (own or peer)
+
 
 TMP = ".zaya-tmp"
 RUN_ID = "run_id"  # WORKDIR/run_id: the identity of a run, written at its first start
@@ -266,9 +275,9 @@ class LocalTier:
         with open(os.path.join(step_dir, "data", "about.json")) as f:
             return json.load(f)
 
-    def agreed_step(self, newer_than: int, log) -> tuple[int, list[int]] | None:
-        """(step, [processes restored from their neighbour's peer copy]) of the newest local step newer
-        than `newer_than` that every process can restore, the same on every process; None if none."""
+    def agreed_step(self, newer_than: int, log) -> Agreed | None:
+        """The newest local step newer than `newer_than` that every process can restore, the same on
+        every process; None if none."""
         self.wait()
         own, peer = self._whole(self.own, log), self._whole(self.peer, log)
         pad = lambda steps: steps + [-1] * (MAX_LISTED - len(steps))  # noqa: E731
@@ -279,7 +288,9 @@ class LocalTier:
             if step <= newer_than:
                 break
             if all(step in owns[p] or step in peers[(p - 1) % self.count] for p in range(self.count)):
-                return int(step), [p for p in range(self.count) if step not in owns[p]]
+                return Agreed(int(step), [p for p in range(self.count) if step not in owns[p]],
+                              [p for p in range(self.count) if step not in owns[p] or
+                               (self.count > 1 and step not in peers[(p - 1) % self.count])])
         return None
 
     def saved_config(self, step: int) -> tuple[str, dict] | None:

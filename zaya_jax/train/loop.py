@@ -176,7 +176,7 @@ class Trainer:
         step = point[0] if point else None
         local = self.local_tier and self.local_tier.agreed_step(-1 if step is None else step, self._log_named)
         if local:
-            return self._restore_local(*local)
+            return self._restore_local(local)
         if point is not None and point[1] == "training":
             return self._restore(step), f"restored checkpoint {step}"
         if point is not None:
@@ -221,11 +221,13 @@ class Trainer:
         model, _ = restore_model(directory, target, step)
         return model["params"], model["biases"]
 
-    def _restore_local(self, step: int, from_peer: list[int]) -> tuple[TrainState, str]:
-        """The state and data position of local step `step` (every process restores it together),
+    def _restore_local(self, agreed: local_tier.Agreed) -> tuple[TrainState, str]:
+        """The state and data position of the agreed local step (every process restores it together),
         checked as a persistent resume is: the config saved with it, then each process's data state
-        (a ConfigError on every process when one process finds a problem); then saved to the local
-        tier again, own and peer copies, so that every shard is held twice before the first step."""
+        (a ConfigError on every process when one process finds a problem); then, where some shards
+        of it were held once, saved to the local tier again, so that every shard is held twice
+        before the first step."""
+        step, from_peer = agreed.step, agreed.from_peer
         elsewhere = f"local step {step}: process {{}} cannot resume it (see its message)"
         saved = self.local_tier.saved_config(step)
         local_tier.raise_on_every_process(saved and self._local_resume_problem(step, *saved), elsewhere)
@@ -235,11 +237,10 @@ class Trainer:
             problem and f"local step {step} of {self.local_tier.home}: its data iterator state {problem}: {RESUME_FIX}",
             elsewhere)
         self.data.set_state(position)
-        # written again on every process before training goes on: a process restored from its peer
-        # copy held its shards once (and its neighbour's copy was lost with its disk), so a second
-        # failure before the next local save would otherwise fall back to the persistent tier
-        self.local_tier.save(state, self.data.get_state(), self._config_record())
-        self.local_tier.wait()
+        if agreed.held_once:  # a second failure before the next local save would otherwise find
+            # those shards nowhere newer than the persistent tier (every process saves: it is collective)
+            self.local_tier.save(state, self.data.get_state(), self._config_record())
+            self.local_tier.wait()
         peers = "".join(f"; process {p}'s shards from process {(p - 1) % jax.process_count()}'s peer copy"
                         for p in from_peer)
         return state, f"restored local step {step} ({self.settings.checkpoint.local_dir}{peers})"
@@ -469,8 +470,9 @@ class Trainer:
         self._rollbacks += 1
         position, skipped = self.data.get_state(), self.state.skipped_steps
         if local:  # newer than the persistent tier's (local saves skip non-finite steps too)
-            restored, _ = self.local_tier.restore(*local, with_shardings(self.abstract_state, self.shardings))
-            latest, origin = local[0], f"local step {local[0]}"
+            restored, _ = self.local_tier.restore(local.step, local.from_peer,
+                                                  with_shardings(self.abstract_state, self.shardings))
+            latest, origin = local.step, f"local step {local.step}"
         else:
             restored, origin = self._restore(latest), f"checkpoint {latest}"
         self.state = restored.replace(skipped_steps=skipped)  # skipped_steps counts the whole run
