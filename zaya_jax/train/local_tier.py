@@ -3,29 +3,34 @@
   checkpoint.local_dir=DIR  checkpoint.local_every=K  checkpoint.local_max_to_keep=2
 
 Every K steps each process writes, without waiting for any other process's write:
-  DIR/process_<i>/own/<step>/   its addressable shards of the whole TrainState (each distinct shard
-                                once: arrays replicated over its devices are written once), its
-                                data iterator's state and the run's config (as a persistent step's)
-  DIR/process_<i>/peer/<step>/  the same for process (i+1) % n: each process packs its shards, their
-                                layout and its data state into one byte buffer and hands it to the
-                                process before it (_passed_on: a device-to-device collective permute
-                                of one row per process, NCCL on GPUs, gloo on CPU)
+  DIR/process_<i>/own/<step>/   the TrainState's arrays as an Orbax item of which this process writes
+                                the shards it holds (as Orbax's emergency managers write their local
+                                tier: _orbax_local), its data iterator's state and the run's config
+                                (as a persistent step's)
+  DIR/process_<i>/peer/<step>/  the same for process (i+1) % n: each process packs its distinct shards,
+                                their layout and its data state into one byte buffer and hands it to
+                                the process before it (_passed_on: a device-to-device collective
+                                permute of a [processes, bytes] array, one row per process on its
+                                first device: NCCL on GPUs, gloo on CPU); the receiving process
+                                saves its row of that array through the same Orbax handler
   DIR/process_<i>/run.json      the run this tier belongs to (WORKDIR/run_id): a tier of another run
                                 is refused before training starts, never restored
 With one process per node (the SLURM scripts) the neighbour is on another node, so any one lost
 node's state survives on the node before it. Each step directory is written like a persistent one:
-the shards as raw files `state/l<leaf>.s<shard>` (their shapes, dtypes and places in `data/about.json`)
-into `<step>.zaya-tmp`, the data state beside them, then integrity.write_manifest (size and crc32
-of every file), then one rename to `<step>`. A process killed mid-write leaves a `.zaya-tmp`
-directory, removed at the next start.
+Orbax's asynchronous save of the item `state` into `<step>.zaya-tmp` (the loop waits for the
+device-to-host copies only), then, in a writer thread, the data state and `data/about.json` (the
+step, the job's shape, the shards' layout) beside it, integrity.write_manifest (size and crc32 of
+every file, Orbax's included), and one rename to `<step>`. A process killed mid-write leaves a
+`.zaya-tmp` directory, removed at the next start.
 
 Restore (`agreed_step`, then `restore`; every process calls both): each process lists the steps of
 its own and peer copies that pass their manifests (a damaged copy is named and skipped) and that a
 job of this shape wrote (same process count and mesh); the processes exchange the lists
 (distributed.gather_ints) and take the newest step newer than the persistent tier's for which
 every process p has its own copy or process p-1 holds p's as its peer copy. A process without
-its own copy (a replaced node, an emptied disk) gets its files back from the process before it,
-through the same hand-off the other way; where some process's shards of the step were held once
+its own copy (a replaced node, an emptied disk) gets its shards back from the process before it,
+through the same hand-off the other way (the others read their own copy through Orbax, each process
+its own shards only); where some process's shards of the step were held once
 (own or peer copy missing), the trainer then saves the restored step again (own and peer copies,
 waiting for them), so every shard is held twice before training goes on. Before it, the config
 saved with the step must be one this config resumes (start_checks.check_resumable, as for a persistent step), and after it, the data
@@ -33,23 +38,21 @@ iterator state each process restores one its iterator continues (state_problem):
 process raises a ConfigError naming the step's directory, and nothing is deleted. Nothing usable (another process count or mesh, every
 copy of some process lost): the persistent tier, reshaped as before.
 
-Why not Orbax's emergency managers (orbax.checkpoint.experimental.emergency 0.12): they need a
-mesh with at least two data-parallel replicas along a replica axis (multi-slice TPU: the local
-tier of a slice is restored by broadcasting from a slice that still has it) or an external
+Why not Orbax's emergency managers themselves (orbax.checkpoint.experimental.emergency 0.12): they
+need a mesh with at least two data-parallel replicas along a replica axis (multi-slice TPU: the
+local tier of a slice is restored by broadcasting from a slice that still has it) or an external
 replicator service (multi_tier_checkpointing) or a peer-to-peer file service (p2p); this trainer
 shards its state over fsdp/expert across processes, so one process's shards may exist nowhere else
-unless it writes them out, and it also needs the data iterator's state and the manifest checks.
-Nor Orbax's handlers for the files: in 0.12.8 its NumpyHandler writes from process 0 only (a fixed
-`process_index() == 0`), and its ArrayHandler's per-process writes (primary_host=None) leave one
-OCDBT database per process that its managers merge across processes; a process here must write
-and read its directory alone, whatever the others do. The files are plain bytes, checked by the
-same manifest as a persistent step.
+unless it copies them out, and it also needs the data iterator's state and the manifest checks.
+So the tier is built on the primitives their local tier uses (the handler and its per-process
+options), with the peer copy, the agreement and the manifest around them.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -58,6 +61,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 
 from zaya_jax.errors import UserError
 from zaya_jax.parallel import distributed
@@ -96,20 +101,35 @@ def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
     return ",".join(f"{s.start or 0}:{dim if s.stop is None else s.stop}" for s, dim in zip(index, shape))
 
 
-def _host_shards(state) -> tuple[dict, list]:
-    """({"l<n>.s<k>": numpy shard}, layout [[shape, dtype, [index keys]] per leaf]) of this
-    process's distinct shards of every leaf of `state` (blocks for the device-to-host copies)."""
-    leaves = jax.tree.leaves(state)
+def _distinct_shards(leaf: jax.Array) -> dict[str, jax.Array]:
+    """{index key: single-device array} of this process's distinct shards of `leaf` (a replica once)."""
+    distinct = {}
+    for shard in leaf.addressable_shards:
+        distinct.setdefault(_index_key(shard.index, leaf.shape), shard.data)
+    return distinct
+
+
+def _layout(leaves: list[jax.Array]) -> list:
+    """[[shape, dtype, [index keys of this process's distinct shards]] per leaf]."""
+    return [[list(leaf.shape), str(leaf.dtype), list(_distinct_shards(leaf))] for leaf in leaves]
+
+
+def _host_shards(leaves: list[jax.Array]) -> dict[str, np.ndarray]:
+    """{"l<n>.s<k>": numpy shard} of this process's distinct shards of `leaves`, in _layout's order
+    (blocks for the device-to-host copies)."""
     for leaf in leaves:
         leaf.copy_to_host_async()
-    shards, layout = {}, []
-    for n, leaf in enumerate(leaves):
-        distinct = {}
-        for shard in leaf.addressable_shards:
-            distinct.setdefault(_index_key(shard.index, leaf.shape), shard.data)
-        shards.update({f"l{n}.s{k}": np.asarray(data) for k, data in enumerate(distinct.values())})
-        layout.append([list(leaf.shape), str(leaf.dtype), list(distinct)])
-    return shards, layout
+    return {f"l{n}.s{k}": np.asarray(data) for n, leaf in enumerate(leaves)
+            for k, data in enumerate(_distinct_shards(leaf).values())}
+
+
+def _check_layout(leaves: list, layout: list, where: str) -> None:
+    """Raises UserError naming `where` unless `layout` lists arrays of the shapes and dtypes of `leaves`."""
+    if len(leaves) != len(layout):
+        raise UserError(f"{where} holds {len(layout)} arrays, this run's state has {len(leaves)}")
+    for n, (leaf, (shape, dtype, _)) in enumerate(zip(leaves, layout)):
+        if tuple(shape) != leaf.shape or dtype != str(leaf.dtype):
+            raise UserError(f"{where}: array {n} is {dtype}{shape}, this run's is {leaf.dtype}{list(leaf.shape)}")
 
 
 def _pack(header: dict, blobs: dict[str, np.ndarray]) -> np.ndarray:
@@ -130,8 +150,17 @@ def _unpack(buffer: np.ndarray) -> tuple[dict, dict[str, np.ndarray]]:
     return header, blobs
 
 
-def _passed_on(payload: np.ndarray, shift: int) -> np.ndarray:
-    """Every process's `payload` (uint8) delivered to process (i + shift) % n; returns what this one got.
+def _rows_sharding() -> jax.sharding.NamedSharding:
+    """A [processes, bytes] array's rows, one per process on its first device."""
+    firsts = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+              for p in range(jax.process_count())]
+    return jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(firsts), ("process",)),
+                                      jax.sharding.PartitionSpec("process"))
+
+
+def _passed_on(payload: np.ndarray, shift: int) -> tuple[jax.Array, int]:
+    """Every process's `payload` (uint8) delivered to process (i + shift) % n: (the [processes, bytes]
+    array whose row on this process holds what it got, the length of that; _row reads it).
 
     A device-to-device copy (a collective permute of a [processes, bytes] array, one row per process
     on its first device: NCCL on GPUs, gloo on CPU); every process calls it at the same point.
@@ -140,16 +169,50 @@ def _passed_on(payload: np.ndarray, shift: int) -> np.ndarray:
     sizes = distributed.gather_ints([payload.size >> 20, payload.size & 0xFFFFF])  # MiB, bytes: int32-safe
     lengths = [int(mib) << 20 | int(rest) for mib, rest in sizes]
     width = max(max(lengths), 1)
-    firsts = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id) for p in range(count)]
-    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(firsts), ("process",)),
-                                          jax.sharding.PartitionSpec("process"))
+    sharding = _rows_sharding()
     row = np.zeros((1, width), np.uint8)
     row[0, :payload.size] = payload
     with jax.set_mesh(None):  # the caller's mesh context names its own devices; this mesh has one per process
         rows = jax.make_array_from_process_local_data(sharding, row, (count, width))
         moved = jax.jit(lambda x: jnp.roll(x, shift, axis=0), out_shardings=sharding)(rows)
-    received = np.asarray(moved.addressable_shards[0].data)[0]
-    return received[:lengths[(index - shift) % count]]
+    return moved, lengths[(index - shift) % count]
+
+
+def _row(rows: jax.Array, length: int) -> np.ndarray:
+    """This process's row of a [processes, bytes] array (_passed_on's), its first `length` bytes."""
+    return np.asarray(rows.addressable_shards[0].data)[0][:length]
+
+
+class _WithoutPerProcessNotice(logging.Filter):
+    """Orbax warns at every save with primary_host=None that it does not log the global object size
+    (as no process sees the whole); that is this tier's design, so the notice is dropped."""
+
+    def filter(self, record):
+        return not record.getMessage().startswith("Global object size logging disabled")
+
+
+absl_logging.get_absl_logger().addFilter(_WithoutPerProcessNotice())
+
+
+def _orbax_local(role: str, asynchronous: bool):
+    """An Orbax checkpointer of this process alone, as Orbax's emergency managers build their local
+    tier's: PyTreeCheckpointHandler (OCDBT, zarr3) with ArrayHandler(primary_host=None,
+    replica_id=None): every process writes (and reads) the shards of the global arrays it holds, in
+    its own directory; MultiprocessingOptions naming this process only, so no barrier waits for
+    another process. `role` keeps the barrier names of the checkpointers of one process apart."""
+    index = jax.process_index()
+    options = ocp.options.MultiprocessingOptions(primary_host=None, active_processes={index},
+                                                 barrier_sync_key_prefix=f"zaya-local-{role}-{index}")
+    registry = ocp.type_handlers.create_type_handler_registry(
+        (jax.Array, ocp.type_handlers.ArrayHandler(primary_host=None, replica_id=None, use_replica_parallel=False)))
+    handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True, multiprocessing_options=options,
+                                          type_handler_registry=registry)
+    if not asynchronous:
+        return ocp.Checkpointer(handler, multiprocessing_options=options)
+    # Directories made before save() returns: Orbax's asynchronous creation signals its completion
+    # under a key of the job-wide operation counter, which saves of one process alone would share.
+    return ocp.AsyncCheckpointer(handler, multiprocessing_options=options,
+                                 async_options=ocp.options.AsyncOptions(create_directories_asynchronously=False))
 
 
 class LocalTier:
@@ -163,6 +226,8 @@ class LocalTier:
         self.own, self.peer = os.path.join(self.home, "own"), os.path.join(self.home, "peer")
         self.keep, self.mesh, self.run = keep, mesh, run
         self._check_on_every_process(self._problem())
+        self._saving = {"own": _orbax_local("own", True), "peer": _orbax_local("peer", True)}
+        self._reader = _orbax_local("read", False)
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-tier")
         self._pending: list[concurrent.futures.Future] = []
 
@@ -198,32 +263,35 @@ class LocalTier:
         every process). Blocks for the device-to-host copies and the previous local save."""
         self.wait()
         step = int(jax.device_get(state.step))
-        own, layout = _host_shards(state)
-        self._pending.append(self._writer.submit(self._write, self.own, step, own, layout, self.index, data_state,
-                                                 config))
+        leaves, layout = jax.tree.leaves(state), _layout(jax.tree.leaves(state))
+        own = {"data/state.json": json.dumps(data_state).encode()}
+        self._start(self.own, step, leaves, {"process": self.index, "layout": layout}, own, config)
         if self.count == 1:
             return
-        received = _passed_on(_pack({"layout": layout, "data": data_state}, own), -1)  # the neighbour's
-        header, blobs = _unpack(received)
-        neighbour = (self.index + 1) % self.count
-        self._pending.append(self._writer.submit(self._write, self.peer, step, blobs, header["layout"], neighbour,
-                                                 header["data"], config))
+        rows, length = _passed_on(_pack({"layout": layout, "data": data_state}, _host_shards(leaves)), -1)
+        about = {"process": (self.index + 1) % self.count, "packed": [int(rows.shape[1]), length]}
+        self._start(self.peer, step, [rows], about, {}, config)
 
-    def _write(self, directory: str, step: int, shards: dict, layout: list, owner: int, data_state: dict,
+    def _start(self, directory: str, step: int, arrays: list[jax.Array], about: dict, files: dict[str, bytes],
                config: dict) -> None:
-        """In the writer thread: one step directory, sealed and renamed into place; then retention."""
-        tmp, final = os.path.join(directory, f"{step}{TMP}"), os.path.join(directory, str(step))
+        """Starts saving `arrays` as the Orbax item `state` of `<step>.zaya-tmp` in `directory` (blocks
+        for their device-to-host copies); the writer thread adds `files`, data/about.json (`about` and
+        the job's shape), data/config.json and the manifest, then renames it to `<step>`."""
+        tmp = os.path.join(directory, f"{step}{TMP}")
         shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(os.path.join(tmp, "state"))
-        for name, shard in shards.items():
-            with open(os.path.join(tmp, "state", name), "wb") as f:
-                f.write(np.ascontiguousarray(shard).reshape(-1).view(np.uint8))
-                f.flush()
-                os.fsync(f.fileno())
-        about = {"step": step, "process": owner, "processes": self.count, "mesh": dict(self.mesh.shape),
-                 "run": self.run, "layout": layout}
-        write_files(tmp, {"data/state.json": json.dumps(data_state).encode(),
-                          "data/about.json": json.dumps(about).encode(), "data/config.json": json.dumps(config).encode()})
+        os.makedirs(tmp)
+        saving = self._saving[os.path.basename(directory)]
+        saving.save(os.path.join(tmp, "state"), args=ocp.args.PyTreeSave(arrays))
+        about = {"step": step, **about, "processes": self.count, "mesh": dict(self.mesh.shape), "run": self.run}
+        files = {**files, "data/about.json": json.dumps(about).encode(), "data/config.json": json.dumps(config).encode()}
+        self._pending.append(self._writer.submit(self._finish, saving, directory, step, files))
+
+    def _finish(self, saving, directory: str, step: int, files: dict[str, bytes]) -> None:
+        """In the writer thread: once Orbax has written the step's `state`, seals it and renames it into
+        place; then retention."""
+        saving.wait_until_finished()
+        tmp, final = os.path.join(directory, f"{step}{TMP}"), os.path.join(directory, str(step))
+        write_files(tmp, files)
         integrity.write_manifest(tmp, "local")
         if os.path.isdir(final):  # a step saved again (after a restore from an older one)
             shutil.rmtree(final)
@@ -250,6 +318,8 @@ class LocalTier:
             self.wait()
         finally:
             self._writer.shutdown(wait=True)
+            for checkpointer in (*self._saving.values(), self._reader):
+                checkpointer.close()
 
     # -- restoring ---------------------------------------------------------------------------------
     def _whole(self, directory: str, log) -> list[int]:
@@ -303,24 +373,26 @@ class LocalTier:
                     return directory, json.load(f)
         return None
 
-    def _files(self, directory: str, step: int) -> tuple[dict, dict[str, np.ndarray]]:
-        """({"layout", "data"}, {shard file name: uint8 contents}) of a saved step."""
-        step_dir = os.path.join(directory, str(step))
-        with open(os.path.join(step_dir, "data", "state.json")) as f:
-            header = {"layout": self._about(step_dir)["layout"], "data": json.load(f)}
-        names = sorted(os.listdir(os.path.join(step_dir, "state")))
-        return header, {name: np.fromfile(os.path.join(step_dir, "state", name), np.uint8) for name in names}
+    def _peer_copy(self, step: int) -> np.ndarray:
+        """The packed bytes (_pack's) of the neighbour's shards this process holds for `step`."""
+        step_dir = os.path.join(self.peer, str(step))
+        width, length = self._about(step_dir)["packed"]
+        target = jax.ShapeDtypeStruct((self.count, width), np.uint8, sharding=_rows_sharding())
+        return _row(self._restored(os.path.join(step_dir, "state"), [target])[0], length)
+
+    def _restored(self, path: str, leaves: list) -> list[jax.Array]:
+        """The arrays of the Orbax item `path`, on the shardings of `leaves` (ShapeDtypeStructs); this
+        process reads its own shards only."""
+        return self._reader.restore(path, args=ocp.args.PyTreeRestore(
+            item=leaves, restore_args=[ocp.ArrayRestoreArgs(sharding=leaf.sharding) for leaf in leaves]))
 
     @staticmethod
     def _arrays(target, layout: list, blobs: dict[str, np.ndarray], where: str):
         """The arrays of `target` (ShapeDtypeStructs with shardings) from this process's shards `blobs`."""
         leaves, tree = jax.tree.flatten(target)
-        if len(leaves) != len(layout):
-            raise UserError(f"{where} holds {len(layout)} arrays, this run's state has {len(leaves)}")
+        _check_layout(leaves, layout, where)
         out = []
-        for n, (leaf, (shape, dtype, keys)) in enumerate(zip(leaves, layout)):
-            if tuple(shape) != leaf.shape or dtype != str(leaf.dtype):
-                raise UserError(f"{where}: array {n} is {dtype}{shape}, this run's is {leaf.dtype}{list(leaf.shape)}")
+        for n, (leaf, (_, _, keys)) in enumerate(zip(leaves, layout)):
             names = {key: f"l{n}.s{k}" for k, key in enumerate(keys)}
 
             def read(index, shape=leaf.shape, dtype=leaf.dtype, names=names):
@@ -331,17 +403,22 @@ class LocalTier:
     def restore(self, step: int, from_peer: list[int], target) -> tuple[object, dict]:
         """(state, this process's data iterator state) of `step` (agreed_step's), every process together.
         `target`: a TrainState of ShapeDtypeStructs with this run's shardings. A process in `from_peer`
-        gets its files from the previous process's peer copy (_passed_on)."""
+        gets its shards from the previous process's peer copy (_passed_on); the others read their own
+        copy through Orbax."""
         if from_peer:
             neighbour = (self.index + 1) % self.count
-            payload = (_pack(*self._files(self.peer, step)) if neighbour in from_peer else np.zeros(0, np.uint8))
-            received = _passed_on(payload, 1)
+            payload = self._peer_copy(step) if neighbour in from_peer else np.zeros(0, np.uint8)
+            rows, length = _passed_on(payload, 1)
             if self.index in from_peer:
-                header, blobs = _unpack(received)
+                header, blobs = _unpack(_row(rows, length))
                 where = f"process {(self.index - 1) % self.count}'s peer copy of step {step}"
                 return self._arrays(target, header["layout"], blobs, where), header["data"]
-        header, blobs = self._files(self.own, step)
-        return self._arrays(target, header["layout"], blobs, os.path.join(self.own, str(step))), header["data"]
+        step_dir = os.path.join(self.own, str(step))
+        leaves, tree = jax.tree.flatten(target)
+        _check_layout(leaves, self._about(step_dir)["layout"], step_dir)
+        with open(os.path.join(step_dir, "data", "state.json")) as f:
+            data_state = json.load(f)
+        return jax.tree.unflatten(tree, self._restored(os.path.join(step_dir, "state"), leaves)), data_state
 
 
 def _shape_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
