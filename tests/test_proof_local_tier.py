@@ -10,11 +10,14 @@ test_proof_kill_after_commit says). A damaged local copy is named and skipped, n
 input ends in one `error:` line before training.
 """
 
+import json
 import os
 import shutil
 import signal
 import time
 
+import jax
+import orbax.checkpoint as ocp
 import pytest
 
 from tests.test_cli_errors import assert_user_error
@@ -83,6 +86,13 @@ def test_a_lost_node_resumes_from_the_newest_local_step_through_its_peer(referen
     assert (f"start at step 6: restored local step 6 ({local}; process 1's shards from process 0's peer copy)"
             in output), output[-3000:]
     assert sorted(os.listdir(local / "process_1" / "own")) == ["10", "8"]  # the new node keeps the tier again
+    # Its own copy is an Orbax item of every state array (Orbax's own metadata reader agrees with the
+    # layout the tier recorded), written by process 1 alone: one per-process OCDBT database, its own.
+    step = local / "process_1" / "own" / "10"
+    arrays = jax.tree.leaves(ocp.PyTreeCheckpointer().metadata(step / "state").item_metadata.tree)
+    with open(step / "data" / "about.json") as f:
+        assert [tuple(a.shape) for a in arrays] == [tuple(shape) for shape, _, _ in json.load(f)["layout"]]
+    assert [p.name for p in (step / "state").glob("ocdbt.process_*")] == ["ocdbt.process_1"]
 
 
 @pytest.mark.xdist_group("multiprocess")
