@@ -61,6 +61,9 @@ RUNS: dict[str, list[str]] = {
     # GRPO's sampling, the engine against static generate, on that stack's SFT run (the GRPO demo's start)
     "grpo_rollouts_cpu_py311": ["grpo_rollouts.py", "--checkpoint", "runs/posttrain_demo_py311/demo_sft"],
     "grpo_rollouts_cpu_py312": ["grpo_rollouts.py", "--checkpoint", "runs/posttrain_demo_py312/demo_sft"],
+    # zaya_jax.generate(..., slots=8) against the static loop in batches of 8 (evaluate_tasks' way)
+    "generate_slots_cpu_py311": ["generate_slots.py"],
+    "generate_slots_cpu_py312": ["generate_slots.py"],
     "grpo_settings_cpu": ["grpo_settings.py"],  # runs/demo_sft's GRPO variants (reuses runs/grpo_settings/*)
     "grpo_vs_trl_cpu": ["grpo_vs_trl.py"],  # needs the bench extra (TRL) and runs/demo_sft (configs/demo_sft.py)
     "vl_demo_cpu_py311": ["vl_demo.py"],

@@ -35,13 +35,13 @@ are not used: old_logp is the train side's (grpo_batches), the function the loss
 
 from __future__ import annotations
 
-import queue
 from typing import NamedTuple, Sequence
 
 import jax
 import numpy as np
 
-from zaya_jax.engine import Engine, Finished, SamplingParams
+from zaya_jax.engine import Engine, SamplingParams
+from zaya_jax.engine.batch import row_seed, run_to_end
 
 
 class Rollout(NamedTuple):
@@ -60,11 +60,6 @@ def rollout_engine(model, slots: int, prompt_width: int, max_new_tokens: int,
                   max_top_logprobs=0, mesh=mesh)
 
 
-def row_seed(seed: int, row: int) -> int:
-    """Row `row`'s sampling seed in a generation seeded `seed` (the module's rule)."""
-    return int(np.random.SeedSequence([seed, row]).generate_state(1)[0])
-
-
 def sample_groups(engine: Engine, prompts: Sequence[Sequence[int]], group_size: int, max_new_tokens: int, *,
                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, seed: int = 0,
                   stop_ids: Sequence[int] = (), width: int | None = None) -> Rollout:
@@ -74,32 +69,13 @@ def sample_groups(engine: Engine, prompts: Sequence[Sequence[int]], group_size: 
     engine's rows (ValueError from Engine.submit otherwise)."""
     if group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
-    if engine.has_work():
-        raise RuntimeError("sample_groups needs an idle engine: its steps run every request it holds")
-    cfg = engine.config
     repeated = [list(p) for p in prompts for _ in range(group_size)]
-    events = [queue.Queue() for _ in repeated]
-    for i, (prompt, done) in enumerate(zip(repeated, events)):
-        engine.submit(prompt, SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                             top_p=top_p, seed=row_seed(seed, i), stop_ids=tuple(stop_ids)),
-                      events=done)
-    while engine.has_work():
-        engine.step()
-    tokens = np.full((len(repeated), max_new_tokens), cfg.pad_token_id, np.int32)
-    lengths = np.zeros(len(repeated), np.int32)
-    for i, done in enumerate(events):
-        finished = last_event(done)
-        tokens[i, :len(finished.tokens)] = finished.tokens
-        lengths[i] = len(finished.tokens)
+    params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                             seed=row_seed(seed, i), stop_ids=tuple(stop_ids)) for i in range(len(repeated))]
+    tokens, lengths = run_to_end(engine, repeated, params)
     width = width or max(len(p) for p in repeated)
-    return Rollout(completion_rows(repeated, tokens, lengths, width, cfg.pad_token_id), tokens, lengths, width)
-
-
-def last_event(events: queue.Queue) -> Finished:
-    """A finished request's Finished (its queue's last event), after its TokenEvents."""
-    while not isinstance(event := events.get_nowait(), Finished):
-        pass
-    return event
+    return Rollout(completion_rows(repeated, tokens, lengths, width, engine.config.pad_token_id), tokens, lengths,
+                   width)
 
 
 def completion_rows(prompts: Sequence[Sequence[int]], completions: np.ndarray, lengths: np.ndarray, width: int,

@@ -1,0 +1,88 @@
+"""A whole list of prompts through the engine, run to the end on the calling thread.
+
+Continuous batching for an offline batch (an evaluation set, GRPO's rollouts, `zaya_jax.generate`
+with `slots`): every prompt is submitted at once, the engine's `slots` rows take them in order,
+and a row that stops early (a stop id) takes the next waiting prompt at the next step instead of
+idling until the batch's longest completion is done, as the static loop's rows do.
+
+  tokens, lengths = run_to_end(engine, prompts, [SamplingParams(...) per prompt])
+  tokens = generate_in_slots(model, prompts, max_new_tokens, slots=8)   # generate's layout
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from zaya_jax.engine.engine import Engine, Finished
+from zaya_jax.engine.params import SamplingParams
+from zaya_jax.infer.generate import pad_prompts, text_model
+from zaya_jax.vision.processor import ImageProcessor
+
+
+def row_seed(seed: int, row: int) -> int:
+    """Row `row`'s sampling seed in a generation seeded `seed`: SeedSequence([seed, row])'s first word."""
+    return int(np.random.SeedSequence([seed, row]).generate_state(1)[0])
+
+
+def last_event(events: queue.Queue) -> Finished:
+    """A finished request's Finished (its queue's last event), after its TokenEvents."""
+    while not isinstance(event := events.get_nowait(), Finished):
+        pass
+    return event
+
+
+def run_to_end(engine: Engine, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
+               images: Sequence[Sequence] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Every prompt with its SamplingParams (and images, a ZayaVL engine's) through `engine`, idle
+    before and after -> (tokens int32 [B, max max_tokens], pad_token_id after each row's end;
+    lengths int32 [B]). ValueError from Engine.submit, before anything runs, for a prompt or params
+    the engine cannot take."""
+    if engine.has_work():
+        raise RuntimeError("run_to_end needs an idle engine: its steps run every request it holds")
+    events = [queue.Queue() for _ in prompts]
+    for i, (prompt, row_params, done) in enumerate(zip(prompts, params, events, strict=True)):
+        engine.submit(prompt, row_params, events=done, images=None if images is None else images[i])
+    while engine.has_work():
+        engine.step()
+    tokens = np.full((len(prompts), max(p.max_tokens for p in params)), engine.config.pad_token_id, np.int32)
+    lengths = np.zeros(len(prompts), np.int32)
+    for i, done in enumerate(events):
+        finished = last_event(done)
+        tokens[i, :len(finished.tokens)] = finished.tokens
+        lengths[i] = len(finished.tokens)
+    return tokens, lengths
+
+
+def generate_in_slots(model, prompt_ids, max_new_tokens: int, *, slots: int, chunk: int | None = None,
+                      temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                      seed: int = 0, stop_at_eos: bool = True, stop_ids: Sequence[int] = (),
+                      mesh: jax.sharding.Mesh | None = None, images: Sequence[Sequence] | None = None,
+                      image_processor: ImageProcessor | None = None, on_token=None) -> np.ndarray:
+    """zaya_jax.generate's result (int32 [B, max_new_tokens], the stop token kept, pad_token_id
+    after it) for `prompt_ids` (a list of token-id lists, or one flat list) from an engine of
+    `slots` rows, each prompt prefilled `chunk` tokens a step (default: the longest prompt, one
+    chunk). Greedy rows equal the static loop's; a sampled row draws with seed row_seed(seed, i),
+    so it is what generate samples for that prompt alone with that seed (the static loop draws one
+    stream for the whole batch). mesh: the engine's (placement.py). on_token is the static loop's
+    (ValueError here)."""
+    if not isinstance(slots, int) or slots < 1:
+        raise ValueError(f"slots must be a positive integer, got {slots!r}")
+    if on_token is not None:
+        raise ValueError("on_token streams the static loop's columns; with slots, stream through "
+                         "zaya_jax.engine.Engine.submit's on_token")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    cfg = text_model(model).config
+    ids, lengths = pad_prompts(prompt_ids, None, cfg.pad_token_id, cfg.vocab_size)
+    prompts = [row[:n].tolist() for row, n in zip(ids, lengths)]
+    longest = max(len(p) for p in prompts)
+    engine = Engine(model, slots=slots, cache_size=longest + max_new_tokens - 1, chunk=chunk or longest,
+                    max_top_logprobs=0, mesh=mesh, image_processor=image_processor)
+    params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                             seed=row_seed(seed, i), stop_ids=tuple(stop_ids) if stop_at_eos else (),
+                             ignore_eos=not stop_at_eos) for i in range(len(prompts))]
+    return run_to_end(engine, prompts, params, images)[0]
