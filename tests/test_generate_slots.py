@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import zaya_jax
+import zaya_jax.generate  # noqa: F401  # the CLI module, callable as the function it shadows: what the full suite calls
 from tests.model_fixtures import tiny_model
 from zaya_jax.engine.batch import row_seed
 from zaya_jax.engine.engine import Engine

@@ -15,19 +15,11 @@ def save_hf(model, path, **options):
     return _save_hf(model, path, **options)
 
 
-def generate(model, prompt_ids, max_new_tokens, *, slots=None, **options):
-    """New token ids after each prompt, [B, max_new_tokens] (see zaya_jax.infer.generate).
-
-    slots=None: one static batch, every row decoding until the last one stops. slots=N: the serving
-    engine's continuous batching over N rows, each taking the next prompt as soon as its own stops,
-    for many prompts whose completions end apart (zaya_jax.engine.batch.generate_in_slots: greedy
-    rows equal the static batch's, a sampled row i draws with seed SeedSequence([seed, i]); no
-    on_token, no padded-array `lengths`)."""
-    if slots is None:
-        from zaya_jax.infer.generate import generate as _generate
-        return _generate(model, prompt_ids, max_new_tokens, **options)
-    from zaya_jax.engine.batch import generate_in_slots
-    return generate_in_slots(model, prompt_ids, max_new_tokens, slots=slots, **options)
+def generate(model, prompt_ids, max_new_tokens, **options):
+    """New token ids after each prompt, [B, max_new_tokens]: one static batch (zaya_jax.infer.generate),
+    or with slots=N the serving engine's continuous batching (zaya_jax.engine.batch.generate)."""
+    from zaya_jax.engine.batch import generate as _generate
+    return _generate(model, prompt_ids, max_new_tokens, **options)
 
 
 __all__ = ["ModelConfig", "generate", "load_hf", "save_hf"]

@@ -266,7 +266,8 @@ def main(argv: list[str]) -> None:
 
 class _CallableModule(types.ModuleType):
     def __call__(self, *args, **kwargs):
-        return generate(*args, **kwargs)
+        from zaya_jax.engine.batch import generate as package_generate  # zaya_jax.generate, slots included
+        return package_generate(*args, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallableModule

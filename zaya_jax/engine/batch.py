@@ -6,7 +6,7 @@ and a row that stops early (a stop id) takes the next waiting prompt at the next
 idling until the batch's longest completion is done, as the static loop's rows do.
 
   tokens, lengths = run_to_end(engine, prompts, [SamplingParams(...) per prompt])
-  tokens = generate_in_slots(model, prompts, max_new_tokens, slots=8)   # generate's layout
+  tokens = generate(model, prompts, max_new_tokens, slots=8)   # what zaya_jax.generate runs
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 
 from zaya_jax.engine.engine import Engine, Finished
 from zaya_jax.engine.params import SamplingParams
+from zaya_jax.infer.generate import generate as static_generate
 from zaya_jax.infer.generate import pad_prompts, text_model
 from zaya_jax.vision.processor import ImageProcessor
 
@@ -86,3 +87,14 @@ def generate_in_slots(model, prompt_ids, max_new_tokens: int, *, slots: int, chu
                              seed=row_seed(seed, i), stop_ids=tuple(stop_ids) if stop_at_eos else (),
                              ignore_eos=not stop_at_eos) for i in range(len(prompts))]
     return run_to_end(engine, prompts, params, images)[0]
+
+
+def generate(model, prompt_ids, max_new_tokens: int, *, slots: int | None = None, **options) -> np.ndarray:
+    """zaya_jax.generate: new token ids after each prompt, int32 [B, max_new_tokens]. slots=None: one
+    static batch (zaya_jax.infer.generate: every row decodes until the last one stops); slots=N:
+    generate_in_slots, N engine rows each taking the next prompt as soon as its own stops, for many
+    prompts whose completions end apart (greedy rows equal the static batch's; a sampled row i
+    draws with seed row_seed(seed, i); no on_token, no padded-array `lengths`)."""
+    if slots is None:
+        return static_generate(model, prompt_ids, max_new_tokens, **options)
+    return generate_in_slots(model, prompt_ids, max_new_tokens, slots=slots, **options)
