@@ -117,10 +117,17 @@ def test_a_damaged_local_copy_is_named_and_skipped(reference, tmp_path):
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     damaged = local / "process_0" / "own" / "6"
     flip_bytes_of_item(damaged, "state")
+    # Step 4 whole, but saved (as it says, its manifest rewritten to match) with the mesh's devices in
+    # another order: this process held other shards then, which Orbax would read as missing (zeros).
+    moved = local / "process_0" / "own" / "4"
+    about = json.loads((moved / "data" / "about.json").read_text())
+    (moved / "data" / "about.json").write_text(json.dumps({**about, "devices": about["devices"][::-1]}))
+    integrity.write_manifest(str(moved), "local")
     finished = run_train(workdir, *RUN, *tier(local))
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert f"process 0: local step 6 in {damaged} skipped (state/" in finished.stdout
     assert "fails its checksum" in finished.stdout
+    assert f"process 0: local step 4 in {moved} skipped (saved with the mesh's devices placed as" in finished.stdout
     assert f"start at step {EVERY}: restored checkpoint {EVERY}" in finished.stdout  # local 4 is no newer
     assert [(s, loss) for s, loss in logged_losses(workdir) if loss != reference[s]] == []
 

@@ -282,7 +282,8 @@ class LocalTier:
         os.makedirs(tmp)
         saving = self._saving[os.path.basename(directory)]
         saving.save(os.path.join(tmp, "state"), args=ocp.args.PyTreeSave(arrays))
-        about = {"step": step, **about, "processes": self.count, "mesh": dict(self.mesh.shape), "run": self.run}
+        about = {"step": step, **about, "processes": self.count, "mesh": dict(self.mesh.shape), "run": self.run,
+                 "devices": self._devices()}
         files = {**files, "data/about.json": json.dumps(about).encode(), "data/config.json": json.dumps(config).encode()}
         self._pending.append(self._writer.submit(self._finish, saving, directory, step, files))
 
@@ -334,11 +335,18 @@ class LocalTier:
                 if shape != (self.count, dict(self.mesh.shape), self.run):
                     why = (f"saved by a job of {about['processes']} process(es) on mesh {about['mesh']}; this job has "
                            f"{self.count} on {dict(self.mesh.shape)}")
+                elif about.get("devices") != self._devices():
+                    why = (f"saved with the mesh's devices placed as {about.get('devices')} (ids in mesh order); this "
+                           f"job's are {self._devices()}, so this process holds other shards now")
             if why is None:
                 out.append(step)
             else:
                 log(f"process {self.index}: local step {step} in {step_dir} skipped ({why})")
         return out[:MAX_LISTED]
+
+    def _devices(self) -> list[int]:
+        """The mesh's device ids in mesh order: with the job's shape, what fixes which shards each process holds."""
+        return [int(d.id) for d in self.mesh.devices.flat]
 
     @staticmethod
     def _about(step_dir: str) -> dict:
