@@ -119,6 +119,6 @@ def test_prompt_text_needs_a_tokenizer(checkpoint):
 def test_importing_the_cli_keeps_zaya_jax_generate_callable(monkeypatch):
     assert zaya_jax.generate is cli  # the import machinery rebinds the package attribute to the module
     calls = []
-    monkeypatch.setattr(cli, "generate", lambda *args, **kwargs: calls.append((args, kwargs)) or "ids")
-    assert zaya_jax.generate("model", [[5]], 3, temperature=0.5) == "ids"
-    assert calls == [(("model", [[5]], 3), {"temperature": 0.5})]
+    monkeypatch.setattr(cli, "package_generate", lambda *args, **kwargs: calls.append((args, kwargs)) or "ids")
+    assert zaya_jax.generate("model", [[5]], 3, temperature=0.5, slots=2) == "ids"
+    assert calls == [(("model", [[5]], 3), {"temperature": 0.5, "slots": 2})]

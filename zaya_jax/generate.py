@@ -55,6 +55,7 @@ from zaya_jax.errors import UserError
 from zaya_jax.data.chat_template import IMAGE
 from zaya_jax.infer.chat import chat_template_for, read_messages
 from zaya_jax.infer.generate import generate, stop_tokens, text_model
+from zaya_jax.engine.batch import generate as package_generate  # what zaya_jax.generate runs, slots included
 from zaya_jax.infer import loading
 from zaya_jax.infer.loading import tokenizer_for
 from zaya_jax.infer.quantize import MODES
@@ -266,7 +267,6 @@ def main(argv: list[str]) -> None:
 
 class _CallableModule(types.ModuleType):
     def __call__(self, *args, **kwargs):
-        from zaya_jax.engine.batch import generate as package_generate  # zaya_jax.generate, slots included
         return package_generate(*args, **kwargs)
 
 
