@@ -36,6 +36,15 @@ def last_event(events: queue.Queue) -> Finished:
     return event
 
 
+def batch_engine(model, slots: int, prompt_width: int, max_new_tokens: int, *, chunk: int | None = None,
+                 mesh: jax.sharding.Mesh | None = None, image_processor: ImageProcessor | None = None) -> Engine:
+    """An engine for offline batches: `slots` rows of prompt_width + max_new_tokens - 1 positions,
+    prompts prefilled `chunk` tokens a step (default prompt_width: one chunk), no top log-probs, on
+    `mesh` (None: one device)."""
+    return Engine(model, slots=slots, cache_size=prompt_width + max_new_tokens - 1, chunk=chunk or prompt_width,
+                  max_top_logprobs=0, mesh=mesh, image_processor=image_processor)
+
+
 def run_to_end(engine: Engine, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
                images: Sequence[Sequence] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Every prompt with its SamplingParams (and images, a ZayaVL engine's) through `engine`, idle
@@ -80,9 +89,8 @@ def generate_in_slots(model, prompt_ids, max_new_tokens: int, *, slots: int, chu
     cfg = text_model(model).config
     ids, lengths = pad_prompts(prompt_ids, None, cfg.pad_token_id, cfg.vocab_size)
     prompts = [row[:n].tolist() for row, n in zip(ids, lengths)]
-    longest = max(len(p) for p in prompts)
-    engine = Engine(model, slots=slots, cache_size=longest + max_new_tokens - 1, chunk=chunk or longest,
-                    max_top_logprobs=0, mesh=mesh, image_processor=image_processor)
+    engine = batch_engine(model, slots, max(len(p) for p in prompts), max_new_tokens, chunk=chunk, mesh=mesh,
+                          image_processor=image_processor)
     params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                              seed=row_seed(seed, i), stop_ids=tuple(stop_ids) if stop_at_eos else (),
                              ignore_eos=not stop_at_eos) for i in range(len(prompts))]

@@ -41,7 +41,7 @@ import jax
 import numpy as np
 
 from zaya_jax.engine import Engine, SamplingParams
-from zaya_jax.engine.batch import row_seed, run_to_end
+from zaya_jax.engine.batch import batch_engine, row_seed, run_to_end
 
 
 class Rollout(NamedTuple):
@@ -56,8 +56,7 @@ def rollout_engine(model, slots: int, prompt_width: int, max_new_tokens: int,
     """The engine sample_groups draws from: `slots` rows of prompt_width + max_new_tokens - 1
     positions, prompts prefilled in one chunk of prompt_width, `model`'s weights (Engine.set_weights
     changes them), on `mesh` (None: one device)."""
-    return Engine(model, slots=slots, cache_size=prompt_width + max_new_tokens - 1, chunk=prompt_width,
-                  max_top_logprobs=0, mesh=mesh)
+    return batch_engine(model, slots, prompt_width, max_new_tokens, mesh=mesh)
 
 
 def sample_groups(engine: Engine, prompts: Sequence[Sequence[int]], group_size: int, max_new_tokens: int, *,

@@ -226,7 +226,7 @@ class LocalTier:
         self.own, self.peer = os.path.join(self.home, "own"), os.path.join(self.home, "peer")
         self.keep, self.mesh, self.run = keep, mesh, run
         self._check_on_every_process(self._problem())
-        self._saving = {"own": _orbax_local("own", True), "peer": _orbax_local("peer", True)}
+        self._saving = {self.own: _orbax_local("own", True), self.peer: _orbax_local("peer", True)}  # per directory
         self._reader = _orbax_local("read", False)
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-tier")
         self._pending: list[concurrent.futures.Future] = []
@@ -263,7 +263,8 @@ class LocalTier:
         every process). Blocks for the device-to-host copies and the previous local save."""
         self.wait()
         step = int(jax.device_get(state.step))
-        leaves, layout = jax.tree.leaves(state), _layout(jax.tree.leaves(state))
+        leaves = jax.tree.leaves(state)
+        layout = _layout(leaves)
         own = {"data/state.json": json.dumps(data_state).encode()}
         self._start(self.own, step, leaves, {"process": self.index, "layout": layout}, own, config)
         if self.count == 1:
@@ -280,7 +281,7 @@ class LocalTier:
         tmp = os.path.join(directory, f"{step}{TMP}")
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
-        saving = self._saving[os.path.basename(directory)]
+        saving = self._saving[directory]
         saving.save(os.path.join(tmp, "state"), args=ocp.args.PyTreeSave(arrays))
         about = {"step": step, **about, "processes": self.count, "mesh": dict(self.mesh.shape), "run": self.run,
                  "devices": self._devices()}
