@@ -9,9 +9,13 @@ same tensors on both sides, as benchmarks/decode.py; Python 3.12, without torch:
 init, and no transformers server). The work hardly depends on the values (they set only the
 MoE routing's balance).
 
-Requests: a fixed seeded set, prompts of 16-256 random tokens and 16-96 output tokens each, greedy,
-eos ignored so that every response is as long as asked. Arrivals: a Poisson process at each rate
-(requests/s; the same exponential draws scaled by 1/rate, so the order is the same at every rate).
+Requests: a fixed seeded set of lengths, prompts of 16-256 tokens and 16-96 output tokens each,
+greedy, eos ignored so that every response is as long as asked. Each rate gets the same lengths
+with fresh random token ids (seeded by the rate's index), so no prompt shares a block with an
+earlier rate's: the engine's prefix cache (on) finds nothing to reuse (its hits per rate are in
+the results; an earlier version served the same prompts at every rate, and from the second rate on
+the engine restored them from its cache). Arrivals: a Poisson process at each rate (requests/s;
+the same exponential draws scaled by 1/rate, so the order is the same at every rate).
 Each rate is served three times, one server after the other:
 
 - engine: zaya_jax.engine.Engine(slots N, chunk C, prefix cache on, decode blocks of up to 8
@@ -38,9 +42,10 @@ Each rate is served three times, one server after the other:
 
 Per server and rate: output tokens/s = all output tokens / makespan (first arrival to last
 token); time to first token (TTFT) from the request's scheduled arrival; time per output token
-(TPOT) per request = (last token - first token) / (n - 1); p50 and p99 (numpy percentiles, linear)
-over requests. Ratios: engine over static and engine over transformers (throughput; the p99s as
-engine / other, so below 1 is the engine better).
+(TPOT) per request = (last token - first token) / (n - 1); request latency (E2E) from the
+scheduled arrival to the last token; p50 and p99 (numpy percentiles, linear) over requests.
+Ratios: engine over static and engine over transformers (throughput; the p99s as engine / other,
+so below 1 is the engine better).
 
 Prefix cache: the TTFT of one request (a 1,000-token prefix + 24 tokens, one output token) on an
 engine with the prefix cache on, right after a request with the same prefix and another suffix
@@ -49,14 +54,16 @@ engine's first request (a miss) is reported too. Both engines serve with start()
 and are timed alternately, `--repeats` times with a new prefix each time; medians.
 
 Where an engine step's time goes (`step_split_ms`, medians on the machine state of the run, in
-ms): `engine.step()` with all N slots decoding, per decode step (its time over the tokens it
+ms; random token ids, as the MoE's work depends on how many experts a call's tokens reach):
+`engine.step()` with all N slots decoding, per decode step (its time over the tokens it
 made, times N), in blocks of 8 steps and one step at a time (decode_block=1); the jitted
 `engine_decode` running one step alone; `extend` + argmax alone; `pick` alone with every row
 greedy and with every row sampling (temperature 1, top_p 0.9); and `engine_chunk` for one
 prompt chunk, gathered into a 1-row call, against the [N,C] call with all N rows prefilling.
 
 The issue's goals are reported, not asserted: engine throughput >= 2x static at no worse p99 TTFT
-and p99 TPOT, >= 5x transformers, and the cached 1k-prefix TTFT <= 0.2x the uncached one.
+and p99 TPOT (and, read as request latency, at no worse p99 TTFT and E2E: both are reported), >= 5x
+transformers, and the cached 1k-prefix TTFT <= 0.2x the uncached one.
 Every timed phase records the 1-minute load average at its start and end (other jobs share the
 machine).
 """
@@ -96,11 +103,14 @@ def load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def make_requests(count: int, vocab_size: int, seed: int = 0) -> list[tuple[np.ndarray, int]]:
-    """-> [(prompt ids, output tokens)], lengths uniform in PROMPT_LENS and OUTPUT_LENS."""
-    rng = np.random.default_rng(seed)
-    return [(rng.integers(3, vocab_size, rng.integers(PROMPT_LENS[0], PROMPT_LENS[1] + 1)),
-             int(rng.integers(OUTPUT_LENS[0], OUTPUT_LENS[1] + 1))) for _ in range(count)]
+def make_requests(count: int, vocab_size: int, ids_seed: int = 0) -> list[tuple[np.ndarray, int]]:
+    """-> [(prompt ids, output tokens)]: lengths uniform in PROMPT_LENS and OUTPUT_LENS, the same for
+    every ids_seed; token ids drawn with ids_seed."""
+    lengths = np.random.default_rng(0)
+    shape = [(int(lengths.integers(PROMPT_LENS[0], PROMPT_LENS[1] + 1)),
+              int(lengths.integers(OUTPUT_LENS[0], OUTPUT_LENS[1] + 1))) for _ in range(count)]
+    ids = np.random.default_rng([ids_seed, 1])
+    return [(ids.integers(3, vocab_size, prompt), output) for prompt, output in shape]
 
 
 def arrivals(count: int, rate: float, seed: int = 1) -> np.ndarray:
@@ -123,12 +133,14 @@ def summarize(requests, arrive: np.ndarray, times: list[list[float]], load_start
     makespan = max(t[-1] for t in times)
     ttft = np.array([t[0] - a for t, a in zip(times, arrive)])
     tpot = np.array([(t[-1] - t[0]) / (len(t) - 1) for t in times])
+    e2e = np.array([t[-1] - a for t, a in zip(times, arrive)])
 
     def pct(x, q):
         return round(float(np.percentile(x, q)), 4)
     return {"output_tokens": tokens, "makespan_s": round(makespan, 3), "tokens_per_s": round(tokens / makespan, 1),
             "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99), "tpot_p50_s": pct(tpot, 50),
-            "tpot_p99_s": pct(tpot, 99), "load_average_1m": [load_start, load()]}
+            "tpot_p99_s": pct(tpot, 99), "e2e_p50_s": pct(e2e, 50), "e2e_p99_s": pct(e2e, 99),
+            "load_average_1m": [load_start, load()]}
 
 
 def serve_engine(engine: Engine, requests, arrive: np.ndarray) -> list[list[float]]:
@@ -218,7 +230,8 @@ def hf_static_batch(hf):
 def ratios(engine: dict, other: dict) -> dict:
     return {"tokens_per_s": round(engine["tokens_per_s"] / other["tokens_per_s"], 3),
             "ttft_p99": round(engine["ttft_p99_s"] / other["ttft_p99_s"], 3),
-            "tpot_p99": round(engine["tpot_p99_s"] / other["tpot_p99_s"], 3)}
+            "tpot_p99": round(engine["tpot_p99_s"] / other["tpot_p99_s"], 3),
+            "e2e_p99": round(engine["e2e_p99_s"] / other["e2e_p99_s"], 3)}
 
 
 def first_token_s(engine: Engine, prompt: np.ndarray) -> float:
@@ -276,10 +289,12 @@ def step_split(engine: Engine, model: ZayaLM, slots: int, chunk: int, cache_size
     """ms of an engine step with every slot decoding, and of its parts (see the docstring)."""
     load_start = load()
     split = {}
+    vocab = model.config.vocab_size
+    ids = np.random.default_rng(4)
     for name, block in (("engine.step_per_decode_step_block8", 8), ("engine.step_per_decode_step_single", 1)):
         engine.decode_block = block
         for i in range(slots):
-            engine.submit(np.full(PROMPT_LENS[0], 3 + i), SamplingParams(max_tokens=OUTPUT_LENS[1], ignore_eos=True))
+            engine.submit(ids.integers(3, vocab, PROMPT_LENS[0]), SamplingParams(max_tokens=OUTPUT_LENS[1], ignore_eos=True))
         while engine.stats()["generated_tokens"] < slots or engine.stats()["waiting"]:
             engine.step()
         times = []
@@ -293,8 +308,8 @@ def step_split(engine: Engine, model: ZayaLM, slots: int, chunk: int, cache_size
     engine.decode_block = 8
     graphdef, params = nnx.split(model)
     state = [empty_state(model.config, slots, cache_size)]
-    vocab = model.config.vocab_size
     zeros = np.zeros(slots, np.int32)
+    feed = ids.integers(3, vocab, slots).astype(np.int32)
     rows = RowSampling(np.zeros(slots, np.float32), np.full(slots, vocab, np.int32), np.ones(slots, np.float32),
                        zeros.astype(np.uint32), zeros, zeros)
     sampling = rows._replace(temperature=np.ones(slots, np.float32), top_p=np.full(slots, 0.9, np.float32))
@@ -303,13 +318,14 @@ def step_split(engine: Engine, model: ZayaLM, slots: int, chunk: int, cache_size
 
     def run_chunk(rows_in_call: int):
         slots_arg = None if rows_in_call == slots else np.arange(rows_in_call, dtype=np.int32)
-        ids, counts = np.zeros((rows_in_call, chunk), np.int32), np.full(rows_in_call, chunk, np.int32)
-        state[0], picked = engine_chunk(graphdef, params, state[0], slots_arg, lengths[:rows_in_call], ids, counts,
+        prompt = ids.integers(3, vocab, (rows_in_call, chunk)).astype(np.int32)
+        counts = np.full(rows_in_call, chunk, np.int32)
+        state[0], picked = engine_chunk(graphdef, params, state[0], slots_arg, lengths[:rows_in_call], prompt, counts,
                                         jax.tree.map(lambda x: x[:rows_in_call], rows), top=5)
         jax.block_until_ready(picked)
 
     def decode_one():
-        state[0], decoded = engine_decode(graphdef, params, state[0], lengths, zeros, ones,
+        state[0], decoded = engine_decode(graphdef, params, state[0], lengths, feed, ones,
                                           np.full((slots, STOP_IDS), -1, np.int32), rows, np.int32(1), top=5, block=8)
         jax.block_until_ready(decoded)
 
@@ -323,7 +339,7 @@ def step_split(engine: Engine, model: ZayaLM, slots: int, chunk: int, cache_size
     split.update({
         "engine_decode_one_step": median_ms(decode_one),
         "extend_argmax_decode": median_ms(
-            lambda: extend_argmax(params, state[0], ones[:, None], ones).block_until_ready()),
+            lambda: extend_argmax(params, state[0], feed[:, None], ones).block_until_ready()),
         "pick_greedy": median_ms(lambda: jax.block_until_ready(pick_alone(logits, rows, top=5))),
         "pick_sampling": median_ms(lambda: jax.block_until_ready(pick_alone(logits, sampling, top=5))),
         "engine_chunk_one_row": median_ms(lambda: run_chunk(1), 5),
@@ -354,14 +370,15 @@ def main():
         hf.eval()
     else:
         model = ZayaLM(cfg, rngs=nnx.Rngs(0))
-    requests = make_requests(args.requests, cfg.vocab_size)
+    requests = make_requests(args.requests, cfg.vocab_size)  # rate i serves make_requests(..., ids_seed=i)
     cache_size = PROMPT_LENS[1] + OUTPUT_LENS[1] - 1
     engine = Engine(model, slots=args.slots, cache_size=cache_size, chunk=args.chunk, prefix_cache_bytes=1 << 30)
     static_run = jax_static_batch(model, args.slots)
-    servers = {"engine": lambda arrive: (serve_engine(engine, requests, arrive), None),
-               "static": lambda arrive: serve_static(requests, arrive, args.slots, static_run)}
+    servers = {"engine": lambda requests, arrive: (serve_engine(engine, requests, arrive), None),
+               "static": lambda requests, arrive: serve_static(requests, arrive, args.slots, static_run)}
     if hf_note is None:
-        servers["transformers"] = lambda arrive: serve_static(requests, arrive, args.slots, hf_static_batch(hf))
+        servers["transformers"] = lambda requests, arrive: serve_static(requests, arrive, args.slots,
+                                                                        hf_static_batch(hf))
 
     warm_start = time.perf_counter()
     engine.warm_up()
@@ -372,18 +389,20 @@ def main():
     warm_up_s = time.perf_counter() - warm_start
 
     by_rate = []
-    for rate in map(float, args.rates.split(",")):
-        arrive = arrivals(len(requests), rate)
+    for index, rate in enumerate(map(float, args.rates.split(","))):
+        arrive, requests = arrivals(len(requests), rate), make_requests(args.requests, cfg.vocab_size, index)
+        prefix_before = engine.stats()
         row = {"rate_per_s": rate, "arrival_span_s": round(float(arrive[-1]), 3)}
         for name, serve in servers.items():
             load_start = load()
-            times, sizes = serve(arrive)
+            times, sizes = serve(requests, arrive)
             row[name] = summarize(requests, arrive, times, load_start)
             if sizes is not None:
                 row[name]["batch_sizes"] = sizes
             if name == "static":
                 asked = sum(n for _, n in requests)
                 row[name]["decode_columns_used"] = round(asked / (len(sizes) * args.slots * OUTPUT_LENS[1]), 3)
+        row["engine"].update({k: engine.stats()[k] - prefix_before[k] for k in ("prefix_hits", "prefix_tokens_reused")})
         row["engine_over_static"] = ratios(row["engine"], row["static"])
         if hf_note is None:
             row["engine_over_transformers"] = ratios(row["engine"], row["transformers"])
@@ -391,11 +410,14 @@ def main():
     split = step_split(engine, model, args.slots, args.chunk, cache_size)
     prefix = prefix_ttft(model, args.slots, args.chunk, args.repeats)
 
-    def goal_2x_static(row):
+    def goal_2x_static(row, latencies):
         r = row["engine_over_static"]
-        return r["tokens_per_s"] >= 2 and r["ttft_p99"] <= 1 and r["tpot_p99"] <= 1
+        return r["tokens_per_s"] >= 2 and all(r[name] <= 1 for name in latencies)
     goals = {
-        "engine_2x_static_throughput_at_no_worse_p99": {str(r["rate_per_s"]): goal_2x_static(r) for r in by_rate},
+        "engine_2x_static_throughput_at_no_worse_p99": {str(r["rate_per_s"]): goal_2x_static(r, ("ttft_p99", "tpot_p99"))
+                                                        for r in by_rate},
+        "engine_2x_static_throughput_at_no_worse_p99_ttft_and_e2e": {
+            str(r["rate_per_s"]): goal_2x_static(r, ("ttft_p99", "e2e_p99")) for r in by_rate},
         "engine_5x_transformers_throughput": (
             {str(r["rate_per_s"]): r["engine_over_transformers"]["tokens_per_s"] >= 5 for r in by_rate}
             if hf_note is None else hf_note),

@@ -83,3 +83,32 @@ def test_a_chunk_of_one_token_is_a_decode_step(model, sequences):
     stepped = jax.jit(decode_step)(model, state, ids[:, 0])
     for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(stepped)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+
+
+def test_padding_reaches_no_expert(model, sequences, monkeypatch):
+    """prefill's padding past each length and extend's past each count (a short last chunk, a row
+    sitting the call out) go to the skip slot: the dispatch is handed choice E there, so a dropless
+    backend computes only the real tokens (benchmarks/serve_load.py's step split times it)."""
+    import zaya_jax.model.moe as moe_module
+    seen = []
+    real_dispatch = moe_module.dispatch_on_mesh
+
+    def spy(dispatch, x, choice, weights, **options):
+        seen.append(choice)
+        return real_dispatch(dispatch, x, choice, weights, **options)
+    monkeypatch.setattr(moe_module, "dispatch_on_mesh", spy)
+    experts = model.config.num_experts
+    with jax.disable_jit():
+        _, state = _prefill(model, sequences, FIRST)
+        prefill_choices = [np.asarray(c) for c in seen]
+        seen.clear()
+        ids = np.zeros((2, CHUNK), np.int32)
+        ids[0, :3] = sequences[0, FIRST[0]:FIRST[0] + 3]
+        extend(model, state, ids, np.array([3, 0], np.int32))
+    assert len(prefill_choices) == len(seen) == model.config.num_layers  # every layer's MoE, both calls
+    for choice in prefill_choices:  # [2,16]: row b's positions from FIRST[b] on are padding
+        for b, length in enumerate(FIRST):
+            assert (choice[b, length:] == experts).all() and (choice[b, :length] <= experts).all()
+    for choice in map(np.asarray, seen):
+        assert (choice[0, 3:] == experts).all() and (choice[1] == experts).all()
+        assert (choice[0, :3] < experts).any()  # the real tokens are routed (the skip slot is rare)

@@ -23,6 +23,9 @@ Both walk the same stacked layers as ZayaLM._run_layers (lax.scan, or a Python l
                Both: when a chunk has no more tokens than there are experts, each token's expert
                weights are gathered (rows of integers, for a quantized model) instead of
                running the dispatch backend over every expert.
+  all three    padding (prefill's past each length, extend's past each count) reaches no expert
+               (MoE skip_masked): nothing reads its outputs, so a dropless backend computes the
+               real tokens only, e.g. a prompt's last, short chunk or a slot sitting a call out.
 
 On the native CPU grouped matmul (float weights, one device), prefill and extend read each
 layer's experts in place from the stacked [L,E,K,N] weights (`stacked_experts_dispatch`): on CPU, XLA copies every
@@ -148,7 +151,8 @@ def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int,
         a = layer.attention.output(attention(q, k, v, None), image_mask)
         stream = layer.attention_residual(a, stream, stream_dtype)
         m, router_state, _ = layer.moe(layer.post_attention_norm(stream, dtype), router_state, token_mask,
-                                       dispatch if in_place is None else in_place(index), image_mask)
+                                       dispatch if in_place is None else in_place(index), image_mask,
+                                       skip_masked=True)
         stream = layer.moe_residual(m, stream, stream_dtype)
         return (stream, router_state), (k, v, jax.tree.map(lambda x: x[jnp.arange(b), last], cca_carry))
 
@@ -229,11 +233,11 @@ def extend(model: ZayaLM, state: DecodeState, ids: jax.Array, counts: jax.Array)
         stream = layer.attention_residual(layer.attention.output(o), stream, stream_dtype)
         x = layer.post_attention_norm(stream, dtype)
         if in_place is not None:
-            m, router_state, _ = layer.moe(x, router_state, valid, in_place(index))
+            m, router_state, _ = layer.moe(x, router_state, valid, in_place(index), skip_masked=True)
         elif few_tokens:
             m, router_state = gathered_moe(layer.moe, x, router_state)
         else:
-            m, router_state, _ = layer.moe(x, router_state, valid, dispatch)
+            m, router_state, _ = layer.moe(x, router_state, valid, dispatch, skip_masked=True)
         stream = layer.moe_residual(m, stream, stream_dtype)
         return (stream, router_state, caches), jax.tree.map(lambda n, p: at_last(n, p, counts), new, prev)
 

@@ -45,15 +45,19 @@ class MoE(nnx.Module):
         self.vision_lora = ExpertVisionLoRA(cfg, rngs=rngs) if cfg.vision_lora_rank_mlp else None
 
     def __call__(self, x: jax.Array, prev_state: jax.Array, token_mask: jax.Array, dispatch: Callable,
-                 image_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array, MoEStats]:
+                 image_mask: jax.Array | None = None, *, skip_masked: bool = False
+                 ) -> tuple[jax.Array, jax.Array, MoEStats]:
         """x: [B,S,D] normed; prev_state: [B,S,R]; token_mask: [B,S] bool; image_mask: [B,S] bool where
-        the experts' vision LoRA acts, or None -> y [B,S,D], state, stats."""
+        the experts' vision LoRA acts, or None -> y [B,S,D], state, stats. skip_masked (inference,
+        whose padding outputs nothing reads): tokens outside token_mask go to the skip slot, so no
+        expert computes them (a dropless backend's work follows the real tokens; a capacity backend
+        keeps its room for them)."""
         dt = x.dtype
         with jax.named_scope("router"):
             routing = self.router(x, prev_state)
         num_experts = self.gate.shape[0]
         weights = ExpertWeights(self.gate[...].astype(dt), self.up[...].astype(dt), self.down[...].astype(dt))
-        choice = routing.choice
+        choice = jnp.where(token_mask, routing.choice, num_experts) if skip_masked else routing.choice
         if self.vision_lora is not None and image_mask is not None:
             weights = self.vision_lora.with_image_experts(weights)
             choice = image_expert_choice(choice, image_mask, num_experts)
