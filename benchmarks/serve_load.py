@@ -59,7 +59,9 @@ ms; random token ids, as the MoE's work depends on how many experts a call's tok
 made, times N), in blocks of 8 steps and one step at a time (decode_block=1); the jitted
 `engine_decode` running one step alone; `extend` + argmax alone; `pick` alone with every row
 greedy and with every row sampling (temperature 1, top_p 0.9); and `engine_chunk` for one
-prompt chunk, gathered into a 1-row call, against the [N,C] call with all N rows prefilling.
+prompt chunk, gathered into a 1-row call, alone and with the other N - 1 slots decoding a token
+in the same call (against the chunk alone plus `engine_decode`'s one step, what it replaced),
+and the [N,C] call with all N rows prefilling.
 
 The issue's goals are reported, not asserted: engine throughput >= 2x static at no worse p99 TTFT
 and p99 TPOT (and, read as request latency, at no worse p99 TTFT and E2E: both are reported), >= 5x
@@ -316,13 +318,17 @@ def step_split(engine: Engine, model: ZayaLM, slots: int, chunk: int, cache_size
     lengths = np.full(slots, PROMPT_LENS[1], np.int32)
     ones = np.ones(slots, np.int32)
 
-    def run_chunk(rows_in_call: int):
+    def run_chunk(rows_in_call: int, decoding: bool = False):
+        """An engine_chunk call: rows_in_call slots prefilling a chunk each; with `decoding`, the
+        other slots decoding a token in the same call."""
         slots_arg = None if rows_in_call == slots else np.arange(rows_in_call, dtype=np.int32)
         prompt = ids.integers(3, vocab, (rows_in_call, chunk)).astype(np.int32)
         counts = np.full(rows_in_call, chunk, np.int32)
-        state[0], picked = engine_chunk(graphdef, params, state[0], slots_arg, lengths[:rows_in_call], prompt, counts,
-                                        jax.tree.map(lambda x: x[:rows_in_call], rows), top=5)
-        jax.block_until_ready(picked)
+        fed = (np.arange(slots) >= rows_in_call).astype(np.int32) if decoding else zeros
+        state[0], picked, decoded = engine_chunk(graphdef, params, state[0], slots_arg, lengths, prompt, counts,
+                                                 jax.tree.map(lambda x: x[:rows_in_call], rows), feed, fed, rows,
+                                                 top=5)
+        jax.block_until_ready((picked, decoded))
 
     def decode_one():
         state[0], decoded = engine_decode(graphdef, params, state[0], lengths, feed, ones,
@@ -343,6 +349,7 @@ def step_split(engine: Engine, model: ZayaLM, slots: int, chunk: int, cache_size
         "pick_greedy": median_ms(lambda: jax.block_until_ready(pick_alone(logits, rows, top=5))),
         "pick_sampling": median_ms(lambda: jax.block_until_ready(pick_alone(logits, sampling, top=5))),
         "engine_chunk_one_row": median_ms(lambda: run_chunk(1), 5),
+        "engine_chunk_one_row_beside_decoding": median_ms(lambda: run_chunk(1, decoding=True), 5),
         "engine_chunk_all_rows": median_ms(lambda: run_chunk(slots), 5),
     })
     return {**split, "load_average_1m": [load_start, load()]}

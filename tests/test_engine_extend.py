@@ -9,7 +9,7 @@ import pytest
 import zaya_jax
 
 from tests.model_fixtures import random_tiny_model
-from zaya_jax.infer.decode import decode_step, extend, prefill
+from zaya_jax.infer.decode import Rows, decode_step, extend, extend_rows, prefill
 
 WINDOW = 6
 MIXED = dict(layer_types=("hybrid_sliding", "hybrid"), sliding_window=WINDOW, sliding_rope_theta=500.0)
@@ -83,6 +83,44 @@ def test_a_chunk_of_one_token_is_a_decode_step(model, sequences):
     stepped = jax.jit(decode_step)(model, state, ids[:, 0])
     for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(stepped)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+
+
+# extend_rows: per step, the all-rows group's counts (<= 1, decode-like) and the gathered group's (slots, counts)
+GROUP_STEPS = [([1, 0, 1], [1], [8]), ([0, 1, 0], [0, 2], [7, 8]), ([1, 1, 1], [2], [0]), ([0, 0, 0], [1, 0], [6, 3]),
+               ([1, 1, 1], [0], [0])]
+
+
+def test_rows_in_two_groups_match_the_full_forward(model):
+    """The engine's prefill-with-decode call: one group of every row taking 0 or 1 token, one of
+    gathered rows (in any order, some sitting out) taking a chunk, in one extend_rows call; each
+    row's logits match the full forward, across the window, scanned and looped."""
+    sequences = np.random.default_rng(4).integers(3, model.config.vocab_size, (3, SEQ)).astype(np.int32)
+    full = np.asarray(jax.jit(lambda m, x: m(x))(model, sequences))
+    at = np.array([2, 5, 3])
+    ids = np.where(np.arange(16)[None] < at[:, None], sequences[:, :16], 0)
+    _, state = jax.jit(prefill, static_argnums=3)(model, ids, at.astype(np.int32), CACHE)
+    call = jax.jit(extend_rows)
+    for step, (one, slots, chunk) in enumerate(GROUP_STEPS):
+        decode_ids = np.array([[sequences[b, at[b]]] for b in range(3)], np.int32)
+        chunk_ids = np.zeros((len(slots), CHUNK), np.int32)
+        for i, (b, n) in enumerate(zip(slots, chunk)):
+            chunk_ids[i, :n] = sequences[b, at[b]:at[b] + n]
+        (decode_logits, chunk_logits), state = call(model, state, [
+            Rows(None, decode_ids, np.array(one, np.int32)),
+            Rows(np.array(slots, np.int32), chunk_ids, np.array(chunk, np.int32))])
+        took = np.array(one)
+        for b in range(3):
+            if one[b]:
+                np.testing.assert_allclose(np.asarray(decode_logits[b]), full[b, at[b]], atol=1e-5, rtol=0,
+                                           err_msg=f"step {step}: row {b} decoding")
+        for i, (b, n) in enumerate(zip(slots, chunk)):
+            took[b] += n
+            if n:
+                np.testing.assert_allclose(np.asarray(chunk_logits[i]), full[b, at[b] + n - 1], atol=1e-5, rtol=0,
+                                           err_msg=f"step {step}: row {b} in the chunk")
+        at += took
+        np.testing.assert_array_equal(np.asarray(state.lengths), at)
+    assert (at > 2 * WINDOW).all()  # every row's ring wrapped
 
 
 def test_padding_reaches_no_expert(model, sequences, monkeypatch):

@@ -87,7 +87,8 @@ def test_weights_and_slots_are_split_and_the_step_has_collectives(sharded):
     rows = RowSampling(np.zeros(SLOTS, np.float32), zeros, np.ones(SLOTS, np.float32), zeros.astype(np.uint32), zeros,
                        zeros)
     hlo = engine._chunk.lower(engine._graphdef, engine._params, engine._state, None, zeros,
-                                np.zeros((SLOTS, CHUNK), np.int32), zeros, rows, top=TOP).compile().as_text()
+                              np.zeros((SLOTS, CHUNK), np.int32), zeros, rows, zeros, zeros, rows,
+                              top=TOP).compile().as_text()
     # the MoE's own sharded dispatch (moe_sharding: a shard_map, only under the engine's mesh), not
     # just the partitioner's resharding of sharded weights (which has all-to-alls and all-reduces too)
     found = collectives(hlo)

@@ -133,13 +133,17 @@ def test_a_decode_block_stops_each_slot_on_device_and_equals_one_step_at_a_time(
                 (prompts[0], SamplingParams(5, ignore_eos=True, logprobs=True, top_logprobs=2)),  # 1 + 4: a block's edge
                 (prompts[1], sampled(3)), (prompts[2], greedy()), (prompts[5], sampled(4)._replace(max_tokens=6))]
     blocks = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, decode_block=4)
-    made, decode = [], blocks._decode
+    made, beside, decode, chunk = [], [], blocks._decode, blocks._chunk
 
     def recording(*args, **kwargs):
         state, decoded = decode(*args, **kwargs)
         made.append(int(np.asarray(decoded.made).sum()))
         return state, decoded
-    blocks._decode = recording
+
+    def beside_a_chunk(*args, **kwargs):  # a prefill chunk's call decodes one token of each feeding slot
+        beside.append(int(np.asarray(args[9]).sum()))
+        return chunk(*args, **kwargs)
+    blocks._decode, blocks._chunk = recording, beside_a_chunk
     got, want = run(blocks, [requests]), run(one, [requests])
     for (g, g_events), (w, w_events) in zip(got, want):
         assert (g.reason, g.tokens) == (w.reason, w.tokens)
@@ -148,7 +152,8 @@ def test_a_decode_block_stops_each_slot_on_device_and_equals_one_step_at_a_time(
     assert got[0][0].reason == "stop" and got[0][0].tokens[-1] == stop and len(got[1][0].tokens) == 5
     assert blocks.calls["decode", 4] > 0  # blocks of 4 steps ran
     # the device made exactly the tokens delivered after each first one: no slot ran past its stop id or max_tokens
-    assert sum(made) == sum(len(f.tokens) - 1 for f, _ in got)
+    assert sum(made) + sum(beside) == sum(len(f.tokens) - 1 for f, _ in got)
+    assert sum(beside) > 0  # slots decoded in the same call as another's prompt chunk
 
 
 def test_a_host_stop_runs_in_decode_blocks_and_drops_the_tokens_past_it(model, prompts):
@@ -214,6 +219,28 @@ def test_prefix_cache_hits_compute_what_misses_compute(model, shared, uncached, 
     assert stats["prefix_hits"] + stats["prefix_misses"] == len(shared)
     assert 0 < stats["prefix_bytes"] <= budget and (stats["prefix_evictions"] > 0) == (budget < 1 << 20)
     assert stats["prefix_bytes"] == stats["prefix_entries"] * entry_bytes(model.config, CHUNK, CACHE)
+
+
+def test_a_prefill_budget_caps_each_steps_prompt_tokens_and_changes_no_response(model, prompts, shared, uncached):
+    budget = 5  # below C: the earliest prompt's block goes in pieces of 5 and 3, the later prompts wait
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefill_budget=budget,
+                    prefix_cache_bytes=1 << 20)
+    counts, chunk = [], engine._chunk
+
+    def recording(*args, **kwargs):
+        counts.append(np.asarray(args[6]).tolist())  # each row's prompt tokens in this call
+        return chunk(*args, **kwargs)
+    engine._chunk = recording
+    done = run(engine, [[(p, greedy()) for p in prompts[:4]], [], [(prompts[4], greedy())], [(prompts[5], greedy())]])
+    for prompt, (finished, _) in zip(prompts, done):
+        assert finished.tokens == zaya_jax.generate(model, [prompt], MAX_TOKENS)[0].tolist()[:len(finished.tokens)]
+    assert max(map(sum, counts)) == budget  # spent, never exceeded
+    # step 1: the first prompt's 3 tokens and the second's first 2; then the second's 5 up to its block's end
+    assert sorted(counts[0], reverse=True)[:3] == [3, 2, 0][:len(counts[0])] and 5 in counts[1]
+    cached = serve_shared(engine, shared)  # pieces end on block boundaries: the prefix cache stores and hits
+    assert [f.tokens for f in cached] == [f.tokens for f in uncached] and engine.stats()["prefix_hits"] > 0
+    with pytest.raises(ValueError, match="prefill_budget must be a positive integer"):
+        Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefill_budget=0)
 
 
 def test_a_prefix_entry_holds_a_blocks_keys_the_ring_and_the_carry(model):

@@ -4,14 +4,17 @@ Shapes: N = `slots` rows of one DecodeState of T = `cache_size` slots each, C = 
 
 A request (prompt ids, SamplingParams) waits until a slot is free, then joins it: its longest
 cached prefix (prefix_cache.py) is restored into the slot, and the rest of its prompt is
-prefilled C tokens per engine step. Each `step()` runs at most two compiled calls (step.py):
-one `engine_chunk` extending the slots still prefilling by up to C tokens each, whose last chunk
-also samples the first new token, then one `engine_decode` for every slot that has a token to
-feed (idle slots sit it out: count 0). The chunk call's rows are the prefilling slots gathered
-into the smallest of `row_buckets` (1, 2, 4, ... and N; padded with other slots, which sit it
-out), so one arriving prompt costs a [1,C] extend, not [N,C]. The decode call runs up to
-`decode_block` steps on the device, each slot stopping on its stop ids or max_tokens there, when
-no slot is prefilling, else one step: a block of k tokens per host round trip. A request's `stop`
+prefilled C tokens per engine step (at most `prefill_budget` tokens a step over all slots, the
+earliest admitted first, each slot's share ending on a block boundary). Each `step()` runs one
+compiled call (step.py). While a slot is prefilling, it is `engine_chunk`: the slots still
+prefilling extended by their share each (a prompt's last chunk also samples its first token),
+and in the same pass over the layers one decode step of every slot that has a token to feed, the
+MoE running over both groups' tokens at once, so each layer's experts are read once for the
+two. Its chunk rows are the prefilling slots gathered into the smallest of `row_buckets` (1, 2,
+4, ... and N; padded with other slots, which sit it out), so one arriving prompt costs a [1,C]
+extend, not [N,C]. Otherwise it is `engine_decode` for every slot that has a token to feed (idle
+slots sit it out: count 0): up to `decode_block` steps on the device, each slot stopping on its
+stop ids or max_tokens there, a block of k tokens per host round trip. A request's `stop`
 predicate (a stop string) and stop ids beyond step.STOP_IDS are checked on the host, token by
 token in order, after the block: the tokens its slot made past the stop are dropped (the slot is
 free, and the next request's prefill starts it over). So the engine compiles
@@ -93,7 +96,7 @@ class _Request:
 class Engine:
     def __init__(self, model: ZayaLM | ZayaVL, *, slots: int, cache_size: int, chunk: int, prefix_cache_bytes: int = 0,
                  max_top_logprobs: int = 5, image_processor: ImageProcessor | None = None,
-                 mesh: jax.sharding.Mesh | None = None, decode_block: int = 8):
+                 mesh: jax.sharding.Mesh | None = None, decode_block: int = 8, prefill_budget: int | None = None):
         """model: a ZayaLM, or a ZayaVL (then requests may carry images); slots: N decode rows;
         cache_size: T positions per row; chunk: C prompt tokens per row and step (also the prefix
         cache's block); prefix_cache_bytes: its budget (0: off); max_top_logprobs: the most
@@ -103,7 +106,10 @@ class Engine:
         sharded by the trainer's rules (a ZayaVL's tower too), slots split over data, every
         compiled call sharded (zaya_jax.engine.placement; a mesh the model cannot use is a
         ConfigError here); decode_block: k, the most decode steps one compiled call runs (1: a host
-        round trip per token)."""
+        round trip per token); prefill_budget: the most prompt tokens one step prefills, all slots
+        together (None: C per prefilling slot), given to the earliest admitted first, each up to its
+        next block boundary, so a burst of prompts cannot make a step, and the running streams'
+        next token, wait for N x C tokens of prefill."""
         self.config = text_model(model).config
         self._graphdef, self._params = nnx.split(text_model(model))
         self._vl = model if isinstance(model, ZayaVL) else None
@@ -116,6 +122,10 @@ class Engine:
         if not isinstance(decode_block, int) or decode_block < 1:
             raise ValueError(f"decode_block must be a positive integer, got {decode_block!r}")
         self.decode_block = decode_block
+        if prefill_budget is not None and (not isinstance(prefill_budget, int) or prefill_budget < 1):
+            raise ValueError(f"prefill_budget must be a positive integer (prompt tokens per step) or None, "
+                             f"got {prefill_budget!r}")
+        self.prefill_budget = slots * chunk if prefill_budget is None else prefill_budget
         self.row_buckets = row_buckets(slots, mesh)
         self._chunk, self._decode, self._snapshot, self._restore = engine_chunk, engine_decode, snapshot, restore
         self._images = prefill_with_images
@@ -243,7 +253,7 @@ class Engine:
                 while self.has_work():
                     self.step()
             for rows in self.row_buckets:  # the buckets two requests did not use: every row sits out
-                self._run_chunk(list(range(rows)), {})
+                self._run_chunk(list(range(rows)), {}, [])
             for height, width in image_sizes:
                 image = fill_test_image(height, width)
                 span = image_span(self.image_processor.grid(image), *self.image_ids, self.image_processor.merge_size)
@@ -265,22 +275,22 @@ class Engine:
 
     # ---- the loop -------------------------------------------------------------------------------
     def step(self) -> None:
-        """One engine iteration: admit waiting requests into free slots, one prefill chunk for
-        every slot still prefilling, one decode step for every slot with a token to feed."""
+        """One engine iteration: admit waiting requests into free slots; then, while a slot is
+        prefilling, one prefill chunk of its share with one decode step of every slot with a token
+        to feed, in one call; otherwise a decode block."""
         with self._lock:
             self._admit()
             for slot, r in enumerate(self._rows):
                 if r is not None and r.images is not None and r.prefilled == 0:
                     self._prefill_images(slot, r)
-            prefilling = {slot: min(self.chunk, r.prompt.size - r.prefilled) for slot, r in enumerate(self._rows)
-                          if r is not None and r.prefilled < r.prompt.size}
+            prefilling = self._prefill_shares()
+            feeding = [slot for slot, r in enumerate(self._rows) if r is not None and r.tokens]
             if prefilling:
                 rows = next(b for b in self.row_buckets if b >= len(prefilling))
                 order = sorted(prefilling) + [s for s in range(self.slots) if s not in prefilling]
-                self._run_chunk(order[:rows] if rows < self.slots else list(range(self.slots)), prefilling)
-            feeding = [slot for slot, r in enumerate(self._rows) if r is not None and r.tokens]
-            if feeding:
-                self._run_decode(feeding, block=any(r is not None and r.prefilled < r.prompt.size for r in self._rows))
+                self._run_chunk(order[:rows] if rows < self.slots else list(range(self.slots)), prefilling, feeding)
+            elif feeding:
+                self._run_decode(feeding)
 
     def start(self) -> None:
         """Run step() on a background thread whenever there is work, until stop()."""
@@ -342,15 +352,30 @@ class Engine:
                     self._state = self._restore(self._state, np.int32(slot), np.int32(i * self.chunk), entry)
                     r.prefilled += self.chunk
 
+    def _prefill_shares(self) -> dict[int, int]:
+        """slot -> the prompt tokens it prefills this step: the slots still prefilling, earliest
+        admitted first, each up to its next block boundary (a multiple of C, or its prompt's end),
+        until prefill_budget is spent."""
+        left, shares = self.prefill_budget, {}
+        waiting = [(r.id, slot) for slot, r in enumerate(self._rows) if r is not None and r.prefilled < r.prompt.size]
+        for _, slot in sorted(waiting):
+            r = self._rows[slot]
+            shares[slot] = min(self.chunk - r.prefilled % self.chunk, r.prompt.size - r.prefilled, left)
+            left -= shares[slot]
+            if not left:
+                break
+        return shares
+
     def _lengths(self) -> np.ndarray:
         """[N] tokens each slot's state holds (0 for a free slot)."""
         return np.array([0 if r is None else r.prefilled + max(len(r.tokens) - 1, 0) for r in self._rows], np.int32)
 
-    def _run_chunk(self, order: list[int], prefilling: dict[int, int]) -> None:
+    def _run_chunk(self, order: list[int], prefilling: dict[int, int], feeding: list[int]) -> None:
         """One engine_chunk over the slots in `order` (a row bucket's worth; all N in slot order
         run without a gather), each slot of `prefilling` (slot -> its new prompt tokens) taking
-        its next tokens, the others sitting out; then the bookkeeping and each finished prompt's
-        first token."""
+        its next tokens, the others sitting out, and in the same pass one decode step of the
+        `feeding` slots; then the bookkeeping, each finished prompt's first token and each decoded
+        slot's next."""
         rows = len(order)
         ids, counts = np.zeros((rows, self.chunk), np.int32), np.zeros(rows, np.int32)
         requests = {slot: self._rows[slot] for slot in prefilling}
@@ -358,13 +383,16 @@ class Engine:
             if slot in requests:
                 r, counts[i] = requests[slot], prefilling[slot]
                 ids[i, :counts[i]] = r.prompt[r.prefilled:r.prefilled + counts[i]]
+        decoding = {slot: self._rows[slot] for slot in feeding}
+        feed, fed = np.zeros(self.slots, np.int32), np.zeros(self.slots, np.int32)
+        for slot, r in decoding.items():
+            feed[slot], fed[slot] = r.tokens[-1], 1
         self.calls["chunk", rows] += 1
-        self._state, picked = self._chunk(self._graphdef, self._params, self._state,
-                                          None if rows == self.slots else np.asarray(order, np.int32),
-                                          self._lengths()[order], ids, counts,
-                                          self._row_sampling([requests.get(slot) for slot in order]),
-                                          top=max(self.max_top_logprobs, 1))
-        picked = Picked(*jax.device_get(picked))
+        self._state, picked, decoded = self._chunk(
+            self._graphdef, self._params, self._state, None if rows == self.slots else np.asarray(order, np.int32),
+            self._lengths(), ids, counts, self._row_sampling([requests.get(slot) for slot in order]), feed, fed,
+            self._row_sampling([decoding.get(slot) for slot in range(self.slots)]), top=max(self.max_top_logprobs, 1))
+        picked, decoded = Picked(*jax.device_get(picked)), Picked(*jax.device_get(decoded))
         for i, slot in enumerate(order):
             r = requests.get(slot)
             if r is None or self._rows[slot] is not r:  # an on_token callback may cancel another
@@ -374,18 +402,21 @@ class Engine:
             self._store_prefix(slot, r)
             if r.prefilled == r.prompt.size:
                 self._emit(slot, r, picked, i)
+        for slot, r in decoding.items():
+            if self._rows[slot] is r:
+                self._emit(slot, r, decoded, slot)
 
-    def _run_decode(self, feeding: list[int], block: bool) -> None:
-        """One engine_decode for the `feeding` slots: up to decode_block steps, or one when `block`
-        (a slot is prefilling); then each token in order, step by step, slot by slot, until a
-        request ends (a stop its host checks: the rest of its slot's tokens are dropped)."""
+    def _run_decode(self, feeding: list[int]) -> None:
+        """One engine_decode for the `feeding` slots: up to decode_block steps; then each token in
+        order, step by step, slot by slot, until a request ends (a stop its host checks: the rest
+        of its slot's tokens are dropped)."""
         requests = {slot: self._rows[slot] for slot in feeding}
         tokens, budget = np.zeros(self.slots, np.int32), np.zeros(self.slots, np.int32)
         stop_ids = np.full((self.slots, STOP_IDS), -1, np.int32)
         for slot, r in requests.items():
             tokens[slot], budget[slot] = r.tokens[-1], r.params.max_tokens - len(r.tokens)
             stop_ids[slot, :min(len(r.stops), STOP_IDS)] = sorted(r.stops)[:STOP_IDS]
-        steps = 1 if block else min(self.decode_block, int(budget.max()))
+        steps = min(self.decode_block, int(budget.max()))
         self.calls["decode", steps] += 1
         self._state, decoded = self._decode(self._graphdef, self._params, self._state, self._lengths(), tokens,
                                             np.minimum(budget, steps), stop_ids,

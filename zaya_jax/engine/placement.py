@@ -104,7 +104,7 @@ def place(model: nnx.Module, params: nnx.State, state: DecodeState, mesh: Mesh, 
     check_mesh(model, dict(mesh.shape), slots)
     state_sharding, replicated = slot_shardings(state, mesh), NamedSharding(mesh, P())
     return Placed(place_params(params, mesh), jax.device_put(state, state_sharding),
-                  on_mesh(jax.jit(chunk_fn, **CHUNK_JIT, out_shardings=(state_sharding, replicated)), mesh),
+                  on_mesh(jax.jit(chunk_fn, **CHUNK_JIT, out_shardings=(state_sharding, replicated, replicated)), mesh),
                   on_mesh(jax.jit(decode_fn, **DECODE_JIT, out_shardings=(state_sharding, replicated)), mesh),
                   on_mesh(jax.jit(snapshot_fn, **SNAPSHOT_JIT, out_shardings=replicated), mesh),
                   on_mesh(jax.jit(restore_fn, **RESTORE_JIT, out_shardings=state_sharding), mesh),

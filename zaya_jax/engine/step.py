@@ -1,4 +1,5 @@
-"""The engine's compiled calls: a prefill chunk for the prefilling rows, and a block of decode steps.
+"""The engine's compiled calls: a prefill chunk for the prefilling rows with one decode step of
+the others in the same pass, and a block of decode steps.
 
 Shapes: N slots, B rows in a chunk call (a bucket of Engine.row_buckets: B = N, or the prefilling
 slots and others gathered), C tokens per row (the prefill chunk), V vocab, K = max_top_logprobs,
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from zaya_jax.infer.cache import DecodeState
-from zaya_jax.infer.decode import extend
+from zaya_jax.infer.decode import Rows, extend, extend_rows
 from zaya_jax.infer.sampling import filter_rows
 
 STOP_IDS = 8  # S: stop ids per row checked on the device (a row with more is decoded one step per call)
@@ -67,22 +68,21 @@ def pick(logits: jax.Array, rows: RowSampling, top: int) -> Picked:
 
 
 def chunk_fn(graphdef, params, state: DecodeState, slots: jax.Array | None, lengths: jax.Array, ids: jax.Array,
-             counts: jax.Array, rows: RowSampling, *, top: int) -> tuple[DecodeState, Picked]:
-    """slots: [B] distinct slot indices whose rows this call extends (gathered out of the [N] state
-    and written back), or None for all N in order; lengths: [B] tokens each row holds (the host's
-    count, which also resets a reused slot); ids: [B,C]; counts: [B] (0: the row sits this call
-    out, unchanged) -> the state and each row's pick after its last new token (meaningless where
-    counts is 0). Unjitted: `engine_chunk` is it jitted with CHUNK_JIT; zaya_jax.engine.placement
-    jits it with a mesh's shardings."""
+             counts: jax.Array, rows: RowSampling, feed: jax.Array, feeding: jax.Array, feed_rows: RowSampling, *,
+             top: int) -> tuple[DecodeState, Picked, Picked]:
+    """A prefill chunk and a decode step in one pass (infer.decode.extend_rows: each layer's
+    experts read once for both). slots: [B] distinct slot indices the chunk extends (gathered out
+    of the [N] state and written back), or None for all N in order; lengths: [N] tokens each slot
+    holds (the host's count, which also resets a reused slot); ids: [B,C]; counts: [B] (0: the row
+    sits the chunk out); rows: the chunk rows' sampling; feed: [N] each slot's last token, decoded
+    where feeding [N] is 1 (a slot takes tokens in one of the two only); feed_rows: [N] their
+    sampling -> the state, each chunk row's pick after its last new token and each slot's decoded
+    pick (meaningless where counts or feeding is 0). Unjitted: `engine_chunk` is it jitted with
+    CHUNK_JIT; zaya_jax.engine.placement jits it with a mesh's shardings."""
     model = nnx.merge(graphdef, params)
-    if slots is None:
-        logits, state = extend(model, state._replace(lengths=lengths), ids, counts)
-        return state, pick(logits, rows, top)
-    caches = state._replace(lengths=None)
-    gathered = jax.tree.map(lambda x: x[:, slots], caches)._replace(lengths=lengths)
-    logits, extended = extend(model, gathered, ids, counts)
-    caches = jax.tree.map(lambda x, row: x.at[:, slots].set(row), caches, extended._replace(lengths=None))
-    return caches._replace(lengths=state.lengths.at[slots].set(extended.lengths)), pick(logits, rows, top)
+    (decoded, chunked), state = extend_rows(model, state._replace(lengths=lengths),
+                                            [Rows(None, feed[:, None], feeding), Rows(slots, ids, counts)])
+    return state, pick(chunked, rows, top), pick(decoded, feed_rows, top)
 
 
 class Decoded(NamedTuple):

@@ -36,7 +36,8 @@ slice, and slicing a layer's experts out copies 3 x E x D x I weights per layer 
 from __future__ import annotations
 
 import functools
-from typing import Callable
+import math
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +53,8 @@ from zaya_jax.model.layer_types import layer_flags, layer_kinds
 from zaya_jax.model.moe import MoE
 from zaya_jax.model.moe_dispatch import ExpertWeights
 from zaya_jax.native.grouped_matmul import grouped_matmul
-from zaya_jax.parallel.context import current_mesh_shape
+from zaya_jax.parallel.context import active_axes, current_mesh_shape
+from zaya_jax.parallel.rules import RULES
 from zaya_jax.model.zaya import ZayaLM
 
 
@@ -168,6 +170,162 @@ def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int,
     return model.logits(hidden), state
 
 
+class Rows(NamedTuple):
+    """One group of rows an `extend_rows` call continues: B of the state's N rows, C tokens each."""
+    slots: jax.Array | None  # [B] distinct state rows, or None: all N in order
+    ids: jax.Array           # [B,C] int
+    counts: jax.Array        # [B] int in [0, C]: row b's first counts[b] ids are real (0: it sits the call out)
+
+
+class _Geometry(NamedTuple):
+    """Where a group's tokens sit and what each query sees (shapes as extend_rows')."""
+    rows: jax.Array          # [B,1] state rows
+    positions: jax.Array     # [B,C]
+    valid: jax.Array         # [B,C] bool: real tokens
+    continues: jax.Array     # [B,C] bool: position > 0 (CCA continues from the carry)
+    kinds: object            # layer_kinds at these positions (their RoPE tables)
+    full_visible: jax.Array  # [B,C,T] bool
+    full_written: jax.Array  # [B,C] cache slot of each token (T: dropped)
+    ring_visible: jax.Array  # [B,C,W+C] bool over [ring before the write ++ chunk]
+    ring_written: jax.Array  # [B,C] ring slot (W: dropped)
+
+
+def _geometry(cfg, group: Rows, lengths: jax.Array, slots: int, ring: int) -> _Geometry:
+    """lengths: [B] tokens the group's rows hold; slots: T; ring: W."""
+    b, c = group.ids.shape
+    counts = group.counts.astype(jnp.int32)
+    ends = lengths + counts
+    offsets = jnp.arange(c)
+    positions = lengths[:, None] + offsets
+    valid = offsets[None, :] < counts[:, None]
+    earliest = positions[:, :, None] - cfg.sliding_window                             # keys must be later
+    ring_visible = jnp.concatenate([
+        (ring_positions(lengths, ring)[:, None, :] > jnp.maximum(earliest, -1)),      # before the write
+        (offsets[None, None, :] <= offsets[None, :, None]) & (positions[:, None, :] > earliest)], axis=2)
+    rows = (jnp.arange(b) if group.slots is None else group.slots)[:, None]
+    return _Geometry(rows, positions, valid, positions > 0, layer_kinds(cfg, positions, seq_len=jnp.max(ends)),
+                     jnp.arange(slots)[None, None, :] <= positions[:, :, None], jnp.where(valid, positions, slots),
+                     ring_visible,
+                     jnp.where(valid & (positions >= ends[:, None] - ring), positions % max(ring, 1), ring))
+
+
+def _rows_of(x: jax.Array, slots: jax.Array | None) -> jax.Array:
+    """x: [N,...] -> the group's rows [B,...] (x itself for all N)."""
+    return x if slots is None else x[slots]
+
+
+def _joined(parts: list[jax.Array], rows: int) -> jax.Array:
+    """Groups' [B_g,C_g,...] arrays as one [rows, sum B_g C_g / rows, ...] of their tokens in order
+    (one group: as it is). rows: the batch axes' product on the current mesh (the MoE's shard_map
+    splits dim 0 over them; each B_g is a multiple of it), 1 without one."""
+    if len(parts) == 1:
+        return parts[0]
+    return jnp.concatenate([x.reshape(-1, *x.shape[2:]) for x in parts]).reshape(rows, -1, *parts[0].shape[2:])
+
+
+def _split(joined: jax.Array, like: list[jax.Array]) -> list[jax.Array]:
+    """_joined's inverse: [rows, T/rows, ...] -> each group's [B_g,C_g,...] (shapes of `like`'s leading two)."""
+    if len(like) == 1:
+        return [joined]
+    flat, out, at = joined.reshape(-1, *joined.shape[2:]), [], 0
+    for x in like:
+        b, c = x.shape[:2]
+        out.append(flat[at:at + b * c].reshape(b, c, *joined.shape[2:]))
+        at += b * c
+    return out
+
+
+def _batch_rows() -> int:
+    """The product of the batch axes on the current mesh (1 without one)."""
+    shape = current_mesh_shape()
+    return math.prod(shape[a] for a in active_axes(RULES["batch"], shape)) if shape else 1
+
+
+def extend_rows(model: ZayaLM, state: DecodeState, groups: Sequence[Rows]
+                ) -> tuple[list[jax.Array], DecodeState]:
+    """Each group's rows continue by its chunk, all in one pass over the layers -> each group's
+    logits [B_g,V] float32 at its rows' last new tokens (meaningless where counts is 0) and the
+    state holding the new tokens. A row may take tokens in one group only (counts 0 elsewhere).
+    Slots must remain: lengths + counts <= T.
+
+    Per layer each group runs its own CCA and attention (its rows gathered out of the state's N,
+    its keys and values written back into them), and then one MoE runs over every group's tokens
+    joined, so a prefill chunk and a decode step in one call read each layer's experts once (the
+    serving engine's prefill-with-decode step, zaya_jax.engine.step). See `extend` for one group.
+    """
+    cfg = model.config
+    dtype = jnp.dtype(cfg.dtype)
+    stream_dtype = jnp.float32 if cfg.residual_in_fp32 else dtype
+    counts = [g.counts.astype(jnp.int32) for g in groups]
+    slots, ring = state.keys.shape[2], state.window_keys.shape[2]
+    geometry = [_geometry(cfg, g, _rows_of(state.lengths, g.slots), slots, ring) for g in groups]
+    batch_rows = _batch_rows()
+    few_tokens = sum(g.ids.size for g in groups) <= cfg.num_experts
+    dispatch = moe_dispatch_fn(cfg)
+    in_place = stacked_experts_dispatch(model)
+    graphdef, layer_states = nnx.split(model.layers)
+    valid = _joined([g.valid for g in geometry], batch_rows)
+    kind_types = geometry[0].kinds.types
+
+    def body(carry, xs):
+        streams, router_state, caches = carry
+        layer_state, index, prev, sliding, slot = xs
+        layer = nnx.merge(graphdef, layer_state)
+        normed, streams_out, carry_out = [], [], jax.tree.map(jnp.asarray, prev)
+        for group, geo, stream, count in zip(groups, geometry, streams, counts):
+            cos, sin = geo.kinds.rope(sliding)
+            prev_rows = jax.tree.map(lambda x: _rows_of(x, group.slots), prev)
+            q, k, v, new = layer.attention.qkv(layer.input_norm(stream, dtype), cos, sin, geo.continues, prev_rows)
+
+            def attend(caches, windowed: bool, geo=geo, group=group, q=q, k=k, v=v):
+                keys, values = caches[2:] if windowed else caches[:2]
+                if windowed:
+                    o = chunk_attention(q, jnp.concatenate([_rows_of(keys[slot], group.slots), k], axis=1),
+                                        jnp.concatenate([_rows_of(values[slot], group.slots), v], axis=1),
+                                        geo.ring_visible)
+                written = geo.ring_written if windowed else geo.full_written
+                keys = keys.at[slot, geo.rows, written].set(k, mode="drop")
+                values = values.at[slot, geo.rows, written].set(v, mode="drop")
+                if not windowed:
+                    o = chunk_attention(q, _rows_of(keys[slot], group.slots), _rows_of(values[slot], group.slots),
+                                        geo.full_visible)
+                return o, ((*caches[:2], keys, values) if windowed else (keys, values, *caches[2:]))
+            if len(kind_types) == 2:
+                o, caches = jax.lax.cond(sliding, functools.partial(attend, windowed=True),
+                                         functools.partial(attend, windowed=False), caches)
+            else:
+                o, caches = attend(caches, windowed=True in kind_types)
+            stream = layer.attention_residual(layer.attention.output(o), stream, stream_dtype)
+            streams_out.append(stream)
+            normed.append(layer.post_attention_norm(stream, dtype))
+            took = (count > 0).reshape(-1, *([1] * (prev_rows[0].ndim - 1)))
+            carry_out = jax.tree.map(
+                lambda out, n, p: out.at[geo.rows[:, 0]].set(jnp.where(took, at_last(n, p, count), out[geo.rows[:, 0]])),
+                carry_out, new, prev_rows)
+        x = _joined(normed, batch_rows)
+        if in_place is not None:
+            m, router_state, _ = layer.moe(x, router_state, valid, in_place(index), skip_masked=True)
+        elif few_tokens:
+            m, router_state = gathered_moe(layer.moe, x, router_state)
+        else:
+            m, router_state, _ = layer.moe(x, router_state, valid, dispatch, skip_masked=True)
+        streams_out = [layer.moe_residual(part, stream, stream_dtype)
+                       for part, stream in zip(_split(m, streams_out), streams_out)]
+        return (tuple(streams_out), router_state, caches), carry_out
+
+    init = (tuple(_embed(model, g.ids) for g in groups),
+            jnp.zeros((*valid.shape, cfg.router_hidden_size), jnp.float32),
+            (state.keys, state.values, state.window_keys, state.window_values))
+    xs = (layer_states, jnp.arange(cfg.num_layers), state.carry, layer_flags(cfg), jnp.asarray(cache_index(cfg)))
+    (streams, _, caches), carry = _over_layers(body, init, xs, cfg.num_layers, cfg.scan_layers)
+    lengths = jnp.asarray(state.lengths)
+    for geo, count in zip(geometry, counts):
+        lengths = lengths.at[geo.rows[:, 0]].add(count)
+    logits = [model.logits(model.final_norm(stream[jnp.arange(stream.shape[0]), jnp.maximum(count - 1, 0)], dtype))
+              for stream, count in zip(streams, counts)]
+    return logits, DecodeState(*caches, carry, lengths)
+
+
 def extend(model: ZayaLM, state: DecodeState, ids: jax.Array, counts: jax.Array) -> tuple[jax.Array, DecodeState]:
     """ids: [B,C] int; counts: [B] int in [0, C]: row b's first counts[b] tokens go at positions
     state.lengths[b] + 0..counts[b]-1 (the rest is padding) -> logits [B,V] float32 at each row's
@@ -180,73 +338,11 @@ def extend(model: ZayaLM, state: DecodeState, ids: jax.Array, counts: jax.Array)
     read [the ring before the write ++ the chunk] (the write could overwrite a ring key an earlier
     query of the chunk still sees), each key visible within the window; then the last W new
     positions are written into the ring (earlier ones would be overwritten by later ones of the
-    same chunk: a scatter with repeated slots has no defined winner).
+    same chunk: a scatter with repeated slots has no defined winner). `extend_rows` with one
+    group of all B rows.
     """
-    cfg = model.config
-    dtype = jnp.dtype(cfg.dtype)
-    stream_dtype = jnp.float32 if cfg.residual_in_fp32 else dtype
-    b, c = ids.shape
-    counts = counts.astype(jnp.int32)
-    lengths = state.lengths
-    ends = lengths + counts
-    offsets = jnp.arange(c)
-    positions = lengths[:, None] + offsets                                            # [B,C]
-    valid = offsets[None, :] < counts[:, None]                                        # [B,C]
-    kinds = layer_kinds(cfg, positions, seq_len=jnp.max(ends))
-    continues = positions > 0
-    few_tokens = b * c <= cfg.num_experts
-    dispatch = moe_dispatch_fn(cfg)
-    in_place = stacked_experts_dispatch(model)
-    graphdef, layer_states = nnx.split(model.layers)
-    rows = jnp.arange(b)[:, None]
-    slots, ring, window = state.keys.shape[2], state.window_keys.shape[2], cfg.sliding_window
-    full_visible = jnp.arange(slots)[None, None, :] <= positions[:, :, None]         # [B,C,T]
-    full_written = jnp.where(valid, positions, slots)                                 # out of range: dropped
-    earliest = positions[:, :, None] - window                                         # [B,C,1] keys must be later
-    ring_visible = jnp.concatenate([
-        (ring_positions(lengths, ring)[:, None, :] > jnp.maximum(earliest, -1)),      # [B,C,W] before the write
-        (offsets[None, None, :] <= offsets[None, :, None]) & (positions[:, None, :] > earliest)], axis=2)
-    ring_written = jnp.where(valid & (positions >= ends[:, None] - ring), positions % max(ring, 1), ring)
-
-    def body(carry, xs):
-        stream, router_state, caches = carry
-        layer_state, index, prev, sliding, slot = xs
-        layer = nnx.merge(graphdef, layer_state)
-        cos, sin = kinds.rope(sliding)
-        q, k, v, new = layer.attention.qkv(layer.input_norm(stream, dtype), cos, sin, continues, prev)
-
-        def attend(caches, windowed: bool):
-            keys, values = caches[2:] if windowed else caches[:2]
-            if windowed:
-                o = chunk_attention(q, jnp.concatenate([keys[slot], k], axis=1),
-                                    jnp.concatenate([values[slot], v], axis=1), ring_visible)
-            keys = keys.at[slot, rows, ring_written if windowed else full_written].set(k, mode="drop")
-            values = values.at[slot, rows, ring_written if windowed else full_written].set(v, mode="drop")
-            if not windowed:
-                o = chunk_attention(q, keys[slot], values[slot], full_visible)
-            return o, ((*caches[:2], keys, values) if windowed else (keys, values, *caches[2:]))
-        if len(kinds.types) == 2:
-            o, caches = jax.lax.cond(sliding, functools.partial(attend, windowed=True),
-                                     functools.partial(attend, windowed=False), caches)
-        else:
-            o, caches = attend(caches, windowed=True in kinds.types)
-        stream = layer.attention_residual(layer.attention.output(o), stream, stream_dtype)
-        x = layer.post_attention_norm(stream, dtype)
-        if in_place is not None:
-            m, router_state, _ = layer.moe(x, router_state, valid, in_place(index), skip_masked=True)
-        elif few_tokens:
-            m, router_state = gathered_moe(layer.moe, x, router_state)
-        else:
-            m, router_state, _ = layer.moe(x, router_state, valid, dispatch, skip_masked=True)
-        stream = layer.moe_residual(m, stream, stream_dtype)
-        return (stream, router_state, caches), jax.tree.map(lambda n, p: at_last(n, p, counts), new, prev)
-
-    init = (_embed(model, ids), jnp.zeros((b, c, cfg.router_hidden_size), jnp.float32),
-            (state.keys, state.values, state.window_keys, state.window_values))
-    xs = (layer_states, jnp.arange(cfg.num_layers), state.carry, layer_flags(cfg), jnp.asarray(cache_index(cfg)))
-    (stream, _, caches), carry = _over_layers(body, init, xs, cfg.num_layers, cfg.scan_layers)
-    logits = model.logits(model.final_norm(stream[jnp.arange(b), jnp.maximum(counts - 1, 0)], dtype))
-    return logits, DecodeState(*caches, carry, ends)
+    (logits,), state = extend_rows(model, state, [Rows(None, ids, counts)])
+    return logits, state
 
 
 def at_last(per_token: jax.Array, before: jax.Array, counts: jax.Array) -> jax.Array:

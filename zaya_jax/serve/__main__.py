@@ -18,7 +18,8 @@ Its tokenizer is the one the checkpoint carries (--hf: DIR/tokenizer.json), its 
 the one its run recorded (--hf: DIR/tokenizer_config.json's; --chat_template FILE otherwise),
 its context --max_model_len tokens of each slot's decode state (default: the model's
 max_position_embeddings, at most 4096). The engine (zaya_jax.engine) holds --slots requests at
-once, prefills prompts --chunk tokens per step between decode steps, and keeps shared prompt
+once, prefills prompts --chunk tokens per slot and step between decode steps (at most
+--prefill_budget tokens a step over all slots), and keeps shared prompt
 prefixes in a prefix cache of --prefix_cache_mb MiB (0: off). On one device unless --mesh (the trainer's
 syntax and rules: zaya_jax.engine.placement) shards the weights and slots over all devices; the
 devices it uses go to stderr. It compiles before the server
@@ -62,6 +63,9 @@ _MAX_MODEL_LEN = flags.DEFINE_integer("max_model_len", None, "Tokens per request
                                                              "max_position_embeddings, at most 4096).", lower_bound=2)
 _CHUNK = flags.DEFINE_integer("chunk", 32, "Prompt tokens prefilled per slot and engine step (and the prefix "
                                            "cache's block).", lower_bound=1)
+_PREFILL_BUDGET = flags.DEFINE_integer("prefill_budget", None, "Prompt tokens prefilled per engine step, all "
+                                       "slots together, the earliest request first (default: --chunk per "
+                                       "prefilling slot).", lower_bound=1)
 _PREFIX_CACHE_MB = flags.DEFINE_float("prefix_cache_mb", 256.0, "Prefix cache budget in MiB (0: off).", lower_bound=0)
 _MAX_WAITING = flags.DEFINE_integer("max_waiting", 64, "Requests queued for a slot before 429.", lower_bound=1)
 _MAX_TOP_LOGPROBS = flags.DEFINE_integer("max_top_logprobs", 20, "The most top_logprobs a request may ask for.",
@@ -202,7 +206,8 @@ def main(argv: list[str]) -> None:
     mesh = serving_mesh(model)
     engine = Engine(model, slots=_SLOTS.value, cache_size=context_length(text_model(model).config),
                     chunk=_CHUNK.value, prefix_cache_bytes=int(_PREFIX_CACHE_MB.value * 2 ** 20),
-                    max_top_logprobs=_MAX_TOP_LOGPROBS.value, image_processor=processor, mesh=mesh)
+                    max_top_logprobs=_MAX_TOP_LOGPROBS.value, image_processor=processor, mesh=mesh,
+                    prefill_budget=_PREFILL_BUDGET.value)
     say_devices(engine)
     engine.warm_up(image_sizes=image_sizes)
     metrics = ServerMetrics(engine)
