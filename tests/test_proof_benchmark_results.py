@@ -472,7 +472,8 @@ def serve_load_rows(stack):
     split_row = (f"| {python} | {t['engine.step_per_decode_step_block8']:.1f} | "
                  f"{t['engine.step_per_decode_step_single']:.1f} | {t['engine_decode_one_step']:.1f} | "
                  f"{t['extend_argmax_decode']:.1f} | {t['pick_greedy']:.2f} / {t['pick_sampling']:.2f} | "
-                 f"{t['engine_chunk_one_row']:.0f} / {t['engine_chunk_all_rows']:.0f} | "
+                 f"{t['engine_chunk_one_row']:.1f} / {t['engine_chunk_one_row_beside_decoding']:.1f} / "
+                 f"{t['engine_chunk_all_rows']:.1f} | "
                  f"{t['load_average_1m'][0]:.1f}-{t['load_average_1m'][1]:.1f} |")
     return rows + ratio_rows + [prefix_row, split_row]
 
