@@ -292,20 +292,27 @@ def test_background_loop_streams_to_the_callback_and_the_queue(model, prompts):
 
 def test_nothing_compiles_after_warm_up(model, prompts, shared):
     engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefix_cache_bytes=1 << 20)
-    run(engine, [[(shared[0], greedy())], [], [], [(shared[2], sampled(3))]])  # chunks, decode, store, restore
-    assert engine.stats()["prefix_hits"] == 1
+    engine.warm_up()
+    assert engine.restore_buckets == (1, 2, 4, 5)  # a hit holds at most (48 - 1) // 8 blocks
+    run(engine, [[(shared[0], greedy())]])  # stores base[:26]'s 3 blocks
     with compilations() as compiled:
+        # prefix hits of 3 blocks (shared[2], restored as 4), 2 (shared[1]) and 3 (shared[5])
         queues = [submit(engine, p, params) for p, params in
-                  [(prompts[2], sampled(4)), (shared[1], greedy()), (prompts[0], SamplingParams(max_tokens=3)),
+                  [(shared[2], sampled(3)), (prompts[2], sampled(4)), (shared[1], greedy()),
+                   (prompts[0], SamplingParams(max_tokens=3)),
                    (shared[5], SamplingParams(max_tokens=5, temperature=0.5, top_p=0.5, logprobs=True)),
                    (prompts[4], greedy())]]
         engine.step()
         engine.cancel(engine.submit(prompts[3], greedy()))
         while engine.has_work():
             engine.step()
+        queues.append(submit(engine, shared[4], greedy()))  # base[:9]: a hit of 1 block
+        while engine.has_work():
+            engine.step()
     assert compiled == []
     assert all(drain(q)[0].reason in ("stop", "length") for q in queues)
-    assert engine.stats()["prefix_hits"] > 1
+    restores = {b: n for (kind, b), n in engine.calls.items() if kind == "restore"}
+    assert restores == {4: 2, 2: 1, 1: 1} and engine.stats()["prefix_hits"] == 4  # one call a hit
 
 
 def test_warm_up_compiles_every_row_bucket(model, prompts):

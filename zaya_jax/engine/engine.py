@@ -3,7 +3,7 @@
 Shapes: N = `slots` rows of one DecodeState of T = `cache_size` slots each, C = `chunk`.
 
 A request (prompt ids, SamplingParams) waits until a slot is free, then joins it: its longest
-cached prefix (prefix_cache.py) is restored into the slot, and the rest of its prompt is
+cached prefix (prefix_cache.py) is restored into the slot in one call, and the rest of its prompt is
 prefilled C tokens per engine step (at most `prefill_budget` tokens a step over all slots, the
 earliest admitted first, each slot's share ending on a block boundary). Each `step()` runs one
 compiled call (step.py). While a slot is prefilling, it is `engine_chunk`: the slots still
@@ -18,8 +18,8 @@ stop ids or max_tokens there, a block of k tokens per host round trip. A request
 predicate (a stop string) and stop ids beyond step.STOP_IDS are checked on the host, token by
 token in order, after the block: the tokens its slot made past the stop are dropped (the slot is
 free, and the next request's prefill starts it over). So the engine compiles
-`engine_chunk` once per row bucket, `engine_decode`, `snapshot` and `restore` once each, and
-nothing after warm-up. A response ends on a stop id (eos unless ignore_eos, and the request's
+`engine_chunk` once per row bucket, `engine_decode` and `snapshot` once each, `restore` once per
+bucket of hit lengths (prefix_cache.restore_buckets: a hit is one call), and nothing after warm-up. A response ends on a stop id (eos unless ignore_eos, and the request's
 stop_ids), max_tokens, the request's `stop` predicate, or `cancel`; its slot is free at once (a
 request waiting for a slot while a decode block runs is admitted after it). A request whose callback or stop predicate raises ends with
 reason "error" (the exception is logged) and the others go on.
@@ -54,7 +54,7 @@ from flax import nnx
 from zaya_jax.engine.images import fill_test_image, image_inputs, prefill_with_images, vision_split
 from zaya_jax.engine.params import SamplingParams
 from zaya_jax.engine.placement import place, place_params, row_buckets
-from zaya_jax.engine.prefix_cache import PrefixCache, block_keys, restore, snapshot
+from zaya_jax.engine.prefix_cache import PrefixCache, block_keys, bucketed, restore, restore_buckets, snapshot
 from zaya_jax.engine.step import STOP_IDS, Decoded, Picked, RowSampling, engine_chunk, engine_decode
 from zaya_jax.errors import UserError
 from zaya_jax.infer.cache import empty_state
@@ -127,13 +127,14 @@ class Engine:
                              f"got {prefill_budget!r}")
         self.prefill_budget = slots * chunk if prefill_budget is None else prefill_budget
         self.row_buckets = row_buckets(slots, mesh)
+        self.restore_buckets = restore_buckets(cache_size, chunk)  # entries a prefix hit restores in one call
         self._chunk, self._decode, self._snapshot, self._restore = engine_chunk, engine_decode, snapshot, restore
         self._images = prefill_with_images
         if mesh is not None:
             (self._params, self._state, self._chunk, self._decode, self._snapshot, self._restore,
              self._images) = place(model, self._params, self._state, mesh, slots)
         self._vision = None if self._vl is None else self._place_vision(model)  # (graphdef, tower params)
-        self.calls = collections.Counter()  # compiled calls run: ("chunk", B) and ("decode", steps asked)
+        self.calls = collections.Counter()  # compiled calls run: ("chunk", B), ("decode", steps asked), ("restore", b)
         self._prefix = PrefixCache(chunk, prefix_cache_bytes) if prefix_cache_bytes else None
         self._rows: list[_Request | None] = [None] * slots
         self._waiting: collections.deque[_Request] = collections.deque()
@@ -233,7 +234,7 @@ class Engine:
 
     def warm_up(self, image_sizes: tuple[tuple[int, int], ...] = ()) -> None:
         """Compiles every program serving runs (the chunk call at every row bucket, the decode
-        block, the prefix cache's snapshot and restore) on two throwaway requests, then forgets them (their cache entries
+        block, the prefix cache's snapshot and its restore at every bucket of hit lengths) on two throwaway requests, then forgets them (their cache entries
         and token counts are not kept): nothing compiles after this for text requests. Call it
         before start(). image_sizes (a ZayaVL's engine): for each (height, width), a request of bos
         and one grey image of that size compiles the image prefill of its patch and prompt-width
@@ -254,6 +255,10 @@ class Engine:
                     self.step()
             for rows in self.row_buckets:  # the buckets two requests did not use: every row sits out
                 self._run_chunk(list(range(rows)), {}, [])
+            if kept is not None and self.restore_buckets:  # each hit length's restore, into free slot 0
+                entry = self._snapshot(self._state, np.int32(0), np.int32(0), block=self.chunk)
+                for b in self.restore_buckets:
+                    self._state = self._restore(self._state, np.int32(0), np.zeros(b, np.int32), (entry,) * b)
             for height, width in image_sizes:
                 image = fill_test_image(height, width)
                 span = image_span(self.image_processor.grid(image), *self.image_ids, self.image_processor.merge_size)
@@ -348,9 +353,12 @@ class Engine:
                 if self._prefix is None or r.images is not None:  # an image's keys are not the prompt's ids'
                     continue
                 r.blocks = block_keys(r.prompt, self.chunk)
-                for i, entry in enumerate(self._prefix.lookup(r.prompt, r.blocks)):
-                    self._state = self._restore(self._state, np.int32(slot), np.int32(i * self.chunk), entry)
-                    r.prefilled += self.chunk
+                found = self._prefix.lookup(r.prompt, r.blocks)
+                if found:
+                    starts, entries = bucketed(found, self.chunk, self.restore_buckets)
+                    self.calls["restore", len(entries)] += 1
+                    self._state = self._restore(self._state, np.int32(slot), starts, entries)
+                    r.prefilled = len(found) * self.chunk
 
     def _prefill_shares(self) -> dict[int, int]:
         """slot -> the prompt tokens it prefills this step: the slots still prefilling, earliest

@@ -12,8 +12,9 @@ restored block boundary, so every chunk ends on a boundary until the prompt's la
   carry                       CCACarry [L,...]: the CCA carry of the block's last token (pre-conv
                               column [L,P,H], depthwise output [L,P,H], delayed value [L,K/2,H])
 
-Restoring blocks 1..n of a prompt writes each block's keys and values into its slots and the
-last block's ring and carry: the slot then holds exactly the state the chunked prefill of those
+Restoring blocks 1..n of a prompt (one compiled call, `restore`, for any n up to a bucket of
+`restore_buckets`) writes each block's keys and values into its slots and the last block's ring
+and carry: the slot then holds exactly the state the chunked prefill of those
 n x C tokens left, so a hit computes what a miss computes. Entries are keyed by a hash chained
 over the blocks (block i's key hashes block i-1's key and block i's tokens) and hold their
 tokens, compared on lookup. A prompt reuses at most its first len - 1 tokens: its last token's
@@ -26,6 +27,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import itertools
 from typing import NamedTuple
 
 import jax
@@ -51,15 +53,40 @@ def snapshot_fn(state: DecodeState, slot: jax.Array, start: jax.Array, *, block:
                  jax.tree.map(lambda x: x[:, slot], state.carry))
 
 
-def restore_fn(state: DecodeState, slot: jax.Array, start: jax.Array, entry: Entry) -> DecodeState:
-    """The state (donated) with `entry` put into `slot`: its keys and values at [start, start + C),
-    its ring and carry (lengths is the engine's to set)."""
-    def put(x, e):
-        return x.at[:, slot].set(jax.lax.dynamic_update_slice_in_dim(x[:, slot], e, start, axis=1))
-    return state._replace(keys=put(state.keys, entry.keys), values=put(state.values, entry.values),
-                          window_keys=state.window_keys.at[:, slot].set(entry.window_keys),
-                          window_values=state.window_values.at[:, slot].set(entry.window_values),
-                          carry=jax.tree.map(lambda x, e: x.at[:, slot].set(e), state.carry, entry.carry))
+def restore_fn(state: DecodeState, slot: jax.Array, starts: jax.Array, entries: tuple[Entry, ...]) -> DecodeState:
+    """The state (donated) with a hit's b entries put into `slot` in one call: entry i's keys and
+    values at [starts[i], starts[i] + C), the last entry's ring and carry (lengths is the engine's
+    to set). starts: [b] int32. `bucketed` pads a hit to b by repeating its last entry and start
+    (writing a block twice writes it once), so each b is one compilation."""
+    def put(x, blocks):
+        row = x[:, slot]
+        for i, block in enumerate(blocks):
+            row = jax.lax.dynamic_update_slice_in_dim(row, block, starts[i], axis=1)
+        return x.at[:, slot].set(row)
+    last = entries[-1]
+    return state._replace(keys=put(state.keys, [e.keys for e in entries]),
+                          values=put(state.values, [e.values for e in entries]),
+                          window_keys=state.window_keys.at[:, slot].set(last.window_keys),
+                          window_values=state.window_values.at[:, slot].set(last.window_values),
+                          carry=jax.tree.map(lambda x, e: x.at[:, slot].set(e), state.carry, last.carry))
+
+
+def restore_buckets(cache_size: int, block: int) -> tuple[int, ...]:
+    """The entry counts restore compiles for: powers of two below the most blocks a hit can hold
+    ((cache_size - 1) // C: a prompt fits cache_size and reuses at most its first len - 1 tokens),
+    and that most; () when no block fits."""
+    most = (cache_size - 1) // block
+    return tuple(b for b in itertools.takewhile(lambda b: b < most, (1 << i for i in itertools.count()))) + (
+        (most,) if most else ())
+
+
+def bucketed(found: list[Entry], block: int, buckets: tuple[int, ...]) -> tuple[np.ndarray, tuple[Entry, ...]]:
+    """A hit's entries (block i at position i x C) -> restore's starts [b] and entries, padded to
+    the smallest bucket b that holds them by repeating the last."""
+    b = next(b for b in buckets if b >= len(found))
+    pad = b - len(found)
+    return (np.array([i * block for i in range(len(found))] + [(len(found) - 1) * block] * pad, np.int32),
+            tuple(found) + (found[-1],) * pad)
 
 
 SNAPSHOT_JIT = dict(static_argnames=("block",))
