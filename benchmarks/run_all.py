@@ -61,6 +61,9 @@ RUNS: dict[str, list[str]] = {
     # GRPO's sampling, the engine against static generate, on that stack's SFT run (the GRPO demo's start)
     "grpo_rollouts_cpu_py311": ["grpo_rollouts.py", "--checkpoint", "runs/posttrain_demo_py311/demo_sft"],
     "grpo_rollouts_cpu_py312": ["grpo_rollouts.py", "--checkpoint", "runs/posttrain_demo_py312/demo_sft"],
+    # lm-eval's generate_until through the engine (--slots) against its static batches
+    "harness_generation_cpu_py311": ["harness_generation.py", "--checkpoint", "runs/posttrain_demo_py311/demo"],
+    "harness_generation_cpu_py312": ["harness_generation.py", "--checkpoint", "runs/posttrain_demo_py312/demo"],
     # zaya_jax.generate(..., slots=8) against the static loop in batches of 8 (evaluate_tasks' way)
     "generate_slots_cpu_py311": ["generate_slots.py"],
     "generate_slots_cpu_py312": ["generate_slots.py"],

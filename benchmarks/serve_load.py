@@ -47,8 +47,9 @@ scheduled arrival to the last token; p50 and p99 (numpy percentiles, linear) ove
 Ratios: engine over static and engine over transformers (throughput; the p99s as engine / other,
 so below 1 is the engine better).
 
-Chunk sweep: the last rate's requests served again by fresh engines with each `--sweep-chunks`
-size (the prefix cache empty, so no hits), against that rate's static run.
+Engine sweep: the last rate's requests served again by fresh engines with each `--sweep` setting
+(a chunk size C, or C:B for C with prefill_budget B; the prefix cache empty, so no hits), against
+that rate's static run.
 
 Prefix cache: the TTFT of one request (a 1,000-token prefix + 24 tokens, one output token) on an
 engine with the prefix cache on, right after a request with the same prefix and another suffix
@@ -364,8 +365,9 @@ def main():
     parser.add_argument("--rates", default="1,3,12,48", help="comma-separated arrival rates, requests/s")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=64)
-    parser.add_argument("--sweep-chunks", default="128,256",
-                        help="other chunk sizes served at the last rate, on fresh engines ('' for none)")
+    parser.add_argument("--sweep", default="128,256,64:64,256:256",
+                        help="other engine settings served at the last rate, on fresh engines: chunk sizes C, or "
+                             "C:B for C with prefill_budget B, comma-separated ('' for none)")
     parser.add_argument("--repeats", type=int, default=3, help="prefix-cache TTFT repeats")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers server")
     parser.add_argument("--torch-threads", type=int, default=1)
@@ -420,12 +422,16 @@ def main():
             row["engine_over_transformers"] = ratios(row["engine"], row["transformers"])
         by_rate.append(row)
     sweep = []
-    for chunk in [int(c) for c in args.sweep_chunks.split(",") if c]:
-        other = Engine(model, slots=args.slots, cache_size=cache_size, chunk=chunk, prefix_cache_bytes=1 << 30)
+    for setting in [s for s in args.sweep.split(",") if s]:
+        chunk, _, budget = setting.partition(":")
+        chunk, budget = int(chunk), int(budget) if budget else None
+        other = Engine(model, slots=args.slots, cache_size=cache_size, chunk=chunk, prefix_cache_bytes=1 << 30,
+                       prefill_budget=budget)
         other.warm_up()
         load_start = load()
         served = summarize(requests, arrive, serve_engine(other, requests, arrive), load_start)
-        sweep.append({"chunk": chunk, "engine": served, "engine_over_static": ratios(served, by_rate[-1]["static"])})
+        sweep.append({"chunk": chunk, "prefill_budget": budget, "engine": served,
+                      "engine_over_static": ratios(served, by_rate[-1]["static"])})
     split = step_split(engine, model, args.slots, args.chunk, cache_size)
     prefix = prefix_ttft(model, args.slots, args.chunk, args.repeats)
 
@@ -455,7 +461,7 @@ def main():
         "transformers": {"torch_threads": args.torch_threads, "timing": "a BaseStreamer stamps each column"}
         if hf_note is None else hf_note,
         "warm_up_s": round(warm_up_s, 1),
-        "by_rate": by_rate, "chunk_sweep_at_last_rate": sweep, "step_split_ms": split, "prefix_cache": prefix, "goals": goals,
+        "by_rate": by_rate, "engine_sweep_at_last_rate": sweep, "step_split_ms": split, "prefix_cache": prefix, "goals": goals,
         "load_average_1m": [load_at_start, load()],  # start, end: other jobs share the machine
     }, indent=2))
 

@@ -104,6 +104,36 @@ def test_sampled_generation_follows_its_seed(on_export):
         on_export.generate_until(requests("generate_until", [("x", {"max_gen_toks": 4, "repetition_penalty": 1.1})]))
 
 
+def test_generation_in_slots_stops_at_the_stop_sequence_and_equals_static_batches(on_export, monkeypatch):
+    import zaya_jax.engine.batch as engine_batch
+    made, run_to_end = [], engine_batch.run_to_end
+
+    def recording(engine, prompts, params, images=None):
+        tokens, lengths = run_to_end(engine, prompts, params, images)
+        made.append((tokens, lengths))
+        return tokens, lengths
+    monkeypatch.setattr(engine_batch, "run_to_end", recording)
+    in_slots = {n: ZayaHarnessLM(model=on_export.model, tokenizer=on_export.tokenizer_path, slots=n) for n in (2, 3)}
+    contexts = ["The quick", "Once upon a time there was", "a", "In the beginning the numbers were", "x y z", "It"]
+    unstopped = on_export.generate_until(requests("generate_until", [(c, {"until": ["<never>"], "max_gen_toks": 10})
+                                                                     for c in contexts]))
+    text = "".join(unstopped).replace("\ufffd", "")  # not a byte sequence's unfinished character
+    stop = max(set(text), key=text.count)  # the random model's commonest character: it ends some requests early
+    greedy = requests("generate_until", [(c, {"until": [stop], "max_gen_toks": 10}) for c in contexts])
+    static = on_export.generate_until(greedy)
+    assert in_slots[3].generate_until(greedy) == static
+    tokens, lengths = made[-1]
+    eos = on_export.eot_token_id
+    stopped = [n < 10 and tokens[i, n - 1] != eos for i, n in enumerate(lengths)]  # ended by `stop`, not eos
+    assert any(stopped)
+    sampled = requests("generate_until", [(c, {"until": ["\n"], "max_gen_toks": 6, "do_sample": True,
+                                               "temperature": 1.5}) for c in contexts])
+    drawn = in_slots[3].generate_until(sampled)
+    assert drawn == in_slots[2].generate_until(sampled) and len(set(drawn)) > 1  # whatever runs beside
+    with pytest.raises(UserError, match="slots=0: give a positive number of engine rows"):
+        ZayaHarnessLM(model=on_export.model, tokenizer=on_export.tokenizer_path, slots=0)
+
+
 def test_chat_prompts_are_the_ids_generate_chat_sends(exported):
     checkpoint, _, _ = exported
     lm = ZayaHarnessLM(checkpoint=str(checkpoint), chat_template=PLAIN, batch_size=1)

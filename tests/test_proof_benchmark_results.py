@@ -449,7 +449,7 @@ SERVERS = ("engine", "static", "transformers")
 
 def serve_load_rows(stack):
     """docs/serving.md's "Measured" rows for serve_load_cpu_<stack>: one per rate and server, one of
-    ratios per rate, the prefix cache's and the engine step's split."""
+    ratios per rate, the engine sweep's, the prefix cache's and the engine step's split."""
     run = _load(f"serve_load_cpu_{stack}")
     python = STACKS[stack].split()[1]
     rows = []
@@ -461,11 +461,15 @@ def serve_load_rows(stack):
                             f"{m['ttft_p50_s']:.2f} / {m['ttft_p99_s']:.2f} | {1000 * m['tpot_p50_s']:.1f} / "
                             f"{1000 * m['tpot_p99_s']:.1f} | {m['e2e_p50_s']:.2f} / {m['e2e_p99_s']:.2f} | "
                             f"{m['load_average_1m'][0]:.1f}-{m['load_average_1m'][1]:.1f} |")
-    ratio_rows = []
-    for r in run["by_rate"]:
-        cells = [f"{q['tokens_per_s']:.2f}x / {q['ttft_p99']:.2f} / {q['tpot_p99']:.2f} / {q['e2e_p99']:.2f}" if q else "-"
-                 for q in (r["engine_over_static"], r.get("engine_over_transformers"))]
-        ratio_rows.append(f"| {python} | {r['rate_per_s']:g} | " + " | ".join(cells) + " |")
+    def ratio(q):
+        return f"{q['tokens_per_s']:.2f}x / {q['ttft_p99']:.2f} / {q['tpot_p99']:.2f} / {q['e2e_p99']:.2f}" if q else "-"
+    ratio_rows = [f"| {python} | {r['rate_per_s']:g} | " + " | ".join(
+        map(ratio, (r["engine_over_static"], r.get("engine_over_transformers")))) + " |" for r in run["by_rate"]]
+    sweep = [{**run["engine"], "engine_over_static": run["by_rate"][-1]["engine_over_static"]}]
+    sweep += run["engine_sweep_at_last_rate"]
+    ratio_rows.append("| Python | " + " | ".join(f"chunk {r['chunk']}" + (f", budget {r['prefill_budget']}"
+                                                   if r.get("prefill_budget") else "") for r in sweep) + " |")
+    ratio_rows.append(f"| {python} | " + " | ".join(ratio(r["engine_over_static"]) for r in sweep) + " |")
     p, t = run["prefix_cache"], run["step_split_ms"]
     prefix_row = (f"| {python} | {p['ttft_miss_cache_on_median_s']:.3f} | {p['ttft_cache_off_median_s']:.3f} | "
                   f"{p['ttft_hit_median_s']:.3f} | {p['hit_over_cache_off']:.3f} |")
@@ -547,6 +551,17 @@ def test_grpo_rollouts_figures_are_the_results_file(stack):
     assert run["stack"]["python"].startswith(STACKS[stack][len("Python "):])
     assert run["work"]["rows"] == 512 and run["checkpoint_step"] == 200  # the GRPO demo's first generation
     assert _rollout_figures(run) in _flat(_doc("posttraining.md"))
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_harness_generation_figures_are_the_results_file(stack):
+    """docs/evaluation.md's row of lm-eval generation through the engine against static batches."""
+    run = _load(f"harness_generation_cpu_{stack}")
+    assert run["python"].startswith(STACKS[stack][len("Python "):]) and run["responses_equal"]
+    load = run["load_average_1min_start_end"]
+    assert (f"| {run['python'][:4]} | {run['static']['s']:.2f} | {run['engine']['s']:.2f} | "
+            f"{run['engine_vs_static']:.3f} | {run['response_characters_mean']:.1f} | yes | "
+            f"{load[0]:.1f}-{load[1]:.1f} |") in _doc("evaluation.md")
 
 
 def test_fp8_planner_figures_are_the_results_file():

@@ -37,6 +37,10 @@ _LIMIT = flags.DEFINE_float("limit", None, "Documents per task (below 1: a fract
 _NUM_FEWSHOT = flags.DEFINE_integer("num_fewshot", None, "Few-shot examples per prompt.", lower_bound=0)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Rows scored together (rounded up to the device count).",
                                    lower_bound=1)
+_SLOTS = flags.DEFINE_integer("slots", None, "generate_until through the serving engine's N rows, each request "
+                               "ending at eos or its first stop sequence and its row taking the next (default: "
+                               "static batches of --batch_size, every row decoding until the batch's last stops).",
+                               lower_bound=1)
 _OUTPUT_PATH = flags.DEFINE_string("output_path", None, "Write the results (and samples) here, in lm_eval's layout.")
 _LOG_SAMPLES = flags.DEFINE_bool("log_samples", False, "Keep every sample's requests and responses in the JSON.")
 _CHAT = flags.DEFINE_bool("apply_chat_template", False, "Render prompts with the chat template.")
@@ -91,7 +95,7 @@ def main(argv: list[str]) -> None:
     from zaya_jax.harness.model import ZayaHarnessLM
     lm = ZayaHarnessLM(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value, tokenizer=_TOKENIZER.value,
                        chat_template=_CHAT_TEMPLATE.value, batch_size=_BATCH_SIZE.value, max_length=_MAX_LENGTH.value,
-                       max_gen_toks=_MAX_GEN.value, seed=_SEED.value, dtype=_DTYPE.value)
+                       max_gen_toks=_MAX_GEN.value, seed=_SEED.value, dtype=_DTYPE.value, slots=_SLOTS.value)
     tracker = None
     if _OUTPUT_PATH.value:
         from lm_eval.loggers import EvaluationTracker

@@ -86,13 +86,18 @@ class ZayaHarnessLM(TemplateLM):
     max_length: the context window (default max_position_embeddings); max_gen_toks: the default cap
     of generate_until; seed: the sampling seed; dtype / quantize: as zaya_jax.generate's flags;
     model: a ZayaLM in memory instead of checkpoint / hf (the trainer's, zaya_jax.harness.in_training),
-    with `tokenizer` given.
+    with `tokenizer` given; slots: None, generate_until in static batches of batch_size (every row
+    decodes until the batch's last stops at eos or max_gen_toks); N, through the serving engine's N
+    rows (rounded up to a multiple of the local device count), each request ending at eos, its
+    first stop sequence or max_gen_toks and its row taking the next request (greedy texts equal the
+    static batches'; a sampled request draws with its own seed, whatever else runs beside it).
     """
 
     def __init__(self, checkpoint: str | None = None, hf: str | None = None, step: int | None = None,
                  tokenizer: str | None = None, chat_template: str | None = None, batch_size: int | str = 8,
                  max_length: int | None = None, max_gen_toks: int = 256, seed: int = 0,
-                 dtype: str | None = None, quantize: str | None = None, model=None, **ignored):
+                 dtype: str | None = None, quantize: str | None = None, model=None, slots: int | str | None = None,
+                 **ignored):
         super().__init__()
         from zaya_jax.harness.loading import load_model, load_tokenizer
         if ignored:  # what lm_eval's CLI may add (device, ...) that a JAX model has no use for
@@ -114,6 +119,10 @@ class ZayaHarnessLM(TemplateLM):
         self.mesh = make_mesh({"data": -1}, jax.local_devices())
         self.devices = self.mesh.devices.size
         self.batch_size = -(-int(1 if batch_size == "auto" else batch_size) // self.devices) * self.devices
+        if slots is not None and (not str(slots).isdigit() or int(slots) < 1):
+            raise UserError(f"slots={slots!r}: give a positive number of engine rows (slots=8), or leave it out "
+                            "for static batches")
+        self.slots = None if slots is None else -(-int(slots) // self.devices) * self.devices
         graphdef, params = nnx.split(self.model)
         self.graphdef = graphdef
         self.params = jax.device_put(params, jax.sharding.NamedSharding(self.mesh, jax.P()))
@@ -213,8 +222,8 @@ class ZayaHarnessLM(TemplateLM):
         ordered = Collator([req.args for req in requests], sort_fn=lambda req: (-len(self.tok_encode(req[0])), req[0]),
                            group_by="gen_kwargs", group_fn=lambda req: req[1])
         eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
-        results = []
-        for number, chunk in enumerate(ordered.get_batched(n=self.batch_size)):
+        results = []  # with slots, each gen_kwargs group is one batch: the engine's rows take it in turn
+        for number, chunk in enumerate(ordered.get_batched(n=0 if self.slots else self.batch_size)):
             contexts, all_kwargs = zip(*chunk, strict=True)
             kwargs = normalize_gen_kwargs(all_kwargs[0], self.max_gen_toks)
             until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
@@ -224,14 +233,34 @@ class ZayaHarnessLM(TemplateLM):
                                 f"{self.max_length}; ask for fewer (gen_kwargs max_gen_toks=...)")
             sampling = self.sampling(kwargs)
             prompts = [self.tok_encode(c, left_truncate_len=self.max_length - max_gen_toks) for c in contexts]
-            prompts += [prompts[-1]] * (self.batch_size - len(prompts))  # one compiled loop per prompt width
-            new = generate(self.replicated_model, prompts, max_gen_toks, seed=self.seed + number, mesh=self.mesh,
-                           **sampling)
+            if self.slots:
+                new = self.generate_in_slots(prompts, max_gen_toks, until, self.seed + number, sampling)
+            else:
+                prompts += [prompts[-1]] * (self.batch_size - len(prompts))  # one compiled loop per prompt width
+                new = generate(self.replicated_model, prompts, max_gen_toks, seed=self.seed + number, mesh=self.mesh,
+                               **sampling)
             for context, row in zip(contexts, new, strict=False):
                 text = postprocess_generated_text(self.tok_decode(row.tolist()), until, None)
                 self.cache_hook.add_partial("generate_until", (context, all_kwargs[0]), text)
                 results.append(text)
         return ordered.get_original(results)
+
+    def generate_in_slots(self, prompts: list[list[int]], max_gen_toks: int, until: list[str], seed: int,
+                          sampling: dict) -> np.ndarray:
+        """prompts through an engine of `slots` rows (zaya_jax.engine.batch), each ending at eos,
+        max_gen_toks or once its text holds a stop sequence of `until` -> int32 [B, max_gen_toks],
+        pad after each row's end. Request i samples with seed row_seed(seed, i)."""
+        from zaya_jax.engine.batch import batch_engine, row_seed, run_to_end
+        from zaya_jax.engine.params import SamplingParams
+
+        def stopped(tokens: list[int]) -> bool:
+            text = self.tok_decode(tokens)
+            return any(stop in text for stop in until)
+        engine = batch_engine(self.model, self.slots, max(map(len, prompts)), max_gen_toks,
+                              mesh=self.mesh if self.devices > 1 else None)
+        params = [SamplingParams(max_tokens=max_gen_toks, seed=row_seed(seed, i), stop=stopped, **sampling)
+                  for i in range(len(prompts))]
+        return run_to_end(engine, prompts, params)[0]
 
     @staticmethod
     def sampling(kwargs: dict) -> dict:
