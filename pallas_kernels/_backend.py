@@ -52,9 +52,9 @@ def building_for(platform: str) -> Iterator[None]:
         jax.clear_caches()
 
 
-def lower_for_gpu(platform: str, jitted: Any, *args: Any, mesh: jax.sharding.Mesh | None = None
-                  ) -> jax.stages.Lowered:
-    """`jitted.trace(*args).lower(...)` for GPU `platform` ("cuda" | "rocm"), from any process.
+def lower_for_gpu(platform: str, jitted: Any, *args: Any, mesh: jax.sharding.Mesh | None = None,
+                  **kwargs: Any) -> jax.stages.Lowered:
+    """`jitted.trace(*args, **kwargs).lower(...)` for GPU `platform` ("cuda" | "rocm"), from any process.
 
     The kernels are built for `platform` (`building_for`) and traced under `mesh` (if given) with
     an abstract device of the platform's real kind (`LOWERING_DEVICES`), entered after
@@ -67,7 +67,7 @@ def lower_for_gpu(platform: str, jitted: Any, *args: Any, mesh: jax.sharding.Mes
     with building_for(platform), jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         device_mesh = jax.sharding.get_abstract_mesh().update(abstract_device=LOWERING_DEVICES[platform])
         with jax.sharding.use_abstract_mesh(device_mesh):
-            return jitted.trace(*args).lower(lowering_platforms=(platform,))
+            return jitted.trace(*args, **kwargs).lower(lowering_platforms=(platform,))
 
 
 def target() -> str:

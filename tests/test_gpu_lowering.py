@@ -12,8 +12,10 @@ itself (configs/zaya1_base.py at its real widths, two layers) for both platforms
 """
 
 import collections
+import functools
 import re
 
+import jax
 import pytest
 from jax._src.interpreters import mlir as jax_mlir
 from jaxlib.mlir import ir
@@ -244,3 +246,54 @@ def test_zaya1_base_fp8_step_lowers_with_the_platforms_fp8_dots(platform):
             expected[(op, *types)] = n
     assert fp8_products(text) == expected
     assert set(re.findall(r"f8E\w+", text)) == {forward, backward}
+
+
+def lowered_engine_calls(platform: str, slots: int) -> dict[str, str]:
+    """The serving engine's compiled calls (zaya_jax.engine.step: a 2-row prompt chunk of 16 beside
+    every slot's decode step, a decode block; the prefix cache's restore of a 2-block hit) for
+    configs/tiny.py's model (4 experts, scanned layers) with `slots` rows of 48 positions, lowered
+    for `platform` from abstract shapes -> their StableHLO text by name."""
+    import numpy as np
+    from flax import nnx
+
+    from zaya_jax.config_files import model_config
+    from zaya_jax.engine.prefix_cache import restore, snapshot
+    from zaya_jax.engine.step import STOP_IDS, RowSampling, engine_chunk, engine_decode
+    from zaya_jax.infer.cache import state_shapes
+    from zaya_jax.model.build import create_model
+    cfg = model_config(load_config_file("configs/tiny.py"))
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: create_model(cfg, seed=0)))
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    state, chunk = state_shapes(cfg, slots, 48), 16
+
+    def ints(*shape, dtype=np.int32):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    def rows(n):
+        return RowSampling(ints(n, dtype=np.float32), ints(n), ints(n, dtype=np.float32), ints(n, dtype=np.uint32),
+                           ints(n), ints(n))
+    entry = jax.eval_shape(functools.partial(snapshot, block=chunk), state, ints(), ints())
+    lowered = {
+        "chunk": lower_for_gpu(platform, engine_chunk, graphdef, params, state, ints(2), ints(slots), ints(2, chunk),
+                               ints(2), rows(2), ints(slots), ints(slots), rows(slots), top=5),
+        "decode": lower_for_gpu(platform, engine_decode, graphdef, params, state, ints(slots), ints(slots),
+                                ints(slots), ints(slots, STOP_IDS), rows(slots), ints(), top=5, block=8),
+        "restore": lower_for_gpu(platform, restore, state, ints(), ints(2), (entry, entry)),
+    }
+    return {name: low.as_text() for name, low in lowered.items()}
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_the_serving_engines_calls_lower_to_the_auto_kernels(platform):
+    """The engine's MoE runs the GPU's grouped matmul: gate and up in one Pallas call and down in
+    another, once in the scanned layer body of a chunk call (its prompt rows and the decode rows
+    in one dispatch) and of a decode block of 8 slots (more tokens than the 4 experts); with 4
+    slots a decode step gathers each token's expert weights instead (infer.decode: no more tokens
+    than experts), with no kernel. No ragged_dot, no other custom call; the restore lowers too."""
+    for slots, decode_kernels in ((8, {"gmm_x2": 1, "gmm": 1}), (4, {})):
+        texts = lowered_engine_calls(platform, slots)
+        for name, expected in (("chunk", {"gmm_x2": 1, "gmm": 1}), ("decode", decode_kernels), ("restore", {})):
+            module = ir.Module.parse(texts[name], context=jax_mlir.make_ir_context())
+            assert collections.Counter(k for k, _ in triton_calls(module)) == expected, (slots, name)
+            assert set(re.findall(r"stablehlo.custom_call @([\w$.]+)", texts[name])) <= {TRITON}, (slots, name)
+            assert "ragged_dot" not in texts[name], (slots, name)
