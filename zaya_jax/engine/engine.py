@@ -19,8 +19,8 @@ predicate (a stop string) and stop ids beyond step.STOP_IDS are checked on the h
 token in order, after the block: the tokens its slot made past the stop are dropped (the slot is
 free, and the next request's prefill starts it over). So the engine compiles
 `engine_chunk` once per row bucket, `engine_decode` and `snapshot` once each, `restore` once per
-bucket of hit lengths (prefix_cache.restore_buckets: a hit is one call), and nothing after warm-up. A response ends on a stop id (eos unless ignore_eos, and the request's
-stop_ids), max_tokens, the request's `stop` predicate, or `cancel`; its slot is free at once (a
+bucket of hit lengths (prefix_cache.restore_buckets: a hit is one call), and nothing after
+warm-up. A response ends on a stop id (eos unless ignore_eos, and the request's stop_ids), max_tokens, the request's `stop` predicate, or `cancel`; its slot is free at once (a
 request waiting for a slot while a decode block runs is admitted after it). A request whose callback or stop predicate raises ends with
 reason "error" (the exception is logged) and the others go on.
 
@@ -234,8 +234,8 @@ class Engine:
 
     def warm_up(self, image_sizes: tuple[tuple[int, int], ...] = ()) -> None:
         """Compiles every program serving runs (the chunk call at every row bucket, the decode
-        block, the prefix cache's snapshot and its restore at every bucket of hit lengths) on two throwaway requests, then forgets them (their cache entries
-        and token counts are not kept): nothing compiles after this for text requests. Call it
+        block, the prefix cache's snapshot and its restore at every bucket of hit lengths) on two
+        throwaway requests, then forgets them (their cache entries and token counts are not kept): nothing compiles after this for text requests. Call it
         before start(). image_sizes (a ZayaVL's engine): for each (height, width), a request of bos
         and one grey image of that size compiles the image prefill of its patch and prompt-width
         buckets (a longer prompt around the image may fall in a later width bucket, compiled on

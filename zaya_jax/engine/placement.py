@@ -27,6 +27,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from zaya_jax.config import ConfigError
+from zaya_jax.engine.buckets import doubling_buckets
 from zaya_jax.engine.images import IMAGES_JIT, prefill_with_images_fn
 from zaya_jax.engine.prefix_cache import RESTORE_JIT, SNAPSHOT_JIT, restore_fn, snapshot_fn
 from zaya_jax.engine.step import CHUNK_JIT, DECODE_JIT, chunk_fn, decode_fn
@@ -69,11 +70,7 @@ def row_buckets(slots: int, mesh: Mesh | None) -> tuple[int, ...]:
     where m is the product of the batch axes the MoE splits rows over (1 without a mesh;
     check_mesh made it divide slots)."""
     m = 1 if mesh is None else math.prod(mesh.shape[a] for a in active_axes(RULES["batch"], dict(mesh.shape)))
-    buckets = []
-    while m < slots:
-        buckets.append(m)
-        m *= 2
-    return (*buckets, slots)
+    return doubling_buckets(m, slots)
 
 
 def slot_shardings(state: DecodeState, mesh: Mesh) -> DecodeState:

@@ -27,13 +27,13 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
-import itertools
 from typing import NamedTuple
 
 import jax
 import numpy as np
 
 from zaya_jax.config import ModelConfig
+from zaya_jax.engine.buckets import doubling_buckets
 from zaya_jax.infer.cache import DecodeState, state_shapes
 from zaya_jax.model.cca import CCACarry
 
@@ -75,9 +75,7 @@ def restore_buckets(cache_size: int, block: int) -> tuple[int, ...]:
     """The entry counts restore compiles for: powers of two below the most blocks a hit can hold
     ((cache_size - 1) // C: a prompt fits cache_size and reuses at most its first len - 1 tokens),
     and that most; () when no block fits."""
-    most = (cache_size - 1) // block
-    return tuple(b for b in itertools.takewhile(lambda b: b < most, (1 << i for i in itertools.count()))) + (
-        (most,) if most else ())
+    return doubling_buckets(1, (cache_size - 1) // block)
 
 
 def bucketed(found: list[Entry], block: int, buckets: tuple[int, ...]) -> tuple[np.ndarray, tuple[Entry, ...]]:

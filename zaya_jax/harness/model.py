@@ -118,11 +118,13 @@ class ZayaHarnessLM(TemplateLM):
         from zaya_jax.parallel.mesh import make_mesh
         self.mesh = make_mesh({"data": -1}, jax.local_devices())
         self.devices = self.mesh.devices.size
-        self.batch_size = -(-int(1 if batch_size == "auto" else batch_size) // self.devices) * self.devices
+        def per_device(rows) -> int:  # rounded up to a multiple of the device count
+            return -(-int(rows) // self.devices) * self.devices
+        self.batch_size = per_device(1 if batch_size == "auto" else batch_size)
         if slots is not None and (not str(slots).isdigit() or int(slots) < 1):
             raise UserError(f"slots={slots!r}: give a positive number of engine rows (slots=8), or leave it out "
                             "for static batches")
-        self.slots = None if slots is None else -(-int(slots) // self.devices) * self.devices
+        self.slots = None if slots is None else per_device(slots)
         graphdef, params = nnx.split(self.model)
         self.graphdef = graphdef
         self.params = jax.device_put(params, jax.sharding.NamedSharding(self.mesh, jax.P()))
@@ -248,17 +250,17 @@ class ZayaHarnessLM(TemplateLM):
     def generate_in_slots(self, prompts: list[list[int]], max_gen_toks: int, until: list[str], seed: int,
                           sampling: dict) -> np.ndarray:
         """prompts through an engine of `slots` rows (zaya_jax.engine.batch), each ending at eos,
-        max_gen_toks or once its text holds a stop sequence of `until` -> int32 [B, max_gen_toks],
-        pad after each row's end. Request i samples with seed row_seed(seed, i)."""
+        max_gen_toks or once its text holds a stop sequence of `until` (the server's stop-string
+        predicate, serve.text.ResponseText, one per request: it keeps its response's last decode)
+        -> int32 [B, max_gen_toks], pad after each row's end. Request i samples with seed
+        row_seed(seed, i)."""
         from zaya_jax.engine.batch import batch_engine, row_seed, run_to_end
         from zaya_jax.engine.params import SamplingParams
-
-        def stopped(tokens: list[int]) -> bool:
-            text = self.tok_decode(tokens)
-            return any(stop in text for stop in until)
+        from zaya_jax.serve.text import ResponseText
         engine = batch_engine(self.model, self.slots, max(map(len, prompts)), max_gen_toks,
                               mesh=self.mesh if self.devices > 1 else None)
-        params = [SamplingParams(max_tokens=max_gen_toks, seed=row_seed(seed, i), stop=stopped, **sampling)
+        params = [SamplingParams(max_tokens=max_gen_toks, seed=row_seed(seed, i),
+                                 stop=ResponseText(self.tokenizer, until).stop_matched, **sampling)
                   for i in range(len(prompts))]
         return run_to_end(engine, prompts, params)[0]
 
