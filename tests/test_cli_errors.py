@@ -43,7 +43,10 @@ def test_help_exits_zero_and_shows_the_usage(module):
     (("--config", "configs/nope.py"), ("--config configs/nope.py: no such config file",)),
     (("--config", TINY, "--config.train.stepz=1"),
      ("--config.train.stepz", "no field 'stepz'", "did you mean 'steps'")),
-    (("--config", TINY, "--config.train.steps=abc"), ("--config.train.steps=abc",)),
+    (("--config", TINY, "--config.train.steps=abc"), ("--config.train.steps=abc: train.steps takes an integer, "
+                                                      "not 'abc'",)),
+    (("--config", TINY, "--config.optimizer.min_lr_ratio=low"), ("optimizer.min_lr_ratio takes a number, not 'low'",)),
+    (("--config", TINY, "--config.monitor.progress_bar=maybe"), ("monitor.progress_bar takes true or false",)),
     (("--config", TINY, "--config.mesh.data=3"), ("mesh:", "!= 8 devices", "--config.mesh.data=-1")),
     (("--config", TINY, "--config.mesh.data=1", "--config.mesh.tensor=8"),
      ("error: mesh: tensor=8 does not divide qk_heads = 6", "so tensor must be 1 or 2", "fix: --config.mesh.tensor=2")),

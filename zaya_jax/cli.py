@@ -66,6 +66,21 @@ def _unknown_field_message(err: AttributeError, argv: Sequence[str]) -> str:
             + (f"; did you mean {hint.group(1)!r}?" if hint else "") + "\n(the config file lists every field)")
 
 
+_OVERRIDE_TYPES = (("invalid literal for int()", "an integer"), ("could not convert string to float", "a number"),
+                   ("Non-boolean argument to boolean flag", "true or false"))
+
+
+def _override_type_message(text: str) -> str | None:
+    """absl's "flag --config.train.steps=abc: invalid literal for int() ..." -> the field, its type and the fix."""
+    found = re.match(r"flag --config\.([\w.]+)=(.*?): (.*)", text, re.S)
+    kind = next((k for python, k in _OVERRIDE_TYPES if found and python in found.group(3)), None)
+    if kind is None:
+        return None
+    field, value = found.group(1), found.group(2)
+    return f"--config.{field}={value}: {field} takes {kind}, not {value!r}; give e.g. --config.{field}=" + {
+        "an integer": "100", "a number": "0.5", "true or false": "false"}[kind]
+
+
 def parse_flags(argv: Sequence[str]) -> list[str]:
     """absl's flag parsing, with user errors raised as UserError."""
     config = _config_file_argument(argv[1:])
@@ -78,7 +93,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     try:
         return flags.FLAGS(list(argv))
     except flags.Error as err:
-        raise UserError(f"{err} (--help lists the flags)") from err
+        raise UserError(_override_type_message(str(err)) or f"{err} (--help lists the flags)") from err
     except AttributeError as err:  # ml_collections: an override of a field the config does not have
         raise UserError(_unknown_field_message(err, argv)) from err
     except SyntaxError as err:  # ml_collections imports the config file while the flags are parsed
