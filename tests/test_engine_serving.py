@@ -3,6 +3,7 @@ caching, cancellation, bounded compilation and argument checks, on a tiny mixed 
 
 import contextlib
 import queue
+import types
 from typing import Iterator
 
 import jax
@@ -241,6 +242,98 @@ def test_a_prefill_budget_caps_each_steps_prompt_tokens_and_changes_no_response(
     assert [f.tokens for f in cached] == [f.tokens for f in uncached] and engine.stats()["prefix_hits"] > 0
     with pytest.raises(ValueError, match="prefill_budget must be a positive integer"):
         Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefill_budget=0)
+
+
+def reference_shares(prefilling: list[tuple[int, int, int]], budget: int, chunk: int = CHUNK) -> dict[int, int]:
+    """The documented rule on [(admission rank, prompt tokens in, prompt size)] of the requests still
+    prefilling -> {rank: its prompt tokens this step}: earliest admitted first, each up to the next
+    multiple of `chunk` above what it holds (or its prompt's end), until the budget is spent."""
+    shares, left = {}, budget
+    for rank, start, size in sorted(prefilling):
+        if left == 0:
+            break
+        end = min((start // chunk + 1) * chunk, size, start + left)
+        shares[rank], left = end - start, left - (end - start)
+    return shares
+
+
+def recorded_prefill(engine: Engine, ranks: dict[int, int]) -> list[tuple[list, dict[int, int]]]:
+    """Wrap engine._chunk -> per call (the requests still prefilling as [(rank, tokens in, size,
+    slot)], {rank: prompt tokens the call gives it}), ranks: request id -> admission rank."""
+    calls, chunk = [], engine._chunk
+
+    def recording(*args, **kwargs):
+        order = range(engine.slots) if args[3] is None else np.asarray(args[3]).tolist()
+        rows = {slot: r for slot, r in enumerate(engine._rows) if r is not None}
+        prefilling = [(ranks[r.id], r.prefilled, r.prompt.size, slot) for slot, r in rows.items()
+                      if r.prefilled < r.prompt.size]
+        given = {ranks[rows[slot].id]: int(n) for slot, n in zip(order, np.asarray(args[6])) if n}
+        calls.append((prefilling, given))
+        return chunk(*args, **kwargs)
+    engine._chunk = recording
+    return calls
+
+
+def test_prefill_shares_match_the_rule_on_many_random_slot_tables():
+    """Engine._prefill_shares on 500 random tables: requests admitted in a random order over the
+    slots (some free, some done prefilling), mid-block starts, budgets below, at and above C."""
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        slots, chunk = int(rng.integers(1, 7)), int(rng.choice([1, 4, 8]))
+        admitted = rng.permutation(slots)  # admitted[slot]: its rank
+        rows, held = [], []
+        for slot in range(slots):
+            size = int(rng.integers(1, 40))
+            start = int(rng.integers(0, size + 1))
+            if rng.random() < 0.2:
+                rows.append(None)
+                continue
+            rows.append(types.SimpleNamespace(id=int(admitted[slot]), prefilled=start, prompt=np.zeros(size)))
+            if start < size:
+                held.append((int(admitted[slot]), start, size))
+        budget = int(rng.integers(1, 3 * chunk * slots + 2))
+        engine = types.SimpleNamespace(_rows=rows, prefill_budget=budget, chunk=chunk)
+        shares = Engine._prefill_shares(engine)
+        assert {rows[slot].id: n for slot, n in shares.items()} == reference_shares(held, budget, chunk), (rows, budget)
+
+
+@pytest.mark.parametrize("budget, cache", [(5, 0), (12, 0), (12, 1 << 20)])  # below C, above C with a remainder, with hits
+def test_prefill_shares_go_by_admission_not_slot_and_end_on_block_boundaries(model, budget, cache):
+    rng = np.random.default_rng(11)
+    draw = lambda n: rng.integers(3, model.config.vocab_size, n).tolist()  # noqa: E731
+    b = draw(30)
+    # a (slot 0) and c (slot 2) end at their first token; d then e take their slots while b (slot 1) is
+    # still prefilling: later-admitted requests in lower slots than b; e shares b's first 2 blocks
+    requests = [(draw(3), SamplingParams(max_tokens=1)), (b, greedy()), (draw(20), SamplingParams(max_tokens=1)),
+                (draw(20), greedy()), (b[:17] + draw(6), greedy())]
+    engine = Engine(model, slots=SLOTS, cache_size=CACHE, chunk=CHUNK, prefill_budget=budget,
+                    prefix_cache_bytes=cache)
+    queues = [queue.Queue() for _ in requests]
+    ranks = {engine.submit(p, params, events=q): rank for rank, ((p, params), q) in enumerate(zip(requests, queues))}
+    calls = recorded_prefill(engine, ranks)
+    while engine.has_work():
+        engine.step()
+    progress, slot_order_differs = {}, False
+    for prefilling, given in calls:
+        held = [(rank, start, size) for rank, start, size, _ in prefilling]
+        assert given == reference_shares(held, budget), (prefilling, given)
+        for rank, start, size in held:
+            # what a request holds is what its earlier shares gave it, after a hit of whole blocks
+            assert start == progress.get(rank, start) and (rank in progress or start % CHUNK == 0)
+            if rank in given:  # a share ends on a block boundary or the prompt's end, or spends the budget
+                end = start + given[rank]
+                spent = rank == max(given) and sum(given.values()) == budget
+                assert end % CHUNK == 0 or end == size or spent, (rank, start, given[rank], size)
+            progress[rank] = start + given.get(rank, 0)
+        by_slot = sorted(prefilling, key=lambda p: p[3])
+        slot_order_differs |= [p[0] for p in by_slot] != sorted(p[0] for p in by_slot) and (
+            by_slot[0][0] not in given)  # a later-admitted request in a lower slot waits its turn
+    assert slot_order_differs and len(calls) > 4
+    assert (engine.stats()["prefix_hits"] > 0) == bool(cache)
+    for (prompt, params), q in zip(requests, queues):
+        finished, _ = drain(q)
+        alone = zaya_jax.generate(model, [prompt], params.max_tokens)[0].tolist()
+        assert finished.tokens == alone[:len(finished.tokens)]
 
 
 def test_a_prefix_entry_holds_a_blocks_keys_the_ring_and_the_carry(model):

@@ -10,7 +10,6 @@ import pytest
 import zaya_jax
 import zaya_jax.generate  # noqa: F401  # the CLI module, callable as the function it shadows: what the full suite calls
 from tests.model_fixtures import tiny_model
-from zaya_jax.engine.batch import row_seed
 from zaya_jax.engine.engine import Engine
 
 PROMPTS = [[2, 17, 5, 33], [2, 9], [2, 40, 41], [7], [3, 4, 5, 6, 8, 10]]
@@ -32,10 +31,12 @@ def test_slots_give_the_static_loops_greedy_tokens_through_the_engine(monkeypatc
 
 def test_a_sampled_row_is_its_prompt_sampled_alone_with_the_rows_seed():
     model = tiny_model()
-    sampled = zaya_jax.generate(model, PROMPTS[:2], NEW, temperature=1.0, seed=7, slots=1)
-    for i, prompt in enumerate(PROMPTS[:2]):
-        alone = zaya_jax.generate(model, [prompt], NEW, temperature=1.0, seed=row_seed(7, i))
-        np.testing.assert_array_equal(sampled[i], alone[0])
+    sampled = zaya_jax.generate(model, PROMPTS[:3], NEW, temperature=1.0, seed=7, slots=2)
+    for i, prompt in enumerate(PROMPTS[:3]):
+        # the documented seed of row i, written out (rows 1 and 2: SeedSequence(7 + i) differs there)
+        seed = int(np.random.SeedSequence([7, i]).generate_state(1)[0])
+        alone = zaya_jax.generate(model, [prompt], NEW, temperature=1.0, seed=seed)
+        np.testing.assert_array_equal(sampled[i], alone[0], err_msg=f"row {i}")
 
 
 @pytest.mark.parametrize("kwargs, message", [

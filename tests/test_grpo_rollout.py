@@ -70,7 +70,8 @@ def test_each_sampled_row_is_its_prompt_sampled_alone_with_the_rows_seed(sampled
     np.testing.assert_array_equal(rollout.lengths, ends)
     assert min(ends) < T and max(ends) == T       # rows stopped early and left their slots to waiting ones
     assert len({tuple(c) for c in rollout.completions[:G].tolist()}) > 1     # a group's completions differ
-    assert row_seed(7, 0) == int(np.random.SeedSequence([7, 0]).generate_state(1)[0])
+    assert [row_seed(7, i) for i in range(len(rows))] == [int(np.random.SeedSequence([7, i]).generate_state(1)[0])
+                                                          for i in range(len(rows))]  # row 0 alone hides SeedSequence(7 + i)
 
 
 def test_the_same_seed_gives_the_same_rollout_on_any_slot_count(sampled):
