@@ -165,11 +165,11 @@ def test_generate_reads_the_exports_tokenizer_and_a_given_step(demo_run, demo_ex
 @pytest.mark.parametrize("args,message", [
     (("--prompt_ids", "2,99999"), "error: --prompt_ids: 99999 outside the model's vocabulary (ids 0..4095)"),
     (("--prompt_ids", "2,5", "--max_new_tokens", "5000"),
-     "error: --max_new_tokens 5000: with the 2-token prompt that is 5002 positions, past the model's "
-     "max_position_embeddings 1024; ask for at most 1022"),
+     "error: --max_new_tokens 5000: with the 2-token prompt that needs 5001 positions (the last new token is not "
+     "fed back), past the model's max_position_embeddings 1024; ask for at most 1023"),
     (("--prompt_ids", ",".join(["5"] * 1030)),
-     "error: the prompt is 1030 tokens, 7 too many: the model's max_position_embeddings 1024 leaves room for a "
-     "prompt of at most 1023 and one new token; shorten it"),
+     "error: the prompt is 1030 tokens, 6 too many: the model's max_position_embeddings 1024 leaves room for a "
+     "prompt of at most 1024 and one new token; shorten it"),
 ])
 def test_generate_names_a_prompt_the_model_cannot_take(demo_run, args, message):
     done = cli("zaya_jax.generate", "--checkpoint", demo_run[0], *args)

@@ -515,6 +515,9 @@ def test_readme_serving_figures_are_the_results_file():
             ) in text
     assert (f"first token in {prefix['ttft_hit_median_s']:.3f} s against {prefix['ttft_cache_off_median_s']:.3f} s "
             "uncached") in text
+    warm_up = {stack: _load(f"serve_load_cpu_{stack}")["warm_up_s"] for stack in STACKS}
+    assert (f"warm-up for configs/bench_small.py's model took {warm_up['py311']:.1f} s on Python 3.11 and "
+            f"{warm_up['py312']:.1f} s on Python 3.12") in text
 
 
 def _quantized_rows(stack: str) -> list[str]:

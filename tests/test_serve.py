@@ -34,6 +34,7 @@ NAME = "tiny"
 SLOTS, CHUNK, CONTEXT = 3, 8, 160
 MODEL = dataclasses.replace(TINY_LM, max_position_embeddings=CONTEXT)
 TEMPLATE = f"{REPO}/zaya_jax/data/chat_templates/plain.jinja"
+STOP = "e"  # a stop string the tiny model's sampled texts reach at different lengths
 
 
 @pytest.fixture(scope="module")
@@ -227,11 +228,76 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, cli
         assert answer.status_code == status, (body, answer.text)
         error = answer.json()["error"]
         assert words in error["message"] and error["type"], (body, error)
-    for headers in ({}, {"Authorization": "Bearer wrong"}):
-        assert httpx.get(f"{base}/models", headers=headers).status_code == 401
+    for given in (None, "Bearer wrong", f"Bearer {KEY}x", f"Bearer {KEY[:-1]}", KEY):  # the key exactly, or 401
+        headers = {} if given is None else {"Authorization": given}
+        assert httpx.get(f"{base}/models", headers=headers).status_code == 401, given
+    assert httpx.get(f"{base}/models", headers=auth).status_code == 200
     assert httpx.get(base.removesuffix("/v1") + "/health").status_code == 200  # no key needed
     assert client.models.list().data[0].id == NAME
     assert completion(client, prompt_ids(3), 2)[2] in ("stop", "length")
+
+
+def test_usage_counts_every_choice_and_the_prompt_once(client, reference):
+    """n=2 and n=3: prompt_tokens is the prompt once, completion_tokens the sum over the choices.
+    Greedy, every choice is generate's tokens for the prompt alone (up to eos), streamed or not;
+    sampled with a stop string, the choices end at different lengths, each where the request
+    with its seed alone ends."""
+    ids = prompt_ids(7, 9)
+    expected, _ = reference(ids, 10)
+    for n in (2, 3):
+        greedy = client.completions.create(model=NAME, prompt=ids, max_tokens=10, temperature=0, n=n)
+        assert (greedy.usage.prompt_tokens, greedy.usage.completion_tokens, greedy.usage.total_tokens) == (
+            len(ids), n * len(expected), len(ids) + n * len(expected)), n
+    streamed = list(client.completions.create(model=NAME, prompt=ids, max_tokens=10, temperature=0, n=2, stream=True,
+                                              stream_options={"include_usage": True}))
+    assert (streamed[-1].usage.prompt_tokens, streamed[-1].usage.completion_tokens) == (len(ids), 2 * len(expected))
+    ask = dict(model=NAME, prompt=ids, max_tokens=24, temperature=1.0, stop=[STOP])
+    alone = [client.completions.create(seed=21 + i, **ask).usage.completion_tokens for i in range(3)]
+    assert len(set(alone)) > 1, alone  # the choices' lengths differ
+    for n in (2, 3):
+        together = client.completions.create(n=n, seed=21, **ask)
+        assert (together.usage.prompt_tokens, together.usage.completion_tokens) == (len(ids), sum(alone[:n])), n
+
+
+def test_n_counts_against_the_queue_on_an_idle_server(server, client):
+    """--max_waiting 4 counts sequences: n=5 would make 5 engine requests wait, so it is refused with
+    429 though nothing else waits or runs; n=4 is served, all 4 choices."""
+    assert metric(server, "zaya_requests_waiting") == 0 and metric(server, "zaya_slots_in_use") == 0
+    ask = dict(model=NAME, prompt=prompt_ids(3), max_tokens=2, temperature=0)
+    with pytest.raises(openai.RateLimitError, match="n=5 would pass that; send n of at most 4"):
+        client.completions.create(n=5, **ask)
+    assert sorted(c.index for c in client.completions.create(n=4, **ask).choices) == [0, 1, 2, 3]
+
+
+def test_generate_and_the_server_allow_the_same_most_new_tokens(client, checkpoint, tokenizer):
+    """prompt + new - 1 <= context (the last new token is never fed back): a 4-token prompt in the
+    160-token context may ask for 157 new tokens from the server, `python -m zaya_jax.generate` and
+    generate() alike (the same 157 tokens), and 158 is refused by all three. The CLI ends its
+    output with one newline."""
+    from zaya_jax.infer.generate import generate
+    from zaya_jax.infer.loading import load_checkpoint
+    ids = prompt_ids(4, 6)
+    most = CONTEXT - len(ids) + 1
+    served = client.completions.create(model=NAME, prompt=ids, max_tokens=most, temperature=0, logprobs=1,
+                                       extra_body={"ignore_eos": True})
+    assert served.usage.completion_tokens == most and served.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match=f"ask for at most {most}"):
+        client.completions.create(model=NAME, prompt=ids, max_tokens=most + 1, temperature=0)
+
+    def cli(new):
+        return subprocess.run([sys.executable, "-m", "zaya_jax.generate", "--checkpoint", str(checkpoint),
+                               "--prompt_ids", ",".join(map(str, ids)), "--max_new_tokens", str(new), "--ignore_eos"],
+                              cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    done = cli(most)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.endswith(" \n") and done.stdout.count("\n") == 1, done.stdout[-40:]
+    new = [int(t) for t in done.stdout.split()]
+    assert [tokenizer.decode([t], skip_special=False) for t in new] == served.choices[0].logprobs.tokens
+    refused = cli(most + 1)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert f"ask for at most {most}" in refused.stderr
+    with pytest.raises(ValueError, match="exceeds model.max_position_embeddings=160"):
+        generate(load_checkpoint(str(checkpoint)), [ids], most + 1)
 
 
 def test_a_full_queue_answers_429_and_the_rest_are_served(server, client):

@@ -54,7 +54,7 @@ from zaya_jax import cli
 from zaya_jax.errors import UserError
 from zaya_jax.data.chat_template import IMAGE
 from zaya_jax.infer.chat import chat_template_for, read_messages
-from zaya_jax.infer.generate import generate, stop_tokens, text_model
+from zaya_jax.infer.generate import generate, new_token_room, stop_tokens, text_model
 from zaya_jax.engine.batch import generate as package_generate  # what zaya_jax.generate runs, slots included
 from zaya_jax.infer import loading
 from zaya_jax.infer.loading import tokenizer_for
@@ -173,25 +173,26 @@ def with_image_spans(ids: list[int], model: ZayaVL, images: list, processor: Ima
 
 def check_lengths(ids: list[int], cfg, image_id: int | None = None) -> None:
     """The prompt's ids lie in the vocabulary, and it fits with --max_new_tokens in max_position_embeddings
-    unless dynamic RoPE lifts that bound (a prompt too long for it names its images' share, when it has
-    images: `image_id`'s)."""
+    (infer.generate.new_token_room, the server's rule) unless dynamic RoPE lifts that bound (a prompt
+    too long for it names its images' share, when it has images: `image_id`'s)."""
     outside = [i for i in ids if not 0 <= i < cfg.vocab_size]
     if outside:
         raise UserError(f"--prompt_ids: {', '.join(map(str, outside[:5]))} outside the model's vocabulary "
                         f"(ids 0..{cfg.vocab_size - 1})")
     if cfg.position_limit is None:  # dynamic RoPE: its base grows past max_position_embeddings
         return
-    if len(ids) >= cfg.max_position_embeddings:
+    limit = cfg.max_position_embeddings
+    room = new_token_room(len(ids), limit)
+    if room < 1:
         placeholders = ids.count(image_id) if image_id is not None else 0
         fix = (f"{placeholders} of them are the --image files' placeholders: give smaller images (or fewer)"
                if placeholders else "shorten it")
-        raise UserError(f"the prompt is {len(ids)} tokens, {len(ids) - cfg.max_position_embeddings + 1} too many: the "
-                        f"model's max_position_embeddings {cfg.max_position_embeddings} leaves room for a prompt of "
-                        f"at most {cfg.max_position_embeddings - 1} and one new token; {fix}")
-    if len(ids) + _MAX_NEW.value > cfg.max_position_embeddings:
-        raise UserError(f"--max_new_tokens {_MAX_NEW.value}: with the {len(ids)}-token prompt that is "
-                        f"{len(ids) + _MAX_NEW.value} positions, past the model's max_position_embeddings "
-                        f"{cfg.max_position_embeddings}; ask for at most {cfg.max_position_embeddings - len(ids)}")
+        raise UserError(f"the prompt is {len(ids)} tokens, {1 - room} too many: the model's max_position_embeddings "
+                        f"{limit} leaves room for a prompt of at most {limit} and one new token; {fix}")
+    if _MAX_NEW.value > room:
+        raise UserError(f"--max_new_tokens {_MAX_NEW.value}: with the {len(ids)}-token prompt that needs "
+                        f"{len(ids) + _MAX_NEW.value - 1} positions (the last new token is not fed back), past the "
+                        f"model's max_position_embeddings {limit}; ask for at most {room}")
 
 
 class TextStream:

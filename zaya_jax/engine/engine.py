@@ -58,7 +58,7 @@ from zaya_jax.engine.prefix_cache import PrefixCache, block_keys, bucketed, rest
 from zaya_jax.engine.step import STOP_IDS, Decoded, Picked, RowSampling, engine_chunk, engine_decode
 from zaya_jax.errors import UserError
 from zaya_jax.infer.cache import empty_state
-from zaya_jax.infer.generate import text_model
+from zaya_jax.infer.generate import new_token_room, text_model
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.vision.model import ImageBatch, ZayaVL
 from zaya_jax.vision.processor import ImageProcessor, image_span
@@ -161,12 +161,13 @@ class Engine:
         prompt = np.asarray(prompt_ids, np.int64).reshape(-1)
         if prompt.size == 0 or prompt.min() < 0 or prompt.max() >= cfg.vocab_size:
             raise ValueError(f"the prompt needs at least one token, all in the vocabulary [0, {cfg.vocab_size})")
+        over = params.max_tokens - new_token_room(prompt.size, self.cache_size)
         needed = prompt.size + params.max_tokens - 1
-        if needed > self.cache_size:
+        if over > 0:
             raise ValueError(f"prompt of {prompt.size} tokens + max_tokens {params.max_tokens} needs {needed} "
-                             f"positions, {needed - self.cache_size} more than cache_size={self.cache_size}: "
-                             f"shorten the prompt or lower max_tokens by {needed - self.cache_size}")
-        if cfg.position_limit is not None and needed > cfg.position_limit:
+                             f"positions, {over} more than cache_size={self.cache_size}: "
+                             f"shorten the prompt or lower max_tokens by {over}")
+        if cfg.position_limit is not None and params.max_tokens > new_token_room(prompt.size, cfg.position_limit):
             raise ValueError(f"prompt + max_tokens needs {needed} positions, more than the model's "
                              f"max_position_embeddings={cfg.max_position_embeddings}")
         stops = frozenset(map(int, params.stop_ids)) | (frozenset() if params.ignore_eos else {cfg.eos_token_id})

@@ -133,6 +133,14 @@ def _decode(graphdef, params, state: DecodeState, logits: jax.Array, key: jax.Ar
     return jax.lax.while_loop(cond, body, (jnp.int32(1), tokens, state, done))[1]
 
 
+def new_token_room(prompt_length: int, context: int) -> int:
+    """The most new tokens a prompt of `prompt_length` tokens may ask for in `context` positions:
+    context - prompt_length + 1, as the last new token is never fed back (prompt + new - 1 <= context).
+    Below 1: the prompt itself is too long for one new token. The one rule of generate, its CLI, the
+    engine and the server."""
+    return context - prompt_length + 1
+
+
 def stop_tokens(eos_id: int, stop_ids: Sequence[int] = (), stop_at_eos: bool = True) -> tuple[int, ...]:
     """The ids that end a sequence: eos and `stop_ids` (sorted, once each); none unless stop_at_eos."""
     return tuple(sorted({int(eos_id), *map(int, stop_ids)})) if stop_at_eos else ()
@@ -169,7 +177,7 @@ def generate(model: ZayaLM | ZayaVL, prompt_ids, max_new_tokens: int, *, tempera
     sampler = Sampler(float(temperature), top_k, top_p).validate(cfg.vocab_size)
     ids, lengths = pad_prompts(prompt_ids, lengths, cfg.pad_token_id, cfg.vocab_size)
     image_batch = prompt_images(model, ids, images, image_processor)
-    if cfg.position_limit is not None and int(lengths.max()) + max_new_tokens - 1 > cfg.position_limit:
+    if cfg.position_limit is not None and max_new_tokens > new_token_room(int(lengths.max()), cfg.position_limit):
         raise ValueError(f"prompt ({int(lengths.max())} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                          f"model.max_position_embeddings={cfg.max_position_embeddings}")
     graphdef, params = nnx.split(model)

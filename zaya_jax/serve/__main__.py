@@ -67,7 +67,8 @@ _PREFILL_BUDGET = flags.DEFINE_integer("prefill_budget", None, "Prompt tokens pr
                                        "slots together, the earliest request first (default: --chunk per "
                                        "prefilling slot).", lower_bound=1)
 _PREFIX_CACHE_MB = flags.DEFINE_float("prefix_cache_mb", 256.0, "Prefix cache budget in MiB (0: off).", lower_bound=0)
-_MAX_WAITING = flags.DEFINE_integer("max_waiting", 64, "Requests queued for a slot before 429.", lower_bound=1)
+_MAX_WAITING = flags.DEFINE_integer("max_waiting", 64, "Sequences queued for a slot (a request's n choices each) "
+                                   "before 429.", lower_bound=1)
 _MAX_TOP_LOGPROBS = flags.DEFINE_integer("max_top_logprobs", 20, "The most top_logprobs a request may ask for.",
                                          lower_bound=0)
 _MESH = flags.DEFINE_string("mesh", None, "Serve on every device as the trainer's mesh, AXIS=SIZE,... over "

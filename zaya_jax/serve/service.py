@@ -31,6 +31,7 @@ from typing import AsyncIterator, NamedTuple
 
 from zaya_jax.engine.engine import Engine, Finished, TokenEvent
 from zaya_jax.engine.params import SamplingParams
+from zaya_jax.infer.generate import new_token_room
 from zaya_jax.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, SamplingFields
 from zaya_jax.serve.text import ResponseText
 
@@ -163,7 +164,7 @@ class Service:
 
     def _job(self, kind: str, prefix: str, request: SamplingFields, ids: list[int], max_tokens: int | None,
              stop_ids: list[int], logprobs: int | None, images: list = ()) -> Job:
-        room = self.engine.cache_size - len(ids) + 1  # the last new token is never fed back
+        room = new_token_room(len(ids), self.engine.cache_size)
         if room < 1:
             raise APIError(400, f"the prompt is {len(ids)} tokens, {len(ids) - self.engine.cache_size} more than "
                            f"this server's context of {self.engine.cache_size} tokens allows (one new token needs "
@@ -179,8 +180,11 @@ class Service:
             raise APIError(400, f"{'top_logprobs' if kind == 'chat' else 'logprobs'} {logprobs}: this server returns "
                            f"at most {self.engine.max_top_logprobs} alternatives per token",
                            "top_logprobs" if kind == "chat" else "logprobs")
-        if self.engine.stats()["waiting"] + request.n > self.max_waiting:
-            raise APIError(429, f"the server's queue is full ({self.max_waiting} requests waiting); retry later",
+        waiting = self.engine.stats()["waiting"]  # engine requests: each choice of a job is one
+        if waiting + request.n > self.max_waiting:
+            fix = (f"send n of at most {self.max_waiting}" if request.n > self.max_waiting else "retry later")
+            raise APIError(429, f"the server's queue holds at most {self.max_waiting} sequences for a slot: {waiting} "
+                           f"wait and this request's n={request.n} would pass that; {fix}",
                            None, "queue_full", kind="rate_limit_error")
         temperature = 1.0 if request.temperature is None else request.temperature
         seed = secrets.randbits(31) if request.seed is None else request.seed
