@@ -69,6 +69,7 @@ def started_server(flags: list[str], says: str):
     if not found:
         proc.kill()
         pytest.fail(f"no serving line: {line!r}\n{proc.stderr.read()[-3000:]}")
+    proc.ready_line = line.rstrip("\n")
     yield found.group(1), proc
     if proc.poll() is None:
         proc.kill()
@@ -298,6 +299,35 @@ def test_generate_and_the_server_allow_the_same_most_new_tokens(client, checkpoi
     assert f"ask for at most {most}" in refused.stderr
     with pytest.raises(ValueError, match="exceeds model.max_position_embeddings=160"):
         generate(load_checkpoint(str(checkpoint)), [ids], most + 1)
+
+
+def test_help_names_the_ready_line_the_server_prints(server):
+    """--help's ready line is READY_LINE with placeholders, the one the server printed (that string
+    with its values); --mesh is not said to be for a text model only (a VL model is served on one)."""
+    from zaya_jax.serve.app import READY_LINE
+    port = int(server[0].rsplit(":", 1)[1].split("/")[0])
+    assert server[1].ready_line == READY_LINE.format(host="127.0.0.1", port=port, name=NAME, slots=SLOTS,
+                                                     context=CONTEXT)
+    done = subprocess.run([sys.executable, "-m", "zaya_jax.serve", "--help"], cwd=REPO, env=cli_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert READY_LINE.format(host="HOST", port="PORT", name="NAME", slots="N", context="T") in done.stdout
+    assert "serving http://HOST:PORT/v1 (model NAME)" not in done.stdout and "text model only" not in done.stdout
+
+
+def test_the_default_body_limit_and_an_over_long_text_are_refused_unread(server):
+    """The CLI's default --max_request_bytes for a 160-token context is 1 MiB (64 bytes a token is
+    less): one byte more is a 413; a prompt of 1 MiB less 100 characters is past 160 tokens of the
+    tokenizer's longest entry and is refused by its length."""
+    auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    head = b'{"model": "tiny", "prompt": "'
+    body = head + b"a" * (2 ** 20 + 1 - len(head) - 2) + b'"}'
+    assert len(body) == 2 ** 20 + 1
+    over = httpx.post(f"{server[0]}/completions", content=body, headers=auth, timeout=60)
+    assert over.status_code == 413 and "limit of 1048576 bytes" in over.json()["error"]["message"]
+    under = httpx.post(f"{server[0]}/completions", content=body[:-102] + b'"}', headers=auth, timeout=60)
+    assert under.status_code == 400, under.text
+    assert f"the prompt is {2 ** 20 - 101 - len(head)} characters" in under.json()["error"]["message"]
 
 
 def test_a_full_queue_answers_429_and_the_rest_are_served(server, client):

@@ -54,3 +54,11 @@ def test_a_mesh_the_model_cannot_split_is_one_error_line(checkpoint):
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "Traceback" not in stderr
     assert "--mesh data=2,tensor=4: tensor=4 does not divide" in stderr and "fix: --mesh data=2,tensor=2" in stderr
+
+
+def test_a_mesh_of_the_wrong_size_is_advised_in_serves_own_flag(checkpoint):
+    """tensor=3 on 8 devices: the advice is serve's `--mesh data=-1`, not the trainer's --config.mesh."""
+    proc = serve(checkpoint, "--mesh", "tensor=3")
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in stderr
+    assert "!= 8 devices" in stderr and "(e.g. --mesh data=-1)" in stderr and "--config.mesh" not in stderr

@@ -14,6 +14,7 @@ ids are <pad>=0, <eos>=1, <bos>=2, matching the ZAYA1 config.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Iterable, Sequence
 
@@ -131,10 +132,49 @@ class Tokenizer:
             return self._hf.decode(ids, skip_special_tokens=False)
         return self._sp.decode(ids)
 
+    def max_token_chars(self) -> int | None:
+        """The most characters of text one token stands for (its longest vocabulary entry), so a text
+        of more than n times this many characters has more than n tokens; None where no such bound
+        holds: a tokenizer that can fold a run of characters into one unknown token (WordLevel,
+        WordPiece, a BPE fusing unknowns without byte fallback, SentencePiece) or that drops some
+        (a normalizer other than a string Replace by as long a string, a pre-tokenizer removing
+        what it splits on)."""
+        if self.kind != "hf":
+            return None
+        spec = json.loads(self._hf.to_str())
+        model = spec["model"]
+        if model["type"] != "BPE" or (model.get("unk_token") is not None and model.get("fuse_unk")
+                                      and not model.get("byte_fallback")):
+            return None
+        if not (_keeps_characters(spec.get("normalizer"), _KEEPING_NORMALIZERS)
+                and _keeps_characters(spec.get("pre_tokenizer"), _KEEPING_PRE_TOKENIZERS)):
+            return None
+        return max(len(token) for token in self._hf.get_vocab(with_added_tokens=True))
+
     def info(self) -> dict:
         """What a manifest records about the tokenizer."""
         return {"path": self.path, "kind": self.kind, "sha256": self.sha256, "vocab_size": self.vocab_size,
                 "bos_id": self.bos_id, "eos_id": self.eos_id, "pad_id": self.pad_id}
+
+
+_KEEPING_NORMALIZERS = ("Replace", "Prepend")
+_KEEPING_PRE_TOKENIZERS = ("ByteLevel", "Metaspace", "Digits", "Split", "Punctuation", "UnicodeScripts")
+
+
+def _keeps_characters(step: dict | None, kinds: tuple[str, ...]) -> bool:
+    """Whether a tokenizer.json normalizer or pre-tokenizer (None: none) passes on at least as many
+    characters as it is given: one of `kinds` (a Sequence of them), a Replace of a string by one as
+    long, a split that does not remove its delimiter."""
+    if step is None:
+        return True
+    if step["type"] == "Sequence":
+        return all(_keeps_characters(s, kinds) for s in step.get("normalizers", step.get("pretokenizers", [])))
+    if step["type"] not in kinds or step.get("behavior") == "Removed":
+        return False
+    if step["type"] == "Replace":
+        pattern = step["pattern"]
+        return "String" in pattern and len(step["content"]) >= len(pattern["String"])
+    return True
 
 
 def train_bpe(texts: Iterable[str], output_path: str | os.PathLike, *, vocab_size: int = 4096,

@@ -30,11 +30,11 @@ def losses(config, mesh_flag: str, num_batches: int) -> list[float]:
 
     from zaya_jax.config_files import model_config
     from zaya_jax.model.build import create_model
-    from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
+    from zaya_jax.parallel.mesh import MESH_FLAG, make_mesh, parse_mesh_flag
     from zaya_jax.parallel.rules import state_shardings
 
     cfg = model_config(config)
-    mesh = make_mesh(parse_mesh_flag(mesh_flag))
+    mesh = make_mesh(parse_mesh_flag(mesh_flag), flag=MESH_FLAG)
     batch, seq = config.train.global_batch_size, config.train.seq_len
     rows = distributed.local_batch_rows(batch)
     model = create_model(cfg, seed=config.train.seed)

@@ -28,6 +28,8 @@ INSTALL = {"gpu": "pip install -e '.[cuda]' (NVIDIA, CUDA 12; '.[cuda13]' for CU
                   "(AMD, ROCm 7)",
            "cuda": "pip install -e '.[cuda]' (CUDA 12; '.[cuda13]' for CUDA 13)", "rocm": "pip install -e '.[rocm]' (on the node's ROCm 7)",
            "tpu": "pip install 'jax[tpu]'", "cpu": "JAX_PLATFORMS=cpu in the environment"}
+CONFIG_FLAG = "--config.mesh."  # how the trainer's CLI sets one axis: CONFIG_FLAG + "data=-1"
+MESH_FLAG = "--mesh "           # how a CLI whose --mesh takes AXIS=SIZE,... does (serve, planner, parallel.check)
 RAGGED_ALL_TO_ALL_PLATFORMS = ("gpu", "tpu")  # XLA:CPU: "UNIMPLEMENTED: HLO opcode 'ragged-all-to-all'"
 
 
@@ -45,29 +47,31 @@ def parse_mesh_flag(text: str) -> dict[str, int]:
     return sizes
 
 
-def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int) -> dict[str, int]:
-    """Fills defaults (1) and the one -1 axis; checks the product is the device count."""
+def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int, flag: str = CONFIG_FLAG) -> dict[str, int]:
+    """Fills defaults (1) and the one -1 axis; checks the product is the device count. An error
+    writes an axis's setting as the caller's CLI takes it: `flag` + "data=-1" (CONFIG_FLAG, the
+    trainer's; MESH_FLAG for a CLI whose --mesh takes AXIS=SIZE,...)."""
     unknown = sorted(set(sizes) - set(MESH_AXES))
     if unknown:
-        raise ConfigError(f"mesh.{unknown[0]}: unknown mesh axis (axes: {MESH_AXES})")
+        raise ConfigError(f"{flag}{unknown[0]}: unknown mesh axis (axes: {MESH_AXES})")
     shape = {axis: int(sizes.get(axis, 1)) for axis in MESH_AXES}
     free = [a for a, n in shape.items() if n == -1]
     for axis, n in shape.items():
         if n == 0 or n < -1:
-            raise ConfigError(f"mesh.{axis}={n}: sizes must be positive (or -1 for the rest of the devices)")
+            raise ConfigError(f"{flag}{axis}={n}: sizes must be positive (or -1 for the rest of the devices)")
     if len(free) > 1:
         raise ConfigError(f"mesh: only one axis may be -1, got {free}")
     fixed = math.prod(n for n in shape.values() if n != -1)
     if free:
         if num_devices % fixed:
-            raise ConfigError(f"mesh: mesh.{free[0]}=-1 cannot fill {num_devices} devices with the other axes' "
+            raise ConfigError(f"mesh: {flag}{free[0]}=-1 cannot fill {num_devices} devices with the other axes' "
                               f"product {fixed}: choose axis sizes that divide {num_devices}")
         shape[free[0]] = num_devices // fixed
     if math.prod(shape.values()) != num_devices:
         described = ", ".join(f"{a}={n}" for a, n in shape.items() if n != 1) or "all 1"
         raise ConfigError(f"mesh: product of mesh axes ({described}) = {math.prod(shape.values())} "
                           f"!= {num_devices} devices: make the sizes multiply to {num_devices}, or set one "
-                          "axis to -1 (e.g. --config.mesh.data=-1)")
+                          f"axis to -1 (e.g. {flag}data=-1)")
     return shape
 
 
@@ -109,9 +113,11 @@ def check_declared_platform(declared: str) -> None:
                                 f"fix: {INSTALL[declared]}, or set mesh.platform=any")
 
 
-def make_mesh(sizes: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A Mesh over `devices` (default: all) with Auto axis types (GSPMD-style sharding)."""
+def make_mesh(sizes: Mapping[str, int], devices: Sequence[jax.Device] | None = None,
+              flag: str = CONFIG_FLAG) -> Mesh:
+    """A Mesh over `devices` (default: all) with Auto axis types (GSPMD-style sharding); errors name
+    the axes as `flag` + "AXIS=SIZE" (resolve_mesh_shape)."""
     devices = list(jax.devices() if devices is None else devices)
-    shape = resolve_mesh_shape(sizes, len(devices))
+    shape = resolve_mesh_shape(sizes, len(devices), flag)
     grid = np.asarray(devices, dtype=object).reshape([shape[a] for a in MESH_AXES])
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))

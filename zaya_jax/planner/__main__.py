@@ -41,7 +41,7 @@ from zaya_jax.hardware import PROFILES, calibrated
 from zaya_jax.infer.quantize import MODES
 from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES, check_mesh
-from zaya_jax.parallel.mesh import parse_mesh_flag, resolve_mesh_shape
+from zaya_jax.parallel.mesh import MESH_FLAG, parse_mesh_flag, resolve_mesh_shape
 from zaya_jax.planner.goodput import best_interval_s, goodput
 from zaya_jax.planner.serve_plan import RESERVE_FRACTION, SERVE_ASSUMPTIONS, plan_serving
 from zaya_jax.planner.mesh_search import VISION_CONTEXT, mesh_name, search
@@ -391,7 +391,7 @@ def _explicit_mesh(devices: int | None) -> tuple[dict[str, int] | None, int | No
     if -1 in sizes.values() and devices is None:
         raise app.UsageError("--mesh for planning needs explicit sizes (no -1), or --devices N")
     devices = devices or math.prod(sizes.values())
-    return resolve_mesh_shape(sizes, devices), devices
+    return resolve_mesh_shape(sizes, devices, MESH_FLAG), devices
 
 
 def plan_phases(config, cfg, hw, cli_mesh, devices: int | None, memory_gb: float) -> dict:

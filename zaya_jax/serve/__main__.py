@@ -21,10 +21,12 @@ max_position_embeddings, at most 4096). The engine (zaya_jax.engine) holds --slo
 once, prefills prompts --chunk tokens per slot and step between decode steps (at most
 --prefill_budget tokens a step over all slots), and keeps shared prompt
 prefixes in a prefix cache of --prefix_cache_mb MiB (0: off). On one device unless --mesh (the trainer's
-syntax and rules: zaya_jax.engine.placement) shards the weights and slots over all devices; the
-devices it uses go to stderr. It compiles before the server
-listens; the line `serving http://HOST:PORT/v1 (model NAME)` on stdout says it is ready (with
---port 0, the port the system chose). Listens on 127.0.0.1 unless --host says otherwise.
+axes and sharding rules: zaya_jax.engine.placement) shards the weights and slots over all devices,
+a vision-language model's tower too; the devices it uses go to stderr. It compiles before the server
+listens; then the line
+  READY_LINE
+on stdout says it is ready (with --port 0, the port the system chose). Listens on 127.0.0.1
+unless --host says otherwise. A request body of more than --max_request_bytes is answered 413.
 SIGTERM or Ctrl-C: the server stops accepting connections, finishes the requests in flight within
 --shutdown_grace_s seconds (cancelling what is left then) and exits 0.
 """
@@ -41,6 +43,10 @@ from absl import app, flags
 from zaya_jax import cli
 from zaya_jax.errors import UserError
 from zaya_jax.infer.quantize import MODES
+from zaya_jax.serve.app import READY_LINE, create_app
+
+__doc__ = __doc__.replace("READY_LINE", READY_LINE.format(host="HOST", port="PORT", name="NAME", slots="N",
+                                                          context="T"))
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training run WORKDIR, its checkpoints/ directory, or a "
                                                       "`convert to_orbax` output.")
@@ -74,9 +80,13 @@ _MAX_TOP_LOGPROBS = flags.DEFINE_integer("max_top_logprobs", 20, "The most top_l
 _MESH = flags.DEFINE_string("mesh", None, "Serve on every device as the trainer's mesh, AXIS=SIZE,... over "
                                          "data, fsdp, expert, tensor, context (e.g. tensor=2,expert=4; one may "
                                          "be -1: the rest). Weights sharded by the trainer's rules, slots over "
-                                         "data. Default: one device. A text model only.")
+                                         "data; a vision-language model's tower too. Default: one device.")
 _WARM_UP_IMAGES = flags.DEFINE_list("warm_up_images", [], "Image sizes HxW (e.g. 448x448,224x336) whose image "
                                     "prefill compiles before the server listens (a vision-language model).")
+_MAX_REQUEST_BYTES = flags.DEFINE_integer("max_request_bytes", None, "The largest request body in bytes; more is "
+                                           "a 413 (default: 64 per context token, at least 1 MiB; for a "
+                                           "vision-language model 4 per pixel of an image filling the "
+                                           "context, at least 16 MiB).", lower_bound=1)
 _GRACE = flags.DEFINE_float("shutdown_grace_s", 30.0, "On SIGTERM, seconds to finish the requests in flight.",
                             lower_bound=0)
 
@@ -156,10 +166,10 @@ def serving_mesh(model):
     """--mesh as a Mesh over every device (None without it), checked against the model and --slots
     before anything compiles."""
     from zaya_jax.engine.placement import check_mesh, mesh_text
-    from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
+    from zaya_jax.parallel.mesh import MESH_FLAG, make_mesh, parse_mesh_flag
     if _MESH.value is None:
         return None
-    mesh = make_mesh(parse_mesh_flag(_MESH.value))
+    mesh = make_mesh(parse_mesh_flag(_MESH.value), flag=MESH_FLAG)
     shape = dict(mesh.shape)
     check_mesh(model, shape, _SLOTS.value, f"--mesh {_MESH.value}",
                lambda axis, size: f"--mesh {mesh_text({**shape, axis: size})}")
@@ -198,7 +208,6 @@ def main(argv: list[str]) -> None:
     import uvicorn
     from zaya_jax.engine.engine import Engine
     from zaya_jax.infer.generate import text_model
-    from zaya_jax.serve.app import create_app
     from zaya_jax.serve.metrics import ServerMetrics
     from zaya_jax.serve.service import Service
     sock = listening_socket(_HOST.value, _PORT.value)  # a taken port is named before the weights load
@@ -213,15 +222,16 @@ def main(argv: list[str]) -> None:
     engine.warm_up(image_sizes=image_sizes)
     metrics = ServerMetrics(engine)
     service = Service(engine, served, max_waiting=_MAX_WAITING.value, metrics=metrics)
-    server = uvicorn.Server(uvicorn.Config(create_app(service, _API_KEY.value), log_level="warning",
+    server = uvicorn.Server(uvicorn.Config(create_app(service, _API_KEY.value, _MAX_REQUEST_BYTES.value),
+                                           log_level="warning",
                                            timeout_graceful_shutdown=_GRACE.value, lifespan="off"))
     host, port = sock.getsockname()[:2]
     for stop_signal in (signal.SIGTERM, signal.SIGINT):
         # uvicorn handles both while it runs and raises them again once stopped: this makes that a no-op
         signal.signal(stop_signal, lambda *_: None)
     engine.start()
-    print(f"serving http://{host}:{port}/v1 (model {served.name}, {engine.slots} slots of "
-          f"{engine.cache_size} tokens)", flush=True)
+    print(READY_LINE.format(host=host, port=port, name=served.name, slots=engine.slots, context=engine.cache_size),
+          flush=True)
     try:
         server.run(sockets=[sock])
     finally:

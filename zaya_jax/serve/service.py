@@ -5,6 +5,10 @@
     async for piece in service.run(job): ...                    # Piece per choice and token batch
     body = service.response(job, pieces)                        # the non-streaming JSON body
 
+completion_job and chat_job tokenize the prompt (the app calls them on a worker thread, off the
+event loop); a prompt text of more characters than the context's tokens can hold (the tokenizer's
+longest token, Tokenizer.max_token_chars) is refused before it is tokenized.
+
 A job is one request's n choices: n engine requests with the same prompt and the seeds seed,
 seed + 1, ... (a request without a seed draws one), each with its ResponseText (stop strings,
 detokenization). Events come from the engine's thread (its `events` queue argument, here an
@@ -82,6 +86,7 @@ class Piece(NamedTuple):
 class Service:
     def __init__(self, engine: Engine, served: ServedModel, max_waiting: int, metrics=None):
         self.engine, self.served, self.max_waiting, self.metrics = engine, served, max_waiting, metrics
+        self.token_chars = served.tokenizer.max_token_chars()  # None: a prompt's characters bound nothing
 
     # ---- requests -> jobs -----------------------------------------------------------------------
     def completion_job(self, request: CompletionRequest) -> Job:
@@ -89,6 +94,7 @@ class Service:
         prompt = request.single_prompt()
         tok = self.served.tokenizer
         if isinstance(prompt, str):
+            self._check_characters("completion", len(prompt))
             ids = [tok.bos_id] + tok.encode(prompt)
         else:
             vocab = self.engine.config.vocab_size
@@ -126,6 +132,7 @@ class Service:
                     parts.append(IMAGE if part.type == "image_url" else part.text)
                 text = "".join(parts)
             messages.append({"role": "system" if m.role == "developer" else m.role, "content": text})
+        self._check_characters("chat", sum(len(m["content"]) for m in messages))
         try:
             ids = encode_prompt(self.served.template, self.served.tokenizer, messages,
                                 None if image_ids is None else image_ids.image).tolist()
@@ -162,14 +169,24 @@ class Service:
                            "(GET /v1/models)", "model", "model_not_found")
         request.refuse_unsupported()
 
+    def _check_characters(self, kind: str, characters: int) -> None:
+        """A prompt text of more characters than the context's tokens can hold is refused before it is
+        tokenized (a multi-megabyte prompt would take seconds of tokenizing to be refused anyway)."""
+        if self.token_chars is not None and characters > self.engine.cache_size * self.token_chars:
+            raise self._over_long(kind, f"{characters} characters, more tokens ({self.token_chars} characters a "
+                                        "token at most)")
+
+    def _over_long(self, kind: str, size: str) -> APIError:
+        context = self.engine.cache_size
+        return APIError(400, f"the prompt is {size} than this server's context of {context} tokens allows (one new "
+                        f"token needs a prompt of at most {context}); shorten it",
+                        "messages" if kind == "chat" else "prompt", "context_length_exceeded")
+
     def _job(self, kind: str, prefix: str, request: SamplingFields, ids: list[int], max_tokens: int | None,
              stop_ids: list[int], logprobs: int | None, images: list = ()) -> Job:
         room = new_token_room(len(ids), self.engine.cache_size)
         if room < 1:
-            raise APIError(400, f"the prompt is {len(ids)} tokens, {len(ids) - self.engine.cache_size} more than "
-                           f"this server's context of {self.engine.cache_size} tokens allows (one new token needs "
-                           f"a prompt of at most {self.engine.cache_size}); shorten it", "messages"
-                           if kind == "chat" else "prompt", "context_length_exceeded")
+            raise self._over_long(kind, f"{len(ids)} tokens, {len(ids) - self.engine.cache_size} more")
         if max_tokens is None:
             max_tokens = room
         elif max_tokens > room:
