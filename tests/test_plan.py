@@ -9,7 +9,8 @@ import pytest
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.mesh import resolve_mesh_shape
-from zaya_jax.planner.goodput import best_interval_s, goodput
+from zaya_jax.planner.goodput import (against_the_interval, best_every, best_interval_s, goodput, llama3_node_mtbf_h,
+                                      llama3_storage_share_gbps, tier_seconds)
 from zaya_jax.planner.step_plan import StepShape, dispatch_numbers_per_layer, plan
 
 
@@ -153,14 +154,128 @@ def test_plan_search_with_bf16_gradient_reduction_leaves_out_the_meshes_the_trai
     _assert_user_error(done, "mesh.gradient_reduce_dtype='bfloat16' runs on data with at most one other axis > 1")
 
 
+# The goodput model by hand (zaya_jax/planner/goodput.py's formula): a failure every
+# 36,000 s (10 nodes at 100 h each), each costing the restart, the restoring tier's read, and the
+# work since its newest committed save: half its interval plus its write.
+FAILURE_EVERY_S = 36000
+
+
 def test_goodput_is_the_first_order_failure_model_by_hand():
-    # 10 nodes at 100 h each: a failure every 36,000 s; each costs 360 s of restart plus half the
-    # restoring tier's interval (local: 10 steps of 1 s -> 5 s; persistent: 100 -> 50 s)
-    local = goodput(step_s=1, nodes=10, node_mtbf_h=100, restart_s=360, every=100, stall_s=1, local_every=10,
-                    local_stall_s=2)
-    assert local["failure_overhead"] == pytest.approx(365 / 36000)
-    assert local["save_overhead"] == pytest.approx(1 / 100 + 2 / 10)
-    assert local["goodput"] == pytest.approx(1 - 0.21 - 365 / 36000)
-    plain = goodput(step_s=1, nodes=10, node_mtbf_h=100, restart_s=360, every=100, stall_s=1)
-    assert plain["goodput"] == pytest.approx(1 - 0.01 - 410 / 36000) and plain["failures_per_day"] == pytest.approx(2.4)
-    assert best_interval_s(2, 10, 100) == pytest.approx((2 * 2 * 36000) ** 0.5)
+    plain = goodput(step_s=1, nodes=10, node_mtbf_h=100, restart_s=360, every=100, stall_s=1, write_s=30,
+                    restore_s=120)
+    # saves: 1 s every 100 s; failure: 360 restart + 120 read + 100/2 + 30 in flight
+    assert plain["save_overhead"] == pytest.approx(0.01)
+    assert plain["lost_per_failure_s"] == pytest.approx(80)
+    assert plain["goodput"] == pytest.approx(1 - 0.01 - (360 + 120 + 80) / FAILURE_EVERY_S)
+    assert plain["failures_per_day"] == pytest.approx(2.4)
+    local = goodput(step_s=1, nodes=10, node_mtbf_h=100, restart_s=360, every=100, stall_s=1, write_s=30,
+                    restore_s=120, local_every=10, local_stall_s=2, local_write_s=4, local_restore_s=6)
+    # saves: 1/100 + 2/10; failure restores the local step: 360 + 6 + 10/2 + 4
+    assert local["save_overhead"] == pytest.approx(0.21)
+    assert local["goodput"] == pytest.approx(1 - 0.21 - (360 + 6 + 9) / FAILURE_EVERY_S)
+    # no write, no read: the restart alone, half the interval lost
+    bare = goodput(step_s=2, nodes=10, node_mtbf_h=100, restart_s=360, every=50, stall_s=1)
+    assert bare["goodput"] == pytest.approx(1 - 1 / 100 - (360 + 50) / FAILURE_EVERY_S)
+
+
+def test_goodput_clamps_each_interval_at_its_write():
+    # persistent every 10 steps of 1 s but its write takes 30 s: it saves every 30 s, loses 15 + 30
+    slow = goodput(step_s=1, nodes=10, node_mtbf_h=100, restart_s=360, every=10, stall_s=1, write_s=30,
+                   restore_s=120)
+    assert slow["interval_s"] == 30 and slow["save_overhead"] == pytest.approx(1 / 30)
+    assert slow["goodput"] == pytest.approx(1 - 1 / 30 - (360 + 120 + 15 + 30) / FAILURE_EVERY_S)
+    # the local tier every 3 steps, its write 8 s: every 8 s, loses 4 + 8; the persistent tier (every
+    # 40 steps, write 30 s) is not clamped
+    local = goodput(step_s=1, nodes=10, node_mtbf_h=100, restart_s=360, every=40, stall_s=1, write_s=30,
+                    restore_s=120, local_every=3, local_stall_s=0.5, local_write_s=8, local_restore_s=6)
+    assert (local["interval_s"], local["local_interval_s"]) == (40, 8)
+    assert local["goodput"] == pytest.approx(1 - 1 / 40 - 0.5 / 8 - (360 + 6 + 4 + 8) / FAILURE_EVERY_S)
+    # Young's interval sqrt(2 x stall x job MTBF), never under the write
+    assert best_interval_s(2, 10, 100) == pytest.approx((2 * 2 * FAILURE_EVERY_S) ** 0.5)
+    assert best_interval_s(2, 10, 100, write_s=1000) == 1000
+    assert best_interval_s(2, 10, 100, write_s=100) == pytest.approx((2 * 2 * FAILURE_EVERY_S) ** 0.5)
+
+
+def test_a_local_tier_that_restores_faster_raises_goodput_where_it_should():
+    # persistent: write and read 300 s each (shared storage); local: write 4 s, read 2 s, stall 0.2 s
+    common = dict(step_s=1, nodes=10, node_mtbf_h=100, restart_s=360, every=1000, stall_s=1, write_s=300,
+                  restore_s=300)
+    plain = goodput(**common)
+    local = goodput(**common, local_every=100, local_stall_s=0.2, local_write_s=4, local_restore_s=2)
+    assert plain["goodput"] == pytest.approx(1 - 1 / 1000 - (360 + 300 + 500 + 300) / FAILURE_EVERY_S)
+    assert local["goodput"] == pytest.approx(1 - 1 / 1000 - 0.2 / 100 - (360 + 2 + 50 + 4) / FAILURE_EVERY_S)
+    assert local["goodput"] > plain["goodput"]
+    # the same tier restoring as slowly as the persistent one, and stalling 10 s: it lowers goodput
+    worse = goodput(**common, local_every=100, local_stall_s=10, local_write_s=300, local_restore_s=300)
+    assert worse["goodput"] == pytest.approx(1 - 1 / 1000 - 10 / 300 - (360 + 300 + 150 + 300) / FAILURE_EVERY_S)
+    assert worse["goodput"] < plain["goodput"]
+
+
+def test_goodput_against_the_interval_rows_by_hand():
+    # persistent: stall 1 s, write 30 s, read 120 s; local: stall 0.5 s, write 8 s, read 6 s; persistent every 40
+    common = dict(step_s=1, nodes=10, node_mtbf_h=100, restart_s=360, stall_s=1, write_s=30, restore_s=120)
+    local = dict(local_stall_s=0.5, local_write_s=8, local_restore_s=6)
+    rows = {r["every"]: r for r in against_the_interval((4, 7, 40), 40, local, **common)}
+    clamped = 1 - 1 / 30 - (360 + 120 + 15 + 30) / FAILURE_EVERY_S  # every 4 or 7 steps: every 30 s, its write
+    assert rows[4]["persistent_only"] == pytest.approx(clamped, abs=5e-5) and rows[4]["persistent_interval_s"] == 30
+    assert rows[7]["persistent_only"] == pytest.approx(clamped, abs=5e-5)
+    # local every 4 steps: every 8 s (its write), losing 4 + 8; 7 does not divide 40: no local row
+    assert rows[4]["with_local_tier"] == pytest.approx(1 - 1 / 40 - 0.5 / 8 - (360 + 6 + 4 + 8) / FAILURE_EVERY_S,
+                                                       abs=5e-5)
+    assert rows[4]["local_interval_s"] == 8 and rows[7]["with_local_tier"] is None
+    assert rows[40]["persistent_only"] == pytest.approx(1 - 1 / 40 - (360 + 120 + 20 + 30) / FAILURE_EVERY_S, abs=5e-5)
+    assert rows[40]["with_local_tier"] == pytest.approx(
+        1 - 1 / 40 - 0.5 / 40 - (360 + 6 + 20 + 8) / FAILURE_EVERY_S, abs=5e-5)
+    # Young's sqrt(2 x 2 x 36,000) = 379.5 s: 190 steps of 2 s; a divisor of 1000 at most that: 125; of 100: 100
+    assert best_every(2, 2, 10, 100) == 190
+    assert (best_every(2, 2, 10, 100, divides=1000), best_every(2, 2, 10, 100, divides=100)) == (125, 100)
+    # a 1000 s write: 500 steps
+    assert best_every(2, 2, 10, 100, write_s=1000) == best_every(2, 2, 10, 100, write_s=1000, divides=1000) == 500
+
+
+def test_tier_seconds_from_the_state_and_the_rates():
+    # 1 TB over 100 GB/s of storage: 10 s each way; over 100 nodes at 2 GB/s: 10 GB a node, 5 s a copy
+    t = tier_seconds(1e12, 100, 100.0, 2.0)
+    assert t == pytest.approx({"write_s": 10, "restore_s": 10, "local_write_s": 10, "local_restore_s": 5})
+    assert llama3_storage_share_gbps(1024) == pytest.approx(2000 * 1024 / 16384)
+    assert llama3_node_mtbf_h() == pytest.approx(54 * 24 * 2048 / 419)
+
+
+def test_plan_cli_goodput_writes_and_restores_from_the_state_and_the_rates():
+    done = _plan_cli("--config", "configs/zaya1_base.py", "--hardware", "mi300x", "--devices", "1024", "--json",
+                     "--node_mtbf_hours", "6000", "--local_disk_gbps", "0.25", "--restart_minutes", "5")
+    assert done.returncode == 0, done.stderr[-3000:]
+    g = json.loads(done.stdout)["prediction"]["goodput"]
+    s = model_summary(model_config(load_config_file("configs/zaya1_base.py")))
+    # float32 parameters, Muon's one momentum for every matrix and AdamW's two moments for the
+    # embedding and the norms (the rest of the non-matrix parameters are a few MB)
+    b = s["breakdown"]
+    assert g["state_bytes"] == pytest.approx(4 * (2 * s["params_total"] + b["embedding (tied)"]
+                                                  + b["norms + residual scaling"]), rel=0.002)
+    assert g["nodes"] == 128 and g["storage_gbps"] == pytest.approx(125.0)
+    assert g["write_s"] == pytest.approx(g["state_bytes"] / 125e9)
+    assert g["local_write_s"] == pytest.approx(2 * g["state_bytes"] / 128 / 0.25e9)
+    assert g["local_restore_s"] == pytest.approx(g["state_bytes"] / 128 / 0.25e9)
+    interval = max(g["every"] * g["step_s"], g["write_s"])
+    failures_per_s = 128 / (6000 * 3600)
+    assert g["persistent_only"]["goodput"] == pytest.approx(
+        1 - 2 / interval - failures_per_s * (300 + g["restore_s"] + interval / 2 + g["write_s"]))
+    local_interval = max(g["local_every"] * g["step_s"], g["local_write_s"])
+    assert g["with_local_tier"]["goodput"] == pytest.approx(
+        1 - 2 / interval - 4 / local_interval
+        - failures_per_s * (300 + g["local_restore_s"] + local_interval / 2 + g["local_write_s"]))
+    assert g["best_local_every"] <= g["every"] and g["every"] % g["best_local_every"] == 0
+    rows = {r["every"]: r for r in g["against_the_interval"]}
+    assert rows[100]["with_local_tier"] == pytest.approx(
+        1 - 2 / interval - 4 / max(100 * g["step_s"], g["local_write_s"])
+        - failures_per_s * (300 + g["local_restore_s"] + max(100 * g["step_s"], g["local_write_s"]) / 2
+                            + g["local_write_s"]), abs=5e-5)
+    assert rows[2000]["with_local_tier"] is None
+    text = _plan_cli("--config", "configs/zaya1_base.py", "--hardware", "mi300x", "--devices", "1024",
+                     "--node_mtbf_hours", "6000", "--local_disk_gbps", "0.25", "--restart_minutes", "5")
+    assert text.returncode == 0, text.stderr[-3000:]
+    assert (f"100: {rows[100]['persistent_only']:.2%} ({rows[100]['persistent_interval_s']:.3g} s) / "
+            f"{rows[100]['with_local_tier']:.2%}, 200:") in text.stdout
+    _assert_user_error(_plan_cli("--config", "configs/zaya1_base.py", "--hardware", "mi300x", "--devices", "1024",
+                                 "--node_mtbf_hours", "6000", "--storage_gbps", "-1"),
+                       "--storage_gbps -1: a rate in GB/s above 0")

@@ -253,11 +253,31 @@ def test_checkpoint_tier_figures_are_the_results_file():
             f"({demo['local_vs_persistent_blocking']:.3f}x), {small['local']['blocking_s']:.3f} s against "
             f"{small['persistent']['blocking_s']:.3f} s on bench_small's {small['state_mb']} MB "
             f"({small['local_vs_persistent_blocking']:.3f}x)") in text
+    pct = lambda v: "–" if v is None else f"{100 * v:.2f}%"  # noqa: E731
     for key in ("goodput_1024_gpus", "goodput_1024_gpus_tenth_of_the_mtbf"):
         g = tiers[key]
-        assert f"{100 * g['persistent_only']['goodput']:.2f}%" in text
-        assert f"{100 * g['with_local_tier']['goodput']:.2f}%" in text
-        assert f"({g['best_local_every']} steps) {100 * g['with_local_tier_at_best_interval']['goodput']:.2f}%" in text
+        slow = next(c for c in g["cases"] if c["stall"] == "orbax_d2h" and c["storage_scale"] == 0.01)
+        assert (f"every 1000 steps {pct(g['persistent_only']['goodput'])}, at its Young interval "
+                f"({g['best_persistent_every']} steps) {pct(g['persistent_only_at_best_interval']['goodput'])}") in text
+        assert f"with the local tier every 100 steps {pct(g['with_local_tier']['goodput'])}" in text
+        assert f"a divisor of 1000: {g['best_local_every']} steps) {pct(g['with_local_tier_at_best_interval']['goodput'])}" in text
+        assert (f"({slow['best_persistent_every']} steps{', its write' if key == 'goodput_1024_gpus' else ''}) "
+                f"{pct(slow['persistent_only_at_best_interval']['goodput'])}, with the local tier at its best "
+                f"({slow['best_local_every']} steps) {pct(slow['with_local_tier_at_best_interval']['goodput'])}") in text
+    g = tiers["goodput_1024_gpus"]
+    hundredth = next(c for c in g["cases"] if c["stall"] == "assumed" and c["storage_scale"] == 0.01)
+    assert (f"a {g['state_gb']} GB state, a node MTBF of {g['node_mtbf_h']:,} h" in text
+            and f"`D` = {g['local_write_gbps_measured']} GB/s measured: the local tier writes in "
+                f"{g['local_write_s']:.2f} s and restores in {g['local_restore_s']:.2f} s; the persistent tier at "
+                f"{g['storage_gbps']:g} GB/s in {g['write_s']:.2f} s each way, at {hundredth['storage_gbps']:g} GB/s "
+                f"(a hundredth) in {hundredth['write_s']:.1f} s" in text)
+    slow = next(c for c in g["cases"] if c["stall"] == "orbax_d2h" and c["storage_scale"] == 0.01)
+    assert (f"the copy-only stalls ({slow['stall_s']} s, local {slow['local_stall_s']} s)" in text
+            and f"assumed stalls ({g['stall_s']:g} s, local {g['local_stall_s']} s)" in text)
+    for a, b in zip(g["against_the_interval"], slow["against_the_interval"], strict=True):
+        row = (f"| {a['every']} | {pct(a['persistent_only'])} | {pct(a['with_local_tier'])} | "
+               f"{b['persistent_interval_s']:.1f} s | {pct(b['persistent_only'])} | {pct(b['with_local_tier'])} |")
+        assert row in text, row
 
 
 def test_chaos_tier_figures_are_the_results_file():

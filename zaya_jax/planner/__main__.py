@@ -42,13 +42,14 @@ from zaya_jax.infer.quantize import MODES
 from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES, check_mesh
 from zaya_jax.parallel.mesh import MESH_FLAG, parse_mesh_flag, resolve_mesh_shape
-from zaya_jax.planner.goodput import best_interval_s, goodput
+from zaya_jax.planner.goodput import (INTERVAL_STEPS, against_the_interval, best_every, goodput,
+                                     llama3_storage_share_gbps, tier_seconds)
 from zaya_jax.planner.serve_plan import RESERVE_FRACTION, SERVE_ASSUMPTIONS, plan_serving
 from zaya_jax.planner.mesh_search import VISION_CONTEXT, mesh_name, search
 from zaya_jax.planner.phase_plan import (config_phases, grpo_step_fields, phase_mesh, phase_shape, plan_phase,
                                          run_time)
 from zaya_jax.parallel.rules import check_axes_divide
-from zaya_jax.planner.step_plan import GIB, StepShape, parameter_states, plan
+from zaya_jax.planner.step_plan import GIB, StepShape, parameter_memory, parameter_states, plan
 from zaya_jax.planner.step_time import OVERLAP_ASSUMPTIONS
 from zaya_jax.train.settings import settings_from_config
 from zaya_jax.vision.accounting import vl_model_summary
@@ -89,7 +90,13 @@ _GROUP_SIZE = flags.DEFINE_integer("group_size", 64, "--serve: entries per scale
 _MTBF = flags.DEFINE_float("node_mtbf_hours", None, "With --hardware: goodput under node failures at this mean time "
                            "between failures per node (Llama 3's report: about 6,335 h), with and without the local "
                            "checkpoint tier (zaya_jax.planner.goodput).")
-_RESTART = flags.DEFINE_float("restart_minutes", 10.0, "--node_mtbf_hours: minutes from a failure to training again.")
+_RESTART = flags.DEFINE_float("restart_minutes", 10.0, "--node_mtbf_hours: minutes from a failure to training again, "
+                              "before reading the checkpoint back (scheduling, start-up).")
+_STORAGE = flags.DEFINE_float("storage_gbps", None, "--node_mtbf_hours: GB/s the job writes and reads the persistent "
+                              "tier at (default: its GPUs' share of Llama 3's sustained 2 TB/s for 16,384 GPUs).")
+_LOCAL_DISK = flags.DEFINE_float("local_disk_gbps", 0.5, "--node_mtbf_hours: GB/s each node writes and reads its local "
+                                 "tier at (default: about benchmarks/checkpoint_tiers.py's measured local write on a "
+                                 "CPU machine's disk; pass your nodes').")
 _STALL = flags.DEFINE_float("save_stall_s", 2.0, "--node_mtbf_hours: seconds a persistent save blocks the loop.")
 _LOCAL_STALL = flags.DEFINE_float("local_stall_s", None, "--node_mtbf_hours: seconds a local save blocks the loop "
                                   "(default: twice --save_stall_s, its own copy and its neighbour's).")
@@ -198,34 +205,58 @@ def render_prediction(prediction: dict) -> list[str]:
         lines.append(f"goodput at a node MTBF of {g['node_mtbf_hours']:g} h ({g['nodes']} nodes, "
                      f"{g['persistent_only']['failures_per_day']:.1f} failures/day, restart {g['restart_s'] / 60:g} "
                      f"min, mean step {g['step_s']:.3g} s, stalls {g['save_stall_s']:g} s persistent, "
-                     f"{g['local_stall_s']:g} s "
-                     f"local): persistent tier only (every {g['every']} steps) "
-                     f"{g['persistent_only']['goodput']:.1%}; with the local tier (every {g['local_every']} steps) "
-                     f"{g['with_local_tier']['goodput']:.1%}, at Young's interval for its stall (every "
-                     f"{g['best_local_every']} steps) {g['with_local_tier_at_best_interval']['goodput']:.1%}")
+                     f"{g['local_stall_s']:g} s local; state {g['state_bytes'] / 1e9:.1f} GB: persistent at "
+                     f"{g['storage_gbps']:.3g} GB/s writes in {g['write_s']:.3g} s and restores in "
+                     f"{g['restore_s']:.3g} s, local at {g['local_disk_gbps']:g} GB/s a node (two copies) in "
+                     f"{g['local_write_s']:.3g} s and {g['local_restore_s']:.3g} s): persistent tier only (every "
+                     f"{g['every']} steps) {g['persistent_only']['goodput']:.2%}, at Young's interval clamped at its write (every "
+                     f"{g['best_every']} steps) {g['persistent_only_at_best_interval']['goodput']:.2%}; with the "
+                     f"local tier (every {g['local_every']} steps) {g['with_local_tier']['goodput']:.2%}, at Young's "
+                     f"interval for its stall clamped at its write, a divisor of {g['every']} (every "
+                     f"{g['best_local_every']} steps) {g['with_local_tier_at_best_interval']['goodput']:.2%}")
+        lines.append(f"goodput against the interval (every N steps: persistent only, interval after the clamp at its "
+                     f"write / the local tier every N over persistent every {g['every']}): " + ", ".join(
+                         f"{r['every']}: {r['persistent_only']:.2%} ({r['persistent_interval_s']:.3g} s)"
+                         + ("" if r["with_local_tier"] is None else f" / {r['with_local_tier']:.2%}")
+                         for r in g["against_the_interval"]))
     lines.append("overlap assumptions: " + OVERLAP_ASSUMPTIONS)
     return lines
 
 
-def planned_goodput(config, prediction: dict, hw) -> dict:
-    """Goodput of the whole run (step time: the phases' mean, weighted by their steps) under --node_mtbf_hours."""
+def planned_goodput(config, cfg, prediction: dict, hw) -> dict:
+    """Goodput of the whole run (step time: the phases' mean, weighted by their steps) under --node_mtbf_hours;
+    each tier's write and restore time from the state's bytes (parameters and optimizer state) and its rate."""
     phases = [ph for ph in prediction["phases"] if "prediction" in ph]
     if len(phases) != len(prediction["phases"]):
         raise app.UsageError("--node_mtbf_hours needs every phase to fit the mesh (see the phases' errors)")
+    for flag in (_STORAGE, _LOCAL_DISK):
+        if flag.value is not None and flag.value <= 0:
+            raise app.UsageError(f"--{flag.name} {flag.value:g}: a rate in GB/s above 0, e.g. 0.5")
     step_s = sum(ph["prediction"]["step_s"] * ph["steps"] for ph in phases) / sum(ph["steps"] for ph in phases)
-    nodes = max(1, phases[0]["devices"] // hw.devices_per_node)
+    devices = phases[0]["devices"]
+    nodes = max(1, devices // hw.devices_per_node)
     every = config.checkpoint.every_steps
     local_every = _LOCAL_EVERY.value or config.checkpoint.get("local_every", 0) or 100
     local_stall = _LOCAL_STALL.value if _LOCAL_STALL.value is not None else 2 * _STALL.value
-    best = max(1, round(best_interval_s(local_stall, nodes, _MTBF.value) / step_s))
+    memory = parameter_memory(cfg, {}, step_shape(config))
+    state_bytes = memory["params"] + memory["optimizer_state"]
+    storage_gbps = _STORAGE.value or llama3_storage_share_gbps(devices)
+    times = tier_seconds(state_bytes, nodes, storage_gbps, _LOCAL_DISK.value)
+    best = best_every(step_s, local_stall, nodes, _MTBF.value, times["local_write_s"], divides=every)
+    best_persistent = best_every(step_s, _STALL.value, nodes, _MTBF.value, times["write_s"])
     common = dict(step_s=step_s, nodes=nodes, node_mtbf_h=_MTBF.value, restart_s=60 * _RESTART.value,
-                  every=every, stall_s=_STALL.value)
+                  stall_s=_STALL.value, write_s=times["write_s"], restore_s=times["restore_s"])
+    local = dict(local_stall_s=local_stall, local_write_s=times["local_write_s"],
+                 local_restore_s=times["local_restore_s"])
     return {"node_mtbf_hours": _MTBF.value, "nodes": nodes, "save_stall_s": _STALL.value, "local_stall_s": local_stall,
-            "step_s": step_s, "restart_s": 60 * _RESTART.value,
-            "every": every, "local_every": local_every, "persistent_only": goodput(**common),
-            "with_local_tier": goodput(**common, local_every=local_every, local_stall_s=local_stall),
+            "step_s": step_s, "restart_s": 60 * _RESTART.value, "state_bytes": state_bytes,
+            "storage_gbps": storage_gbps, "local_disk_gbps": _LOCAL_DISK.value, **times,
+            "every": every, "local_every": local_every, "persistent_only": goodput(**common, every=every),
+            "best_every": best_persistent, "persistent_only_at_best_interval": goodput(**common, every=best_persistent),
+            "with_local_tier": goodput(**common, every=every, local_every=local_every, **local),
             "best_local_every": best, "with_local_tier_at_best_interval": goodput(
-                **common, local_every=best, local_stall_s=local_stall)}
+                **common, every=every, local_every=best, **local),
+            "against_the_interval": against_the_interval(INTERVAL_STEPS, every, local, **common)}
 
 
 def render_serving(plans: list[dict]) -> list[str]:
@@ -468,7 +499,7 @@ def main(argv):
     elif hw:
         summary["prediction"] = plan_phases(config, cfg, hw, mesh, devices, memory_gb)
         if _MTBF.value:
-            summary["prediction"]["goodput"] = planned_goodput(config, summary["prediction"], hw)
+            summary["prediction"]["goodput"] = planned_goodput(config, cfg, summary["prediction"], hw)
     if _MTBF.value and "prediction" not in summary:
         raise app.UsageError("--node_mtbf_hours needs --hardware (and no --search): it uses the predicted step")
     print(json.dumps(summary, indent=2) if _JSON.value else render(summary))
