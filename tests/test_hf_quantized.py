@@ -114,6 +114,25 @@ def test_mxfp4_checkpoint_logits_match_transformers_and_take_a_quarter_of_bf16(f
     np.testing.assert_allclose(np.asarray(model(IDS)), hf_logits(reference, IDS), atol=1e-4, rtol=0)
 
 
+def test_mxfp4_experts_dequantized_on_load_match_transformers(tmp_path):
+    """moe_intermediate_size 16: gate_up_proj [E, 32, 32] (square) is one 32-value block along its output
+    axis, so its gate and up halves are no whole blocks and QuantizedTensors.get dequantizes it on load
+    (down_proj stays quantized); transformers loads the same file on CPU through its Mxfp4 dequantize path."""
+    import torch
+    from transformers import ZayaForCausalLM
+    from zaya_jax.convert.safetensors_io import TensorReader
+    make_hf_model(seed=5, moe_intermediate_size=16).save_pretrained(tmp_path / "float")
+    directory = requantize(tmp_path / "float", tmp_path / "mxfp4",
+                           {"quant_method": "mxfp4", "modules_to_not_convert": NOT_CONVERTED}, random_mxfp4(seed=4))
+    assert TensorReader(directory).get("model.layers.1.mlp.experts.gate_up_proj_blocks").shape == (4, 32, 1, 16)
+    reference = ZayaForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    model = zaya_jax.load_hf(directory)
+    weights = kept_weights(model)
+    assert not isinstance(weights["gate"], BlockScaledArray) and not isinstance(weights["up"], BlockScaledArray)
+    assert isinstance(weights["down"], BlockScaledArray)
+    np.testing.assert_allclose(np.asarray(model(IDS)), hf_logits(reference, IDS), atol=1e-4, rtol=0)
+
+
 def transformers_dequantized(directory) -> dict:
     """{weight name: float32} for every quantized tensor of `directory`, by transformers' dequantizers."""
     import torch

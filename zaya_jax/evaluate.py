@@ -30,6 +30,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from zaya_jax import cli
+from zaya_jax.convert.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
 from zaya_jax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (default: the checkpoint's own).")
@@ -37,6 +38,7 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Orbax checkpoint (WORKDIR
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _HF = flags.DEFINE_string("hf", None, "HF checkpoint directory (config.json + safetensors).")
 _ROPE_THETA = flags.DEFINE_float("rope_theta", None, "RoPE base to evaluate with.")
+_MXFP4_BLOCK_AXIS = flags.DEFINE_enum("mxfp4_block_axis", None, list(BLOCK_AXES), BLOCK_AXIS_HELP)
 
 
 def evaluation_mesh_sizes(saved: dict[str, int], from_checkpoint: bool) -> dict[str, int]:
@@ -100,7 +102,7 @@ def main(argv):
                  "biases": jax.sharding.NamedSharding(mesh, parts.biases_spec(mesh))}
     if _HF.value:
         from zaya_jax.infer.quantize import dequantize_model
-        hf_model = load_hf_matching(_HF.value, settings.model, "--hf")
+        hf_model = load_hf_matching(_HF.value, settings.model, "--hf", _MXFP4_BLOCK_AXIS.value)
         params, biases = ModelParts.arrays(dequantize_model(hf_model))  # an FP8 / MXFP4 export: its values, in float
         model = jax.device_put({"params": params, "biases": biases}, shardings)
         step, rope_theta = None, hf_model.config.rope_theta  # the RoPE base it was exported with

@@ -58,6 +58,7 @@ from zaya_jax.infer.generate import generate, new_token_room, stop_tokens, text_
 from zaya_jax.engine.batch import generate as package_generate  # what zaya_jax.generate runs, slots included
 from zaya_jax.infer import loading
 from zaya_jax.infer.loading import tokenizer_for
+from zaya_jax.convert.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
 from zaya_jax.infer.quantize import MODES
 from zaya_jax.vision.model import ZayaVL
 from zaya_jax.vision.processor import ImageProcessor, read_image
@@ -90,6 +91,7 @@ _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
                            "Compute dtype (default: float32 for --hf, the saved config's for --checkpoint).")
 _QUANTIZE = flags.DEFINE_enum("quantize", None, sorted(MODES), "Weight-only quantization.")
 _GROUP_SIZE = flags.DEFINE_integer("group_size", 64, "Quantization group along the input axis.", lower_bound=1)
+_MXFP4_BLOCK_AXIS = flags.DEFINE_enum("mxfp4_block_axis", None, list(BLOCK_AXES), BLOCK_AXIS_HELP)
 _IMAGE = flags.DEFINE_multi_string("image", [], "An image file for a vision-language model (a zaya1_vl --hf "
                                                 "directory or a vision-language run's --checkpoint); repeat for several.")
 
@@ -105,7 +107,7 @@ def check_flags() -> None:
 
 def load_model():
     """The model the flags name (zaya_jax.infer.loading.load_model)."""
-    options = dict(quantize=_QUANTIZE.value, group_size=_GROUP_SIZE.value)
+    options = dict(quantize=_QUANTIZE.value, group_size=_GROUP_SIZE.value, mxfp4_block_axis=_MXFP4_BLOCK_AXIS.value)
     if _DTYPE.value is not None:
         options["dtype"] = _DTYPE.value
     return loading.load_model(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value, **options)

@@ -1,6 +1,6 @@
 """HF safetensors <-> Orbax checkpoints.
 
-  python -m zaya_jax.convert to_orbax --hf HF_DIR --out CKPT_DIR [--dtype bfloat16]
+  python -m zaya_jax.convert to_orbax --hf HF_DIR --out CKPT_DIR [--dtype bfloat16] [--mxfp4_block_axis input]
   python -m zaya_jax.convert to_hf --checkpoint runs/demo --out HF_DIR [--step N] [--schema native|original]
                                    [--tokenizer FILE] [--quantize fp8|mxfp4] [--fp8_block 128]
 
@@ -13,12 +13,14 @@ the curriculum phase it was saved in, and writes config.json + safetensors.
 to_hf --quantize fp8 | mxfp4 writes the weights as transformers' quantizers write them, with their
 quantization_config (zaya_jax.convert.quantized_export): fp8 (FineGrainedFP8Config) the attention
 projections and experts in --fp8_block square blocks of e4m3 values and float32 scales, mxfp4
-(Mxfp4Config, gpt-oss's layout) the experts; router, norms, CCA convolutions and temperatures, the
-embedding and the LM head stay in float (a ZAYA1-VL's text model likewise; its vision tower, merger
-and vision LoRA stay in float). The read-back check then compares the files, read
-quantized, with the model holding the quantized weights' values. An HF directory with such a
+(Mxfp4Config) the experts, blocked along their output axis (block_axis "output"); router, norms,
+CCA convolutions and temperatures, the embedding and the LM head stay in float (a ZAYA1-VL's text
+model likewise; its vision tower, merger and vision LoRA stay in float). The read-back check then
+compares the files, read quantized, with the model holding the quantized weights' values. An HF directory with such a
 quantization_config (either method) is read by to_orbax, generate --hf and the server, its
-experts and attention kept quantized in memory (zaya_jax.convert.hf_quantized).
+experts and attention kept quantized in memory (zaya_jax.convert.hf_quantized); an MXFP4 file that
+states no block_axis is read as transformers reads it (output), --mxfp4_block_axis input for blocks
+along the contraction axis (docs/fp8.md).
 
 to_hf writes what `transformers.ZayaForCausalLM.from_pretrained` loads (the native schema),
 and only when the written files compute the same model: they are read back and their logits
@@ -41,6 +43,7 @@ from absl import app, flags
 
 from zaya_jax import cli
 from zaya_jax.convert.conversions import to_hf, to_orbax
+from zaya_jax.convert.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
 
 _HF = flags.DEFINE_string("hf", None, "to_orbax: the HF checkpoint directory to read.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "to_hf: the Orbax checkpoint directory to read.")
@@ -56,6 +59,7 @@ _QUANTIZE = flags.DEFINE_enum("quantize", None, ["fp8", "mxfp4"],
                               "MXFP4 (Mxfp4Config) quantizers write them.")
 _FP8_BLOCK = flags.DEFINE_integer("fp8_block", 128, "to_hf --quantize fp8: the square block of one scale "
                                   "(weight_block_size; a weight it does not tile stays in float).")
+_MXFP4_BLOCK_AXIS = flags.DEFINE_enum("mxfp4_block_axis", None, list(BLOCK_AXES), "to_orbax " + BLOCK_AXIS_HELP)
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "to_orbax: the compute dtype recorded.")
 
 
@@ -68,10 +72,13 @@ def main(argv):
     if argv[1] == "to_orbax":
         if not _HF.value:
             raise app.UsageError("to_orbax needs --hf")
-        print(f"wrote {to_orbax(_HF.value, _OUT.value, _DTYPE.value)}")
+        print(f"wrote {to_orbax(_HF.value, _OUT.value, _DTYPE.value, _MXFP4_BLOCK_AXIS.value)}")
     else:
         if not _CHECKPOINT.value:
             raise app.UsageError("to_hf needs --checkpoint")
+        if _MXFP4_BLOCK_AXIS.value:
+            raise app.UsageError("--mxfp4_block_axis is to_orbax's (how to read an MXFP4 HF checkpoint); to_hf "
+                                 "writes MXFP4 blocks along the output axis, as transformers reads them: drop it")
         written = to_hf(_CHECKPOINT.value, _OUT.value, _STEP.value, _SCHEMA.value, _TOKENIZER.value, _QUANTIZE.value,
                         _FP8_BLOCK.value)
         print(f"wrote {written}")

@@ -15,9 +15,9 @@ from zaya_jax.train.checkpoint import load_checkpoint_model, save_model
 from zaya_jax.train.state import ModelParts
 
 
-def to_orbax(hf_dir: str, out_dir: str, dtype: str = "float32") -> str:
-    """An HF directory (a quantized one's weights dequantized to float32, as the trainer holds them)
-    -> a model-only Orbax checkpoint."""
+def to_orbax(hf_dir: str, out_dir: str, dtype: str = "float32", mxfp4_block_axis: str | None = None) -> str:
+    """An HF directory (a quantized one's weights dequantized to float32, as the trainer holds them;
+    mxfp4_block_axis as load_hf's) -> a model-only Orbax checkpoint."""
     import zaya_jax
     from zaya_jax.infer.quantize import dequantize_model
     if os.path.isdir(out_dir) and os.listdir(out_dir):
@@ -25,11 +25,11 @@ def to_orbax(hf_dir: str, out_dir: str, dtype: str = "float32") -> str:
     from zaya_jax.convert.hf_load import read_hf_config
     if read_hf_config(hf_dir).get("model_type") == "zaya1_vl":
         from zaya_jax.convert.hf_vl import load_vl_hf, load_vl_processor
-        model = dequantize_model(load_vl_hf(hf_dir, dtype=dtype))
+        model = dequantize_model(load_vl_hf(hf_dir, dtype=dtype, mxfp4_block_axis=mxfp4_block_axis))
         config = {"model": dataclasses.asdict(model.text.config),
                   "vision": vision_values(model, load_vl_processor(hf_dir))}
     else:
-        model = dequantize_model(zaya_jax.load_hf(hf_dir, dtype=dtype))
+        model = dequantize_model(zaya_jax.load_hf(hf_dir, dtype=dtype, mxfp4_block_axis=mxfp4_block_axis))
         config = {"model": dataclasses.asdict(model.config)}
     params, biases = ModelParts.arrays(model)
     save_model(out_dir, params, biases, config)

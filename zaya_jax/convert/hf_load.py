@@ -54,10 +54,11 @@ def check_names(entries: list[Entry], names: set[str], where: str) -> None:
                                 + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
 
 
-def quantized_source(hf: dict, names: set[str], get_tensor, where: str) -> QuantizedTensors | None:
+def quantized_source(hf: dict, names: set[str], get_tensor, where: str,
+                     mxfp4_block_axis: str | None = None) -> QuantizedTensors | None:
     """The checkpoint's tensors as zaya_jax.convert.hf_quantized reads them, when config.json (`hf`)
-    has a quantization_config; None otherwise."""
-    quant = read_quantization(hf)
+    has a quantization_config; None otherwise. mxfp4_block_axis: as load_hf's."""
+    quant = read_quantization(hf, mxfp4_block_axis=mxfp4_block_axis)
     return None if quant is None else QuantizedTensors(quant, names, get_tensor, where)
 
 
@@ -116,11 +117,12 @@ def fill_arrays(arrays: dict, entries: list[Entry], get_tensor, where: str) -> d
     return arrays
 
 
-def model_from_tensors(hf_config: dict, names: set[str], get_tensor, where: str, **overrides) -> ZayaLM:
+def model_from_tensors(hf_config: dict, names: set[str], get_tensor, where: str,
+                       mxfp4_block_axis: str | None = None, **overrides) -> ZayaLM:
     """Builds a ZayaLM from an HF config dict and a tensor source (get_tensor(name) -> array)."""
     cfg, schema = model_config_from_hf(hf_config, **overrides)
     entries = ENTRIES[schema](cfg)
-    quantized = quantized_source(hf_config, names, get_tensor, where)
+    quantized = quantized_source(hf_config, names, get_tensor, where, mxfp4_block_axis)
     check_names(entries, quantized.names() if quantized else names, where)
     abstract = abstract_model(cfg)
     # layer 0's router has no state scale in a checkpoint
@@ -142,15 +144,19 @@ def vision_tower_from_tensors(cfg: VisionConfig, get_tensor, prefix: str, where:
     return _with_arrays(abstract, arrays_from_tensors(abstract, vision_entries(cfg, prefix), get_tensor, where))
 
 
-def load_hf(directory: str | os.PathLike, dtype: str = "float32", **overrides) -> ZayaLM:
+def load_hf(directory: str | os.PathLike, dtype: str = "float32", mxfp4_block_axis: str | None = None,
+            **overrides) -> ZayaLM:
     """Reads config.json + safetensors (single or sharded) into a ZayaLM.
 
     dtype is the compute dtype ("float32" or "bfloat16"); parameters are kept in float32, but for a
     checkpoint transformers' FP8 or MXFP4 quantizer wrote, whose experts and attention projections
     stay in its precision (zaya_jax.convert.hf_quantized).
+    mxfp4_block_axis: "output" or "input", the axis an MXFP4 checkpoint's expert blocks run along
+    (default: its quantization_config's block_axis, else "output", transformers' reading, said in one line).
     overrides set other ModelConfig fields (moe_backend, scan_layers, ...).
     Every config field and tensor is checked; a mismatch raises an error naming it.
     """
     hf = read_hf_config(directory)
     reader = TensorReader(directory)
-    return model_from_tensors(hf, reader.names(), reader.get, str(directory), dtype=dtype, **overrides)
+    return model_from_tensors(hf, reader.names(), reader.get, str(directory), mxfp4_block_axis, dtype=dtype,
+                              **overrides)

@@ -9,46 +9,61 @@ per-tensor `X.weight_scale` is read the same way); a quantized 3-D expert tensor
 Only activation_scheme "dynamic" (the scheme transformers writes), float scales (scale_fmt "float")
 and fp8 experts (expert_dtype "fp8") are read.
 
-quant_method "mxfp4" (transformers' Mxfp4Config, gpt-oss's layout): an expert tensor `...experts.P`
-[E, A, B] is stored as `P_blocks` uint8 [E, B, A/32, 16] (two e2m1 codes per byte, low nibble
-first) and `P_scales` uint8 [E, B, A/32] (e8m0: 2^(s - 127) per 32 values); transformers'
-dequantizer (integrations/mxfp4.py convert_moe_packed_tensors) unpacks [E, B, A] and swaps the last
-two axes. For ZAYA's `gate_up_proj` [E, 2I, D] the 32-value blocks run along 2I, for `down_proj`
-[E, D, I] along D: the output axis, as transformers' dequantizer lays them.
+quant_method "mxfp4" (transformers' Mxfp4Config): an expert tensor `...experts.P` [E, out, in] is
+stored as `P_blocks` uint8 [E, X, Y/32, 16] (two e2m1 codes per byte, low nibble first) and
+`P_scales` uint8 [E, X, Y/32] (e8m0: 2^(s - 127) per 32 values along Y). Which axis the 32-value
+blocks run along is quantization_config's "block_axis" (a zaya_jax key; transformers reads none):
+  "output": Y = out, X = in ([E, in, out/32, 16]): how transformers' loader reads ZAYA's experts
+            (integrations/mxfp4.py convert_moe_packed_tensors unpacks [E, in, out], swaps the last
+            two axes); for `gate_up_proj` [E, 2I, D] the blocks run along 2I, for `down_proj` along D.
+  "input":  Y = in, X = out ([E, out, in/32, 16]): blocks along the contraction axis, as MX matmul
+            kernels and gpt-oss's files lay them.
+A file stating none is read "output" (transformers' reading), said in one line on load; the loaders'
+`mxfp4_block_axis` (CLIs: --mxfp4_block_axis) chooses, over the file's key too. A square tensor
+(ZAYA1-8B's down_proj [16, 2048, 2048]) has the same shape either way: only the key tells them apart.
 
 Which tensors are quantized is read from the tensors (a weight with its scales, or its blocks);
 `modules_to_not_convert` (transformers' matching: a prefix ending at a module boundary, a regex, or a
 suffix) names modules that must be stored in float. Kept quantized in memory, as BlockScaledArray
 (zaya_jax.infer.quantize), dequantized inside the computation that reads them: the attention
 projections (q, k, v current / delayed, o) and the experts (gate, up, down) of the text model.
-Everything else stored quantized (a router linear, a vision tower's linears, LoRA) is dequantized
-to float32 on load, bit for bit as transformers' dequantizers do.
+Everything else stored quantized (a router linear, a vision tower's linears, LoRA, a fused expert
+tensor whose gate and up halves are not whole blocks) is dequantized to float32 on load (get), bit
+for bit as transformers' dequantizers do.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from typing import Callable, NamedTuple
 
 import numpy as np
 
 from zaya_jax.convert.hf_config import HFCheckpointError
 from zaya_jax.convert.hf_names import Entry
+from zaya_jax.errors import UserError
 from zaya_jax.infer.quantize import QUANTIZED_WEIGHTS, BlockScaledArray
 
 MX_BLOCK = 32
 METHODS = ("fp8", "mxfp4")
+BLOCK_AXES = ("output", "input")   # mxfp4: the axis of [E, out, in] its 32-value blocks run along
+BLOCK_AXIS_HELP = ("--hf: the axis an MXFP4 checkpoint's expert blocks run along, output (transformers' reading) "
+                   "or input (the contraction axis); default: its quantization_config.block_axis, else output.")
 
 
 class CheckpointQuantization(NamedTuple):
     method: str                        # "fp8" | "mxfp4"
     block: tuple[int, int] | None      # fp8: weight_block_size (rows, cols); None: one scale per tensor
     not_converted: tuple[str, ...]     # modules_to_not_convert
+    block_axis: str | None = None      # mxfp4: "output" | "input" (BLOCK_AXES); fp8: None
 
 
-def read_quantization(hf: dict, key: str = "quantization_config") -> CheckpointQuantization | None:
+def read_quantization(hf: dict, key: str = "quantization_config",
+                      mxfp4_block_axis: str | None = None) -> CheckpointQuantization | None:
     """config.json's quantization_config -> CheckpointQuantization (None without one); anything this
-    reader would compute differently from transformers is refused naming the field."""
+    reader would compute differently from transformers is refused naming the field. mxfp4_block_axis:
+    the MXFP4 block axis to read (None: the file's block_axis, else "output", said on stderr)."""
     q = hf.get(key)
     if q is None:
         return None
@@ -76,7 +91,29 @@ def read_quantization(hf: dict, key: str = "quantization_config") -> CheckpointQ
                 raise HFCheckpointError(f"config.json: {key}.weight_block_size={block!r} must be two positive "
                                         "integers, e.g. [128, 128], or null (one scale per tensor)")
             block = tuple(block)
-    return CheckpointQuantization(method, block, tuple(skip))
+    axis = mxfp4_axis(q.get("block_axis"), mxfp4_block_axis, key) if method == "mxfp4" else None
+    return CheckpointQuantization(method, block, tuple(skip), axis)
+
+
+def mxfp4_axis(stated, chosen: str | None, key: str = "quantization_config") -> str:
+    """The MXFP4 block axis to read: `chosen` (load_hf's mxfp4_block_axis), else the file's `stated`
+    block_axis, else "output" (transformers' reading), the last two cases said in one line on stderr."""
+    if chosen is not None and chosen not in BLOCK_AXES:
+        raise UserError(f"mxfp4_block_axis={chosen!r} is not a block axis; choose one of {list(BLOCK_AXES)}")
+    if stated is not None and stated not in BLOCK_AXES:
+        raise HFCheckpointError(f"config.json: {key}.block_axis={stated!r} is not a block axis; zaya_jax reads one "
+                                f"of {list(BLOCK_AXES)} (or pass mxfp4_block_axis / --mxfp4_block_axis)")
+    if chosen is not None:
+        if stated is not None and stated != chosen:
+            print(f"note: reading MXFP4 blocks along the {chosen} axis (mxfp4_block_axis), not config.json's "
+                  f"{key}.block_axis={stated!r}", file=sys.stderr)
+        return chosen
+    if stated is None:
+        print(f"note: config.json's {key} states no block_axis: reading the MXFP4 experts' blocks along the "
+              "output axis as transformers does; for blocks along the contraction axis (MX kernels', gpt-oss's) "
+              "pass mxfp4_block_axis='input' (--mxfp4_block_axis=input)", file=sys.stderr)
+        return "output"
+    return stated
 
 
 def not_converted(module: str, patterns: tuple[str, ...]) -> bool:
@@ -156,20 +193,26 @@ class QuantizedTensors:
         if self.quant.method == "mxfp4":
             blocks = self.get_tensor(name + "_blocks")
             if hf_shape is not None:
-                expected = (*hf_shape[:-2], hf_shape[-1], hf_shape[-2] // MX_BLOCK, MX_BLOCK // 2)
-                if len(hf_shape) != 3 or hf_shape[-2] % MX_BLOCK or tuple(blocks.shape) != expected:
+                # [E, X, Y/32, 16] for [E, out, in]: blocks along Y, out ("output") or in ("input")
+                x, y = hf_shape[-2:] if self.transposed_in_memory else hf_shape[:-3:-1]
+                expected = (*hf_shape[:-2], x, y // MX_BLOCK, MX_BLOCK // 2)
+                if len(hf_shape) != 3 or y % MX_BLOCK or tuple(blocks.shape) != expected:
+                    form = "[E, out, in/32, 16]" if self.transposed_in_memory else "[E, in, out/32, 16]"
                     raise HFCheckpointError(
                         f"{self.where}: mxfp4 tensor {name + '_blocks'!r} has shape {tuple(blocks.shape)}, expected "
-                        f"{expected if len(hf_shape) == 3 and not hf_shape[-2] % MX_BLOCK else 'an expert tensor'} "
-                        f"for {name!r} of shape {hf_shape} ([E, B, A/32, 16] for [E, A, B], A a multiple of 32)")
+                        f"{expected if len(hf_shape) == 3 and not y % MX_BLOCK else 'an expert tensor'} "
+                        f"for {name!r} of shape {hf_shape} (blocks along its {self.quant.block_axis} axis: {form}, "
+                        f"that axis a multiple of 32; the other axis: mxfp4_block_axis / --mxfp4_block_axis)")
             if blocks.dtype != np.uint8 or scale.dtype != np.uint8 or tuple(scale.shape) != tuple(blocks.shape[:-1]):
                 raise HFCheckpointError(f"{self.where}: mxfp4 tensors {name + '_blocks'!r} {blocks.dtype} "
                                         f"{tuple(blocks.shape)} and {self.scale_of[name]!r} {scale.dtype} "
                                         f"{tuple(scale.shape)}: expected uint8 blocks [..., 16] and uint8 scales of "
                                         "their shape without the last axis")
             values = blocks.reshape(*blocks.shape[:-2], -1)
-            inner = (values.shape[-1] * 2, values.shape[-2])
-            return BlockScaledArray(values, scale, "mxfp4", True, inner)
+            stored = (values.shape[-2], values.shape[-1] * 2)
+            # the float tensor [.., out, in]: the stored matrix, or its transpose when it is [in, out]
+            inner = stored if self.transposed_in_memory else stored[::-1]
+            return BlockScaledArray(values, scale, "mxfp4", not self.transposed_in_memory, inner)
         values = self.get_tensor(name)
         if str(values.dtype) != "float8_e4m3fn":
             raise HFCheckpointError(f"{self.where}: tensor {name!r} is {values.dtype}; an fp8 checkpoint stores the "
@@ -217,17 +260,17 @@ class QuantizedTensors:
         if parts == 1:
             return True
         if self.quant.method == "mxfp4":
-            return entry.hf_shape[-2] % (parts * MX_BLOCK) == 0
+            return entry.hf_shape[-2] % (parts * (MX_BLOCK if self.quant.block_axis == "output" else 1)) == 0
         block = self.quant.block
         return block is None or entry.hf_shape[-2] % (parts * block[0]) == 0
 
     def stored(self, entry: Entry) -> list[tuple[np.ndarray, np.ndarray]]:
         """(values, scales) per target of a kept entry: blocks of the stored matrix whose dequantized
-        form, transposed for fp8 (transposed_in_memory), is the target's [in, out] weight."""
+        form, transposed when stored [out, in] (transposed_in_memory), is the target's [in, out] weight."""
         whole = self._stored(entry.hf_name, entry.hf_shape)
         parts = len(entry.targets)
-        # the fused tensor's parts split its output axis: rows of the fp8 matrix, columns of the mxfp4 one
-        axis = -1 if whole.fmt == "mxfp4" else -2
+        # the fused tensor's parts split its output axis: rows of an [out, in] matrix, columns of an [in, out] one
+        axis = -2 if self.transposed_in_memory else -1
         values = np.split(whole.values, parts, axis=axis)
         scales = (np.split(whole.scales, parts, axis=axis) if whole.scales.shape[axis] > 1
                   else [whole.scales] * parts)
@@ -235,6 +278,7 @@ class QuantizedTensors:
 
     @property
     def transposed_in_memory(self) -> bool:
-        """fp8 stores transformers' [out, in] weights, ours are [in, out]; mxfp4's blocks are already
-        [in, out] (the swap transformers' dequantizer makes)."""
-        return self.quant.method == "fp8"
+        """Whether the stored matrix is transformers' [out, in] (fp8; mxfp4 blocked along "input"), the
+        transpose of our [in, out] weights; mxfp4 blocked along "output" is stored [in, out] already
+        (the swap transformers' dequantizer makes)."""
+        return self.quant.method == "fp8" or self.quant.block_axis == "input"

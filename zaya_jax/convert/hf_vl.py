@@ -148,12 +148,13 @@ def vl_entries(text: ModelConfig, vision: VisionConfig) -> list[Entry]:
             + _under("vision", vision_entries(vision, VISION_PREFIX)))
 
 
-def vl_model_from_tensors(hf: dict[str, Any], names: set[str], get_tensor, where: str, **overrides) -> ZayaVL:
+def vl_model_from_tensors(hf: dict[str, Any], names: set[str], get_tensor, where: str,
+                          mxfp4_block_axis: str | None = None, **overrides) -> ZayaVL:
     """A ZayaVL from a zaya1_vl config dict and a tensor source (get_tensor(name) -> array), every
-    tensor named and shape-checked."""
+    tensor named and shape-checked. mxfp4_block_axis: as load_hf's."""
     text, vision, ids = vl_configs_from_hf(hf, **overrides)
     entries = vl_entries(text, vision)
-    quantized = quantized_source(hf, names, get_tensor, where)
+    quantized = quantized_source(hf, names, get_tensor, where, mxfp4_block_axis)
     check_names(entries, quantized.names() if quantized else names, where)
     abstract = nnx.eval_shape(lambda: ZayaVL(text, vision, ids, rngs=nnx.Rngs(0)))
     # layer 0's router has no state scale in a checkpoint
@@ -176,11 +177,13 @@ def hf_vl_config(model: ZayaVL) -> dict[str, Any]:
             "vision_end_token_id": ids.vision_end, "tie_word_embeddings": True, "torch_dtype": "float32"}
 
 
-def load_vl_hf(directory: str | os.PathLike, dtype: str = "float32", **overrides) -> ZayaVL:
-    """Reads a zaya1_vl checkpoint directory (config.json + safetensors) into a ZayaVL."""
+def load_vl_hf(directory: str | os.PathLike, dtype: str = "float32", mxfp4_block_axis: str | None = None,
+               **overrides) -> ZayaVL:
+    """Reads a zaya1_vl checkpoint directory (config.json + safetensors) into a ZayaVL
+    (mxfp4_block_axis: as load_hf's)."""
     reader = TensorReader(directory)
     return vl_model_from_tensors(read_hf_config(directory), reader.names(), reader.get, str(directory),
-                                 dtype=dtype, **overrides)
+                                 mxfp4_block_axis, dtype=dtype, **overrides)
 
 
 def _stderr_line(line: str) -> None:

@@ -9,8 +9,9 @@ rounded to the nearest e4m3. A weight the block does not tile stays in float, as
 leaves it. modules_to_not_convert: the router's linears (`model.layers.*.mlp.gate`) and the LM head;
 norms, CCA convolutions and temperatures, residual scales and the embedding are not linears.
 
-mxfp4 (Mxfp4Config): the experts only, as transformers' MXFP4 quantizer converts (gpt-oss's layout,
-zaya_jax.convert.hf_quantized): [E, A, B] as `_blocks` [E, B, A/32, 16] and `_scales` [E, B, A/32],
+mxfp4 (Mxfp4Config): the experts only, blocked as transformers' loader reads ZAYA's experts
+(zaya_jax.convert.hf_quantized; quantization_config's "block_axis": "output" says so): [E, A, B]
+as `_blocks` [E, B, A/32, 16] and `_scales` [E, B, A/32], 32-value blocks along A, the output axis;
 the exponent of each 32 values rounded up (the triton kernels' default, DequantScaleRoundingMode
 ROUND_UP): X = ceil(log2(max|w| / 6)), values w / 2^X rounded to the nearest e2m1.
 modules_to_not_convert: attention, router, embedding, LM head.
@@ -49,7 +50,7 @@ def quantization_config(method: str, block: int, vision_language: bool = False) 
     if method == "fp8":
         return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [block, block],
                 "modules_to_not_convert": skip}
-    return {"quant_method": "mxfp4", "modules_to_not_convert": skip}
+    return {"quant_method": "mxfp4", "block_axis": "output", "modules_to_not_convert": skip}
 
 
 def fp8_blocks(w: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:

@@ -26,6 +26,7 @@ import sys  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from zaya_jax import cli  # noqa: E402
+from zaya_jax.convert.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training run WORKDIR, its checkpoints/ directory, or a "
                                                       "`convert to_orbax` output.")
@@ -61,6 +62,7 @@ _TOKENIZER = flags.DEFINE_string("tokenizer", None, "tokenizer.json (default: th
 _CHAT_TEMPLATE = flags.DEFINE_string("chat_template", None, "A .jinja or tokenizer_config.json (default: the "
                                                             "run's recorded template or DIR's).")
 _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Compute dtype (default: the model's).")
+_MXFP4_BLOCK_AXIS = flags.DEFINE_enum("mxfp4_block_axis", None, list(BLOCK_AXES), BLOCK_AXIS_HELP)
 
 
 def main(argv: list[str]) -> None:
@@ -95,7 +97,8 @@ def main(argv: list[str]) -> None:
     from zaya_jax.harness.model import ZayaHarnessLM
     lm = ZayaHarnessLM(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value, tokenizer=_TOKENIZER.value,
                        chat_template=_CHAT_TEMPLATE.value, batch_size=_BATCH_SIZE.value, max_length=_MAX_LENGTH.value,
-                       max_gen_toks=_MAX_GEN.value, seed=_SEED.value, dtype=_DTYPE.value, slots=_SLOTS.value)
+                       max_gen_toks=_MAX_GEN.value, seed=_SEED.value, dtype=_DTYPE.value, slots=_SLOTS.value,
+                       mxfp4_block_axis=_MXFP4_BLOCK_AXIS.value)
     tracker = None
     if _OUTPUT_PATH.value:
         from lm_eval.loggers import EvaluationTracker

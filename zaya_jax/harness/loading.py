@@ -1,6 +1,7 @@
 """The harness model's weights and tokenizer, through the loaders generate and convert use.
 
-  load_model(checkpoint, hf, step, dtype, quantize)   zaya_jax.infer.loading, with a dropless MoE
+  load_model(checkpoint, hf, step, dtype, quantize, mxfp4_block_axis)   zaya_jax.infer.loading, with a
+                                                      dropless MoE
   load_tokenizer(checkpoint, hf, step, path, cfg)     the `tokenizers` file as the HF export holds it
 """
 
@@ -25,16 +26,18 @@ def check_source(checkpoint: str | None, hf: str | None, step: int | None) -> No
 
 
 def load_model(checkpoint: str | None, hf: str | None, step: int | None, dtype: str | None = None,
-               quantize: str | None = None):
+               quantize: str | None = None, mxfp4_block_axis: str | None = None):
     """-> ZayaLM. A `capacity` MoE backend (which drops tokens by batch composition, so padding would
-    change scores) is replaced by `auto` (dropless)."""
+    change scores) is replaced by `auto` (dropless). mxfp4_block_axis: with hf, as load_hf's."""
     from zaya_jax.infer.loading import load_checkpoint, load_hf
     check_source(checkpoint, hf, step)
     options = {"quantize": quantize}
     if dtype is not None:
         options["dtype"] = dtype
     if hf is not None:
-        return load_hf(hf, **options)
+        return load_hf(hf, mxfp4_block_axis=mxfp4_block_axis, **options)
+    if mxfp4_block_axis is not None:
+        raise UserError(f"--mxfp4_block_axis {mxfp4_block_axis}: goes with --hf (an MXFP4 HF checkpoint); drop it")
     from zaya_jax.train.checkpoint import checkpoint_dir, read_config
     config = read_config(checkpoint_dir(checkpoint), step)
     if "vision" in config:

@@ -84,7 +84,7 @@ class ZayaHarnessLM(TemplateLM):
     or tokenizer_config.json (default: the run's recorded one, or DIR/tokenizer_config.json's);
     batch_size: rows scored together (rounded up to a multiple of the local device count);
     max_length: the context window (default max_position_embeddings); max_gen_toks: the default cap
-    of generate_until; seed: the sampling seed; dtype / quantize: as zaya_jax.generate's flags;
+    of generate_until; seed: the sampling seed; dtype / quantize / mxfp4_block_axis: as zaya_jax.generate's flags;
     model: a ZayaLM in memory instead of checkpoint / hf (the trainer's, zaya_jax.harness.in_training),
     with `tokenizer` given; slots: None, generate_until in static batches of batch_size (every row
     decodes until the batch's last stops at eos or max_gen_toks); N, through the serving engine's N
@@ -97,7 +97,7 @@ class ZayaHarnessLM(TemplateLM):
                  tokenizer: str | None = None, chat_template: str | None = None, batch_size: int | str = 8,
                  max_length: int | None = None, max_gen_toks: int = 256, seed: int = 0,
                  dtype: str | None = None, quantize: str | None = None, model=None, slots: int | str | None = None,
-                 **ignored):
+                 mxfp4_block_axis: str | None = None, **ignored):
         super().__init__()
         from zaya_jax.harness.loading import load_model, load_tokenizer
         if ignored:  # what lm_eval's CLI may add (device, ...) that a JAX model has no use for
@@ -106,7 +106,8 @@ class ZayaHarnessLM(TemplateLM):
         if model is not None and (checkpoint is not None or hf is not None or tokenizer is None):
             raise ValueError("model= (a ZayaLM in memory, e.g. the trainer's) goes with tokenizer= and no "
                              "checkpoint or hf")
-        self.model = model or load_model(checkpoint, hf, None if step is None else int(step), dtype, quantize)
+        self.model = model or load_model(checkpoint, hf, None if step is None else int(step), dtype, quantize,
+                                         mxfp4_block_axis)
         cfg = self.model.config
         self.tokenizer, self.tokenizer_path = load_tokenizer(checkpoint, hf, step, tokenizer, cfg)
         self.template_override = chat_template

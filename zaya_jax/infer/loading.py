@@ -82,19 +82,22 @@ def tokenizer_for(*, checkpoint: str | None = None, hf: str | None = None, step:
 
 
 def load_model(*, checkpoint: str | None = None, hf: str | None = None, step: int | None = None,
-               quantize: str | None = None, group_size: int = 64, **overrides):
+               quantize: str | None = None, group_size: int = 64, mxfp4_block_axis: str | None = None, **overrides):
     """The model a CLI's --checkpoint (with --step) or --hf names -> ZayaLM, or ZayaVL for a
     vision-language run or a zaya1_vl HF directory (then --quantize is refused: it is for text
-    models). overrides (dtype, ...) as load_hf / load_checkpoint; a checkpoint without the trainer
-    installed is a UserError naming the missing module."""
+    models). overrides (dtype, ...) as load_hf / load_checkpoint, mxfp4_block_axis as load_hf's
+    (--hf only); a checkpoint without the trainer installed is a UserError naming the missing module."""
+    if mxfp4_block_axis is not None and hf is None:
+        raise UserError(f"--mxfp4_block_axis {mxfp4_block_axis}: goes with --hf (an MXFP4 HF checkpoint); drop it")
     if hf is not None:
         from zaya_jax.convert.hf_load import read_hf_config
         if read_hf_config(hf).get("model_type") == "zaya1_vl":
             if quantize is not None:
                 raise UserError(f"--quantize: {hf} is a zaya1_vl checkpoint; quantization is for text models")
             from zaya_jax.convert.hf_vl import load_vl_hf
-            return load_vl_hf(hf, **{k: v for k, v in overrides.items() if k == "dtype"})
-        return load_hf(hf, quantize=quantize, group_size=group_size, **overrides)
+            return load_vl_hf(hf, mxfp4_block_axis=mxfp4_block_axis,
+                              **{k: v for k, v in overrides.items() if k == "dtype"})
+        return load_hf(hf, quantize=quantize, group_size=group_size, mxfp4_block_axis=mxfp4_block_axis, **overrides)
     try:
         return load_checkpoint(checkpoint, step=step, quantize=quantize, group_size=group_size, **overrides)
     except ModuleNotFoundError as err:

@@ -42,6 +42,7 @@ from absl import app, flags
 
 from zaya_jax import cli
 from zaya_jax.errors import UserError
+from zaya_jax.convert.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
 from zaya_jax.infer.quantize import MODES
 from zaya_jax.serve.app import READY_LINE, create_app
 
@@ -64,6 +65,7 @@ _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Compute dtyp
                                                                    "float32 for --hf).")
 _QUANTIZE = flags.DEFINE_enum("quantize", None, sorted(MODES), "Weight-only quantization.")
 _GROUP_SIZE = flags.DEFINE_integer("group_size", 64, "Quantization group along the input axis.", lower_bound=1)
+_MXFP4_BLOCK_AXIS = flags.DEFINE_enum("mxfp4_block_axis", None, list(BLOCK_AXES), BLOCK_AXIS_HELP)
 _SLOTS = flags.DEFINE_integer("slots", 8, "Requests decoded at once.", lower_bound=1)
 _MAX_MODEL_LEN = flags.DEFINE_integer("max_model_len", None, "Tokens per request, prompt and output (default: "
                                                              "max_position_embeddings, at most 4096).", lower_bound=2)
@@ -121,7 +123,7 @@ def load_served():
             raise
         print(f"note: /v1/chat/completions is off: {err}", file=sys.stderr)
         template = None
-    options = dict(quantize=_QUANTIZE.value, group_size=_GROUP_SIZE.value)
+    options = dict(quantize=_QUANTIZE.value, group_size=_GROUP_SIZE.value, mxfp4_block_axis=_MXFP4_BLOCK_AXIS.value)
     if _DTYPE.value is not None:
         options["dtype"] = _DTYPE.value
     model = load_model(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value, **options)

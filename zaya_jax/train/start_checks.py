@@ -45,13 +45,15 @@ from zaya_jax.train.objectives import DATA_KIND
 RESUME_FIX = "resume it with the config it was trained with, or train this config in a new --workdir"
 
 
-def load_hf_matching(path: str, cfg, field: str) -> ZayaLM:
-    """An HF checkpoint whose architecture must equal `cfg`'s (errors name the first difference).
+def load_hf_matching(path: str, cfg, field: str, mxfp4_block_axis: str | None = None) -> ZayaLM:
+    """An HF checkpoint whose architecture must equal `cfg`'s (errors name the first difference);
+    mxfp4_block_axis as load_hf's.
 
     Its rope_theta may differ: a RoPE base is the curriculum phase's, not architecture (an export
     carries the base of the phase it was saved in); the model keeps its own, callers decide."""
     import zaya_jax
-    model = zaya_jax.load_hf(path, **{f: getattr(cfg, f) for f in RUNTIME_MODEL_FIELDS})
+    model = zaya_jax.load_hf(path, mxfp4_block_axis=mxfp4_block_axis,
+                             **{f: getattr(cfg, f) for f in RUNTIME_MODEL_FIELDS})
     check_same_architecture(model, cfg, field=f"{field}: {path}", ignore=("rope_theta",))
     return model
 
