@@ -1,7 +1,9 @@
 """Quantized HF checkpoints in transformers' layouts, made from a float one, for the tests of
 zaya_jax.convert.hf_quantized: `requantize` rewrites chosen tensors of an HF directory (FP8 through
 transformers' own quantizer op, MXFP4 blocks drawn at random, since transformers quantizes MXFP4 only
-with GPU kernels), numpy-only helpers write broken ones for the CLI error tests."""
+with GPU kernels; `random_fp8` any block grid, partial blocks included, which Fp8Quantize does not
+write), numpy-only helpers write broken ones for the CLI error tests; `transformers_fp8_model` loads an
+fp8 one with transformers' FP8 modules."""
 
 from __future__ import annotations
 
@@ -74,6 +76,24 @@ def transformers_fp8(block: tuple[int, int] | None, names: tuple[str, ...] = ATT
     return rewrite
 
 
+def random_fp8(block: tuple[int, int], seed: int = 0, names: tuple[str, ...] = ATTENTION + EXPERTS):
+    """A rewrite storing each tensor whose name ends with one of `names`, [..., out, in], as random
+    float8_e4m3fn codes (any byte but the NaNs) and random float32 scales, one per `block` on the
+    [..., ceil(out/bo), ceil(in/bi)] grid (the last block of an axis partial), each near 2^-10."""
+    rng = np.random.default_rng(seed)
+
+    def rewrite(name, tensor):
+        if not name.endswith(names):
+            return None
+        codes = rng.integers(0, 254, tensor.shape, dtype=np.uint8)
+        values = np.where(codes >= 0x7F, codes + 1, codes).astype(np.uint8).view(ml_dtypes.float8_e4m3fn)
+        grid = (*tensor.shape[:-2], -(-tensor.shape[-2] // block[0]), -(-tensor.shape[-1] // block[1]))
+        scale = rng.lognormal(np.log(2.0 ** -10), 0.7, grid).astype(np.float32)
+        return {name: values, (name[:-len(".weight")] + ".weight_scale_inv" if name.endswith(".weight")
+                               else name + "_scale_inv"): scale}
+    return rewrite
+
+
 def random_mxfp4(seed: int = 0, names: tuple[str, ...] = EXPERTS):
     """A rewrite storing each expert tensor [E, A, B] as random mxfp4 `_blocks` [E, B, A/32, 16] and
     `_scales` [E, B, A/32] (exponents 2^-6 .. 2^-4: values of at most 6 / 16)."""
@@ -86,3 +106,33 @@ def random_mxfp4(seed: int = 0, names: tuple[str, ...] = EXPERTS):
         return {name + "_blocks": rng.integers(0, 256, (e, b, a // 32, 16), dtype=np.uint8),
                 name + "_scales": rng.integers(121, 124, (e, b, a // 32), dtype=np.uint8)}
     return rewrite
+
+
+def transformers_fp8_model(directory: str | Path):
+    """transformers' ZayaForCausalLM loaded from an fp8 checkpoint as on a GPU (its FineGrainedFP8 quantizer
+    swaps in FP8Linear / FP8Experts, which allocate `ceil(out/bo) x ceil(in/bi)` scale grids and take the
+    stored values and scales; the quantizer's no-GPU check is skipped, the CPU path dequantizes only
+    tiling blocks), then every fp8 weight replaced by transformers' `_dequantize_fp8_weight` of it (what
+    FP8Linear's backward reads the weight as, partial last blocks included), so its float forward runs
+    (experts_implementation "eager": FP8Experts.forward, whose linears take the float weights)."""
+    from unittest import mock
+
+    import torch
+    from transformers import ZayaForCausalLM
+    from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
+    from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
+
+    with mock.patch.object(FineGrainedFP8HfQuantizer, "validate_environment", lambda self, *args, **kwargs: None):
+        model, info = ZayaForCausalLM.from_pretrained(directory, dtype=torch.float32, output_loading_info=True,
+                                                      experts_implementation="eager")
+    assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    converted = 0
+    for module in model.modules():
+        for name, scale in list(module.named_parameters(recurse=False)):
+            if name.endswith("scale_inv"):
+                weight = name[:-len("_scale_inv")] if name != "weight_scale_inv" else "weight"
+                floats = _dequantize_fp8_weight(getattr(module, weight), scale, module.block_size, torch.float32)
+                setattr(module, weight, torch.nn.Parameter(floats, requires_grad=False))
+                converted += 1
+    assert converted, "no fp8 weight loaded"
+    return model.eval()

@@ -183,7 +183,7 @@ def broken(exports, tmp_path, method: str, config_change: dict, rewrite=lambda n
     return requantize(exports / method, tmp_path / "broken", {**config, **config_change}, rewrite)
 
 
-@pytest.mark.parametrize("case", ["unknown method", "missing scales", "block does not divide", "mxfp4 shape"])
+@pytest.mark.parametrize("case", ["unknown method", "missing scales", "scale grid of another block", "mxfp4 shape"])
 def test_generate_names_what_is_wrong_with_a_quantized_checkpoint(quantized_exports, tmp_path, case):
     o_proj, down = "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.experts.down_proj"
     if case == "unknown method":
@@ -193,11 +193,27 @@ def test_generate_names_what_is_wrong_with_a_quantized_checkpoint(quantized_expo
         directory = broken(quantized_exports, tmp_path, "fp8", {},
                            lambda name, tensor: {} if name == o_proj + "_scale_inv" else None)
         fragments = ("missing scales", f"tensor {o_proj!r} is float8_e4m3fn", f"{o_proj + '_scale_inv'!r}")
-    elif case == "block does not divide":
+    elif case == "scale grid of another block":
         directory = broken(quantized_exports, tmp_path, "fp8", {"weight_block_size": [24, 24]})
-        fragments = ("weight_block_size [24, 24] does not divide tensor", "of shape (", "use a block size that divides")
+        fragments = ("_scale_inv' has shape (", "one scale per 24x24 block of", "(the last block of an axis partial)",
+                     "quantization_config.weight_block_size")
     else:
         directory = broken(quantized_exports, tmp_path, "mxfp4", {}, lambda name, tensor: {
             name: tensor.reshape(tensor.shape[0], -1, 32, 16)} if name == down + "_blocks" else None)
         fragments = (f"mxfp4 tensor {down + '_blocks'!r} has shape (4, 4, 32, 16), expected (4, 64, 2, 16)",)
     assert_user_error(cli("zaya_jax.generate", "--hf", directory, "--prompt_ids", "2,5"), *fragments)
+
+
+def test_a_quantized_export_that_would_quantize_no_tensor_is_refused(tmp_path):
+    """mxfp4 blocks 32 values of the experts' output axis: a model whose gate_up [E, 48, 48] and down
+    [E, 48, 24] have none leaves nothing to quantize; the export is refused, nothing written."""
+    cfg = model_config(load_config_file(TINY))
+    cfg = cfg.replace(layout="native", router_norm_eps=cfg.rms_norm_eps, residual_in_fp32=True, hidden_size=48,
+                      moe_intermediate_size=24)
+    params, biases = ModelParts.arrays(create_model(cfg, seed=0))
+    save_model(str(tmp_path / "ckpt"), params, biases, {"model": dataclasses.asdict(cfg)})
+    done = cli("zaya_jax.convert", "to_hf", "--checkpoint", tmp_path / "ckpt", "--out", tmp_path / "hf",
+               "--quantize", "mxfp4")
+    assert_user_error(done, "--quantize mxfp4: no tensor of this model would be quantized",
+                      "(4, 48, 24), (4, 48, 48)", "export it in float (no --quantize) or with --quantize fp8")
+    assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf.tmp-*"))

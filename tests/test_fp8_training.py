@@ -65,6 +65,18 @@ def test_fp8_einsum_and_ragged_dot_match_numpy(fmt):
     assert sorted(f8) == sorted([(fmt.forward,) * 2, (fmt.backward, fmt.forward), (fmt.forward, fmt.backward)])
 
 
+@pytest.mark.parametrize("dtype, limit", [("float8_e4m3fn", 448.0), ("float8_e5m2", 57344.0)])
+def test_current_scale_is_the_largest_magnitude_over_the_formats_max(dtype, limit):
+    """The recipe's per-tensor scale is max|x| / max(format) (448 for e4m3) in float32, from numpy's
+    max(abs(x)): the extreme here is negative (max(x) is 0.9), and it quantizes to -max(format) exactly."""
+    x = np.random.default_rng(3).uniform(-0.9, 0.9, (6, 10)).astype(np.float32)
+    x[1, 0], x[4, 7] = -37.25, 0.9
+    values, scale = fp8.quantize(jnp.asarray(x), dtype)
+    expected = np.float32(np.max(np.abs(x))) / np.float32(limit)
+    assert np.asarray(scale).dtype == np.float32 and np.asarray(scale) == expected
+    assert float(np.asarray(values, np.float32)[1, 0]) == -limit
+
+
 def model_loss_and_grads(**overrides):
     model = random_tiny_model(0, **overrides)
     ids = jax.random.randint(jax.random.key(1), (2, 24), 3, model.config.vocab_size)

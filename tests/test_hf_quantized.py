@@ -7,8 +7,8 @@ import pytest
 
 import zaya_jax
 from tests.hf_reference import hf_logits, make_hf_model
-from tests.quantized_fixtures import (NOT_CONVERTED, numpy_fp8_to_torch, random_mxfp4, requantize,
-                                      transformers_fp8)
+from tests.quantized_fixtures import (NOT_CONVERTED, numpy_fp8_to_torch, random_fp8, random_mxfp4, requantize,
+                                      transformers_fp8, transformers_fp8_model)
 from zaya_jax.infer.quantize import BlockScaledArray, param_bytes
 
 pytestmark = pytest.mark.torch_reference
@@ -32,6 +32,21 @@ def test_fp8_dequantizes_as_transformers_bit_for_bit(shape, grid):
     ours = np.asarray(BlockScaledArray(values, scales, "fp8", False, shape[-2:])[...])
     theirs = Fp8Dequantize(None)._dequantize_one(numpy_fp8_to_torch(values), torch.from_numpy(scales),
                                                  output_dtype=torch.float32).numpy()
+    np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+
+
+@pytest.mark.parametrize("shape, block", [((3, 40, 50), (16, 24)), ((20, 8), (16, 32))])
+def test_fp8_partial_blocks_dequantize_as_transformers_fp8_linear_bit_for_bit(shape, block):
+    """Blocks that do not tile the matrix: a [..., ceil(R/br), ceil(C/bc)] grid, the last block of each
+    axis partial, read as transformers' FP8Linear reads it (`_dequantize_fp8_weight`, its backward's)."""
+    import torch
+    from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
+    rng = np.random.default_rng(4)
+    values = fp8_codes(rng, shape)
+    scales = rng.lognormal(-6, 3, (*shape[:-2], -(-shape[-2] // block[0]), -(-shape[-1] // block[1]))).astype(np.float32)
+    ours = np.asarray(BlockScaledArray(values, scales, "fp8", False, shape[-2:], block)[...])
+    theirs = _dequantize_fp8_weight(numpy_fp8_to_torch(values), torch.from_numpy(scales), list(block),
+                                    torch.float32).numpy()
     np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
 
 
@@ -92,6 +107,25 @@ def test_fp8_checkpoint_logits_match_transformers(float_dir, tmp_path, block):
         assert isinstance(weight, BlockScaledArray) and str(weight.values.dtype) == "float8_e4m3fn", name
     assert not isinstance(model.layers.moe.router.fc1.get_value(), BlockScaledArray)
     np.testing.assert_allclose(np.asarray(model(IDS)), hf_logits(reference, IDS), atol=1e-4, rtol=0)
+
+
+def test_fp8_checkpoint_with_partial_blocks_logits_match_transformers_fp8_modules(float_dir, tmp_path):
+    """weight_block_size [12, 20] tiles none of the quantized matrices (rows 8, 16, 32, 64; columns 32):
+    each has a partial last block on both axes, random values and a random scale per block. transformers
+    loads it into its FP8Linear / FP8Experts (the scale grids they allocate) and reads the weights with
+    its FP8 dequantizer (tests/quantized_fixtures.transformers_fp8_model)."""
+    block = (12, 20)
+    config = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": list(block),
+              "modules_to_not_convert": NOT_CONVERTED}
+    directory = requantize(float_dir[0], tmp_path / "fp8", config, random_fp8(block, seed=5))
+    reference = transformers_fp8_model(directory)
+    model = zaya_jax.load_hf(directory)
+    for name in ("q_proj", "down"):   # gate and up share a block row (64 rows: 12 does not split them), so float
+        weight = kept_weights(model)[name]
+        assert isinstance(weight, BlockScaledArray) and weight.block == block, name
+    theirs = hf_logits(reference, IDS)
+    assert np.isfinite(theirs).all() and np.std(theirs) > 0.1
+    np.testing.assert_allclose(np.asarray(model(IDS)), theirs, atol=1e-4, rtol=0)
 
 
 def test_mxfp4_checkpoint_logits_match_transformers_and_take_a_quarter_of_bf16(float_dir, tmp_path):

@@ -14,7 +14,7 @@ from tests.hf_reference import hf_logits
 from tests.quantized_fixtures import numpy_fp8_to_torch
 from tests.test_cli_convert import NATIVE_FIELDS, TINY, convert
 from zaya_jax.config_files import load_config_file, model_config
-from zaya_jax.convert.quantized_export import fp8_blocks, mxfp4_blocks
+from zaya_jax.convert.quantized_export import fp8_blocks, mxfp4_blocks, quantized_tensors
 from zaya_jax.infer.quantize import BlockScaledArray
 from zaya_jax.model.build import create_model
 from zaya_jax.train.checkpoint import save_model
@@ -24,8 +24,10 @@ IDS = np.random.default_rng(7).integers(3, 512, (2, 20))
 
 
 @pytest.mark.torch_reference
-@pytest.mark.parametrize("block", [(8, 16), (32, 48)])
+@pytest.mark.parametrize("block", [(8, 16), (32, 48), (12, 20)])
 def test_fp8_quantizes_as_transformers_bit_for_bit(block):
+    """(12, 20) tiles neither axis of [3, 32, 48]: transformers' Fp8Quantize (which leaves such a weight in
+    float) quantizes the weight padded with zeros to whole blocks (no block's max changes), cropped back."""
     import torch
     from transformers.integrations.finegrained_fp8 import Fp8Quantize
     from transformers.utils.quantization_config import FineGrainedFP8Config
@@ -34,10 +36,11 @@ def test_fp8_quantizes_as_transformers_bit_for_bit(block):
         quantization_config = FineGrainedFP8Config(weight_block_size=block)
     w = np.random.default_rng(0).normal(size=(3, 32, 48)).astype(np.float32) * np.logspace(-4, 1, 48, dtype=np.float32)
     w[0, :8, :16] = 0  # an all-zero block: scale 1
-    theirs = Fp8Quantize(Quantizer())._quantize_one("experts.down_proj", torch.from_numpy(w))
+    padded = np.pad(w, [(0, 0), (0, -w.shape[1] % block[0]), (0, -w.shape[2] % block[1])])
+    theirs = Fp8Quantize(Quantizer())._quantize_one("experts.down_proj", torch.from_numpy(padded))
     values, scale_inv = fp8_blocks(w, block)
     np.testing.assert_array_equal(numpy_fp8_to_torch(values).view(torch.uint8).numpy(),
-                                  theirs["experts.down_proj"].view(torch.uint8).numpy())
+                                  theirs["experts.down_proj"].view(torch.uint8).numpy()[:, :32, :48])
     np.testing.assert_array_equal(scale_inv.view(np.uint32), theirs["experts.down_proj_scale_inv"].numpy().view(np.uint32))
 
 
@@ -58,6 +61,20 @@ def test_mxfp4_takes_the_smallest_exponent_that_holds_each_block_and_rounds_to_t
     np.testing.assert_allclose(np.abs(got - np.swapaxes(w, 1, 2)), nearest, rtol=0, atol=1e-6 * np.abs(w).max())
 
 
+def test_an_fp8_export_with_no_attention_or_expert_tensor_is_refused():
+    """quantized_tensors writes every tensor it is given; with no attention projection or expert among
+    them (what fp8 quantizes) it ends in UserError rather than a quantized-format checkpoint without one."""
+    from zaya_jax.errors import UserError
+    tensors = [("model.embed_tokens.weight", np.ones((8, 4), np.float32)),
+               ("model.layers.0.mlp.gate.down_proj.weight", np.ones((4, 4), np.float32))]
+    dequantized = {}
+    written = []
+    with pytest.raises(UserError, match=r"--quantize fp8: no tensor of this model would be quantized \(fp8 quantizes "
+                                        r"the attention projections and experts"):
+        written.extend(quantized_tensors(tensors, "fp8", 16, dequantized))
+    assert [name for name, _ in written] == [name for name, _ in tensors] and not dequantized
+
+
 @pytest.fixture(scope="module")
 def native_checkpoint(tmp_path_factory):
     """configs/tiny.py's model, native layout, random, as a model-only checkpoint."""
@@ -67,6 +84,27 @@ def native_checkpoint(tmp_path_factory):
     params, biases = ModelParts.arrays(model)
     save_model(str(directory), params, biases, {"model": dataclasses.asdict(cfg)})
     return directory
+
+
+@pytest.mark.torch_reference
+@pytest.mark.parametrize("block", [24, 100])
+def test_to_hf_fp8_with_blocks_that_do_not_tile_loads_in_transformers_fp8_modules(native_checkpoint, tmp_path, block):
+    """--fp8_block 24 and 100 tile none of the tiny model's quantized matrices (rows 16, 32, 64, 128; columns
+    64): each is written with partial last blocks, transformers' FP8Linear / FP8Experts take the files
+    (tests/quantized_fixtures.transformers_fp8_model) and compute our loader's logits."""
+    from tests.quantized_fixtures import transformers_fp8_model
+    from zaya_jax.convert.safetensors_io import TensorReader
+    out = tmp_path / "hf"
+    done = convert("to_hf", "--checkpoint", native_checkpoint, "--out", out, "--quantize", "fp8",
+                   "--fp8_block", block)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "fp8: 14 tensors quantized" in done.stderr, done.stderr[-2000:]   # 2 layers x (5 attention + 2 experts)
+    reader = TensorReader(out)
+    grid = reader.get("model.layers.0.mlp.experts.gate_up_proj_scale_inv").shape
+    assert grid == (4, -(-128 // block), -(-64 // block))  # [E, 2 x 64 rows, 64 columns] in blocks, the last partial
+    ours = zaya_jax.load_hf(out)
+    assert isinstance(ours.layers.attention.k_proj.get_value(), BlockScaledArray)
+    np.testing.assert_allclose(np.asarray(ours(IDS)), hf_logits(transformers_fp8_model(out), IDS), atol=1e-4, rtol=0)
 
 
 @pytest.mark.torch_reference

@@ -12,11 +12,12 @@ the curriculum phase it was saved in, and writes config.json + safetensors.
 
 to_hf --quantize fp8 | mxfp4 writes the weights as transformers' quantizers write them, with their
 quantization_config (zaya_jax.convert.quantized_export): fp8 (FineGrainedFP8Config) the attention
-projections and experts in --fp8_block square blocks of e4m3 values and float32 scales, mxfp4
-(Mxfp4Config) the experts, blocked along their output axis (block_axis "output"); router, norms,
-CCA convolutions and temperatures, the embedding and the LM head stay in float (a ZAYA1-VL's text
-model likewise; its vision tower, merger and vision LoRA stay in float). The read-back check then
-compares the files, read quantized, with the model holding the quantized weights' values. An HF directory with such a
+projections and experts in --fp8_block square blocks (the last of an axis partial where they do not
+tile it) of e4m3 values and float32 scales, mxfp4 (Mxfp4Config) the experts, blocked along their
+output axis (block_axis "output"); router, norms, CCA convolutions and temperatures, the embedding
+and the LM head stay in float (a ZAYA1-VL's text model likewise; its vision tower, merger and vision
+LoRA stay in float). The read-back check then compares the files, read quantized, with the model
+holding the quantized weights' values. An HF directory with such a
 quantization_config (either method) is read by to_orbax, generate --hf and the server, its
 experts and attention kept quantized in memory (zaya_jax.convert.hf_quantized); an MXFP4 file that
 states no block_axis is read as transformers reads it (output), --mxfp4_block_axis input for blocks
@@ -58,7 +59,7 @@ _QUANTIZE = flags.DEFINE_enum("quantize", None, ["fp8", "mxfp4"],
                               "to_hf: write the weights quantized as transformers' FP8 (FineGrainedFP8Config) or "
                               "MXFP4 (Mxfp4Config) quantizers write them.")
 _FP8_BLOCK = flags.DEFINE_integer("fp8_block", 128, "to_hf --quantize fp8: the square block of one scale "
-                                  "(weight_block_size; a weight it does not tile stays in float).")
+                                  "(weight_block_size; where it does not tile a weight, the last block of an axis is partial).")
 _MXFP4_BLOCK_AXIS = flags.DEFINE_enum("mxfp4_block_axis", None, list(BLOCK_AXES), "to_orbax " + BLOCK_AXIS_HELP)
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "to_orbax: the compute dtype recorded.")
 

@@ -92,7 +92,8 @@ def arrays_from_tensors(module_like: nnx.Module, entries: list[Entry], get_tenso
             stores[path][0][index], stores[path][1][index] = values, scales
     for path, (values, scales) in stores.items():
         _lookup(arrays, path[:-1])[path[-1]] = BlockScaledArray(
-            values, scales, quantized.quant.method, quantized.transposed_in_memory, shapes[path][values.ndim - 2:])
+            values, scales, quantized.quant.method, quantized.transposed_in_memory, shapes[path][values.ndim - 2:],
+            quantized.quant.block)
     return arrays
 
 

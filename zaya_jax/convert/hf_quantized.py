@@ -2,10 +2,12 @@
 `quantization_config`), keeping the experts and attention projections quantized in memory.
 
 quant_method "fp8" (transformers' FineGrainedFP8Config, DeepSeek-V3's layout): a quantized linear
-`X.weight` is float8_e4m3fn [out, in] beside `X.weight_scale_inv` float32 [out/bo, in/bi], one
-multiplier per (bo, bi) block of `weight_block_size` (null: one per tensor, [] / [1] / [1, 1]; a
-per-tensor `X.weight_scale` is read the same way); a quantized 3-D expert tensor `...experts.P`
-[E, out, in] has `...experts.P_scale_inv` [E, out/bo, in/bi]. Dequantized: w = value * scale.
+`X.weight` is float8_e4m3fn [out, in] beside `X.weight_scale_inv` float32 [ceil(out/bo), ceil(in/bi)],
+one multiplier per (bo, bi) block of `weight_block_size`, the last block of an axis partial where bo
+(bi) does not divide it: block (i, j) holds rows i*bo .. min((i+1)*bo, out), as transformers' FP8Linear
+allocates and its kernels read (null: one per tensor, [] / [1] / [1, 1]; a per-tensor `X.weight_scale`
+is read the same way); a quantized 3-D expert tensor `...experts.P` [E, out, in] has
+`...experts.P_scale_inv` [E, ceil(out/bo), ceil(in/bi)]. Dequantized: w = value * scale.
 Only activation_scheme "dynamic" (the scheme transformers writes), float scales (scale_fmt "float")
 and fp8 experts (expert_dtype "fp8") are read.
 
@@ -221,36 +223,33 @@ class QuantizedTensors:
             raise HFCheckpointError(f"{self.where}: tensor {name!r} has shape {tuple(values.shape)}, expected "
                                     f"{hf_shape} for this config")
         return BlockScaledArray(values, self._fp8_grid(name, values.shape, scale), "fp8", False,
-                                tuple(values.shape[-2:]))
+                                tuple(values.shape[-2:]), self.quant.block)
 
     def _fp8_grid(self, name: str, shape: tuple[int, ...], scale: np.ndarray) -> np.ndarray:
-        """The scale tensor as float32 [..., R/bo, C/bi] (one block per tensor: [..., 1, 1])."""
+        """The scale tensor as float32 [..., ceil(R/bo), ceil(C/bi)] (weight_block_size null: [..., 1, 1];
+        a per-tensor `_scale` is spread over the block grid, so every fp8 tensor has the config's blocks)."""
         *lead, rows, cols = shape
         block = self.quant.block
         scale = np.asarray(scale, np.float32)
+        grid = (*lead, 1, 1) if block is None else (*lead, -(-rows // block[0]), -(-cols // block[1]))
         if block is not None and not self.scale_of[name].endswith("_scale"):
-            if rows % block[0] or cols % block[1]:
-                raise HFCheckpointError(f"{self.where}: config.json's quantization_config.weight_block_size "
-                                        f"{list(block)} does not divide tensor {name!r} of shape {tuple(shape)}: "
-                                        "every block of an fp8 weight is whole (transformers' dequantizer refuses "
-                                        "it too); use a block size that divides every quantized weight")
-            grid = (*lead, rows // block[0], cols // block[1])
             if tuple(scale.shape) != tuple(grid):
                 raise HFCheckpointError(f"{self.where}: tensor {self.scale_of[name]!r} has shape "
                                         f"{tuple(scale.shape)}, expected {grid}: one scale per "
-                                        f"{block[0]}x{block[1]} block of {name!r} {tuple(shape)}")
+                                        f"{block[0]}x{block[1]} block of {name!r} {tuple(shape)} (the last block "
+                                        "of an axis partial), by config.json's quantization_config.weight_block_size")
             return scale
         if scale.size == 1:
-            return np.broadcast_to(scale.reshape(()), (*lead, 1, 1)).copy()
+            return np.broadcast_to(scale.reshape(()), grid).copy()
         if scale.size == int(np.prod(lead)) and lead:
-            return scale.reshape(*lead, 1, 1)
+            return np.broadcast_to(scale.reshape(*lead, 1, 1), grid).copy()
         raise HFCheckpointError(f"{self.where}: tensor {self.scale_of[name]!r} has shape {tuple(scale.shape)}: "
                                 f"with weight_block_size null it holds one scale per tensor "
                                 f"(or per expert of {name!r} {tuple(shape)})")
 
     def kept(self, entry: Entry, root: tuple[str, ...] = ()) -> bool:
         """Whether `entry` is stored quantized and fills weights kept quantized in memory (module doc),
-        its parts (gate and up of one fused tensor) each made of whole blocks."""
+        its parts (gate and up of one fused tensor) each starting a block row (fp8: or all in one)."""
         if entry.hf_name not in self.scale_of:
             return False
         for path, _ in entry.targets:
@@ -262,7 +261,7 @@ class QuantizedTensors:
         if self.quant.method == "mxfp4":
             return entry.hf_shape[-2] % (parts * (MX_BLOCK if self.quant.block_axis == "output" else 1)) == 0
         block = self.quant.block
-        return block is None or entry.hf_shape[-2] % (parts * block[0]) == 0
+        return block is None or entry.hf_shape[-2] % (parts * block[0]) == 0 or entry.hf_shape[-2] <= block[0]
 
     def stored(self, entry: Entry) -> list[tuple[np.ndarray, np.ndarray]]:
         """(values, scales) per target of a kept entry: blocks of the stored matrix whose dequantized

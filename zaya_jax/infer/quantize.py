@@ -99,8 +99,10 @@ class QuantizedArray(QuantizedWeight):
 class BlockScaledArray(QuantizedWeight):
     """A weight as a quantized checkpoint stores it: 2-D blocks [..., R, C] with one scale per block.
 
-    fmt "fp8":   values float8_e4m3fn [..., R, C]; scales float32 [..., R/br, C/bc] (transformers'
-                 `weight_scale_inv`, a multiplier; [..., 1, 1] for one scale per tensor)
+    fmt "fp8":   values float8_e4m3fn [..., R, C]; scales float32 [..., ceil(R/br), ceil(C/bc)]
+                 (transformers' `weight_scale_inv`, a multiplier; [..., 1, 1] for one scale per tensor),
+                 block (br, bc), the last block of an axis partial where it does not tile R or C
+                 (DeepSeek-V3's layout); block None: the grid tiles the matrix, br = R / its rows
     fmt "mxfp4": values uint8 [..., R, C/2], two e2m1 codes per byte (entry 2j in the low nibble,
                  2j+1 in the high one); scales uint8 [..., R, C/32], e8m0 exponents: 2^(s - 127)
     The stored matrix w[..., r, c] = value * scale of its block; our parameter is w (transposed
@@ -111,6 +113,7 @@ class BlockScaledArray(QuantizedWeight):
     fmt: str = dataclasses.field(metadata=dict(static=True))
     transpose: bool = dataclasses.field(metadata=dict(static=True))
     inner: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+    block: tuple[int, int] | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -130,9 +133,14 @@ class BlockScaledArray(QuantizedWeight):
             return jnp.ldexp(grouped, exponents[..., None]).reshape(floats.shape)
         floats = self.values.astype(jnp.float32)
         *lead, rows, cols = floats.shape
-        block_rows, block_cols = self.scales.shape[-2:]
-        grouped = floats.reshape(*lead, block_rows, rows // block_rows, block_cols, cols // block_cols)
-        return (grouped * self.scales[..., :, None, :, None]).reshape(floats.shape)
+        grid_rows, grid_cols = self.scales.shape[-2:]
+        block_rows, block_cols = self.block or (rows // grid_rows, cols // grid_cols)
+        # partial last blocks: pad to whole ones, scale, crop (no-ops where the blocks tile)
+        padded = jnp.pad(floats, [(0, 0)] * len(lead) + [(0, grid_rows * block_rows - rows),
+                                                          (0, grid_cols * block_cols - cols)])
+        grouped = padded.reshape(*lead, grid_rows, block_rows, grid_cols, block_cols)
+        scaled = (grouped * self.scales[..., :, None, :, None]).reshape(padded.shape)
+        return scaled[..., :rows, :cols]
 
     def dequantize(self) -> jax.Array:
         """-> float32 array of `self.shape`."""
