@@ -73,6 +73,9 @@ RUNS: dict[str, list[str]] = {
     "vl_demo_cpu_py312": ["vl_demo.py"],
     "vl_demo_cpu_no_augmentation_py311": ["vl_demo.py", *(f"--override=train.{o}" for o in (  # the demo as it was
         "steps=150", "augment_shift=0", "augment_scale=0", "augment_contrast=0"))],
+    # the demo's narrower augmentation before issue #64 (shift 0.15, scale 0.25, contrast 0.3), 300 steps
+    "vl_demo_cpu_previous_augmentation_py311": ["vl_demo.py", *(f"--override=train.{o}" for o in (
+        "steps=300", "augment_shift=0.15", "augment_scale=0.25", "augment_contrast=0.3"))],
     "xla_cpu_flags_cpu": ["xla_cpu_flags.py"],
     "serve_soak_cpu_py311": ["serve_soak.py", "--minutes", "2"],  # a server process under random load and disconnects
     # 2 CPU processes, one late at a collective; each file from its stack's interpreter (the script checks)

@@ -1,5 +1,5 @@
-"""The README's vision-language demo, measured over seeds: held-out digit accuracy on plain, shifted
-and rescaled digits, and the text model untouched. Prints JSON.
+"""The README's vision-language demo, measured over seeds: held-out digit accuracy on plain digits and
+each held-out variant (demo_images.VARIANTS), and the text model untouched. Prints JSON.
 
   python benchmarks/vl_demo.py [--pretrained runs/demo] [--workdir DIR] [--seeds 0,1]
 
@@ -8,7 +8,8 @@ the pretraining demo's run (--pretrained, or trains configs/demo.py first) once 
 (`--config.train.seed`: the tower's initialisation, the data order and the training images'
 augmentation), then scores each run as `python -m zaya_jax.evaluate_tasks --checkpoint RUN` does
 (evaluate_tasks.score_vision_run: the 359 held-out digits by greedy generation as they are, moved
-by one pixel and drawn at another size, and with every image black; chance is 10%), and compares
+by one pixel and by two along each axis, drawn at another size and at 6 of 8 pixels, at 60% contrast,
+and with every image black; chance is 10%), and compares
 each run's text model with the one it started from: their weights, and their held-out loss on the
 demo corpus's text (2 evaluation batches per source; the run freezes the text model, so the two
 must be equal). `--override` changes every VL run's config (benchmarks/run_all.py's

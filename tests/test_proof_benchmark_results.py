@@ -374,7 +374,9 @@ def test_ci_suite_reads_what_ci_run_prints():
 
 
 VL_DEMO_ROWS = {"vl_demo_cpu_py311": "3.11", "vl_demo_cpu_py312": "3.12",
-                "vl_demo_cpu_no_augmentation_py311": "3.11, without augmentation (the demo before)"}
+                "vl_demo_cpu_previous_augmentation_py311": "3.11, the narrower augmentation before",
+                "vl_demo_cpu_no_augmentation_py311": "3.11, without augmentation (150 steps)"}
+VL_DEMO_VARIANTS = ("plain", "shifted", "shifted_2px_diagonal", "rescaled", "rescaled_6px", "contrast_60")
 
 
 def vl_demo_row(label: str, run: dict) -> str:
@@ -385,7 +387,7 @@ def vl_demo_row(label: str, run: dict) -> str:
     percent = lambda s: f"{100 * s['mean']:.1f}% ({100 * s['min']:.1f}-{100 * s['max']:.1f})"  # noqa: E731
     return (f"| {label} | {run['runs'][0]['steps']} | {run['wall_s_including_compile']['vl_over_seeds']['mean']:.0f} s "
             f"(load {min(loads):.1f}-{max(loads):.1f}) | "
-            + " | ".join(percent(over[v]) for v in ("plain", "shifted", "rescaled"))
+            + " | ".join(percent(over[v]) for v in VL_DEMO_VARIANTS)
             + f" | {100 * over['black_images']['mean']:.1f}% |")
 
 

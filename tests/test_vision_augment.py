@@ -1,8 +1,9 @@
 """Training-image augmentation (zaya_jax.vision.augment, train.augment_*): each image a training lane
 draws is moved, resized and its contrast changed as drawn from the seed of that draw; the rows keep
 their tokens, masks and packing; held-out rows keep the stored images; the demo has it on. And the
-held-out variants it is measured on (demo_images.digit_variant): each digit moved by one pixel, or
-drawn smaller or larger about the frame's centre."""
+held-out variants it is measured on (demo_images.digit_variant): each digit moved by one or two
+pixels, drawn smaller or larger about the frame's centre, or at 60% contrast, each against images
+computed here by hand; and the demo's augmentation ranges cover those variants."""
 
 import numpy as np
 
@@ -117,10 +118,13 @@ def test_each_draw_is_augmented_by_its_seed_whatever_lane_draws_it():
         assert not np.array_equal(doc.images[0], stored[key(doc)].images[0])
 
 
-def test_the_vl_demo_trains_with_augmentation():
+def test_the_vl_demo_trains_with_augmentation_that_covers_the_heldout_variants():
+    """Its ranges reach past what the held-out variants draw: a move of 2 of 8 pixels (shifted_2px_diagonal),
+    a digit at 6 of 8 pixels (rescaled_6px) or 10 of 8 (rescaled), contrast 0.6 (contrast_60)."""
     settings = settings_from_config(load_config_file("configs/demo_vl.py"))
     augment = image_rows(settings).augment
-    assert augment.active and min(augment.shift, augment.scale, augment.contrast) > 0
+    assert augment.shift > 2 / 8 and 1 - augment.scale < 6 / 8 and 1 + augment.scale > 10 / 8
+    assert 1 - augment.contrast < 0.6
 
 
 def test_the_heldout_variants_move_each_digit_one_pixel_or_draw_it_at_another_size():
@@ -142,3 +146,70 @@ def test_the_heldout_variants_move_each_digit_one_pixel_or_draw_it_at_another_si
     np.testing.assert_array_equal(small, want)                                       # 0.75x: 6x6 in the middle
     assert (large[2:6, 2:6] == 255).all() and large[0, 0].max() == 0
     assert large[1, 3].min() > 0 and large[6, 3].min() > 0                           # 1.25x: 5x5, past the 4x4
+
+
+def _variant_images(variant: str, images: list[np.ndarray]) -> list[np.ndarray]:
+    from zaya_jax.vision.demo_images import digit_conversations, digit_variant
+    heldout = digit_conversations("heldout")[:len(images)]
+    drawn = digit_variant([{**c, "images": [image]} for c, image in zip(heldout, images)], variant)
+    assert [c["messages"] for c in drawn] == [c["messages"] for c in heldout]
+    return [c["images"][0] for c in drawn]
+
+
+def _dots(*points: tuple[int, int, int]) -> np.ndarray:
+    """An 8x8 grey image, black but for the given (y, x, level) pixels."""
+    image = np.zeros((8, 8, 3), np.uint8)
+    for y, x, level in points:
+        image[y, x] = level
+    return image
+
+
+def test_the_2px_diagonal_variant_moves_each_digit_two_pixels_along_each_axis_the_four_diagonals_in_turn():
+    image = _dots((3, 4, 255), (0, 0, 90), (7, 7, 40))  # (0, 0) and (7, 7) leave the frame on some diagonals
+    moved = _variant_images("shifted_2px_diagonal", [image] * 5)
+    want = [_dots((1, 2, 255), (5, 5, 40)),              # up-left: (0, 0) leaves
+            _dots((1, 6, 255)),                          # up-right: both corners leave
+            _dots((5, 2, 255)),                          # down-left
+            _dots((5, 6, 255), (2, 2, 90)),              # down-right: (7, 7) leaves
+            _dots((1, 2, 255), (5, 5, 40))]              # digit 4: up-left again
+    for got, expected in zip(moved, want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def _pil_bilinear_weights(size_in: int, size_out: int) -> np.ndarray:
+    """[size_out, size_in]: Pillow's BILINEAR resize along one axis from its definition (a triangle filter
+    widened by the scale when shrinking, centred on each output pixel's centre, weights normalised)."""
+    scale = size_in / size_out
+    support = max(scale, 1.0)
+    centres = (np.arange(size_out) + 0.5) * scale
+    weights = np.clip(1 - np.abs(np.arange(size_in) + 0.5 - centres[:, None]) / support, 0, None)
+    return weights / weights.sum(1, keepdims=True)
+
+
+def test_the_6px_variant_draws_every_digit_at_6x6_in_the_middle_of_its_frame():
+    white = np.full((8, 8, 3), 255, np.uint8)
+    ramp = np.repeat(np.repeat((np.arange(8) * 30)[None, :, None], 8, 0), 3, 2).astype(np.uint8)  # columns 0..210
+    got = _variant_images("rescaled_6px", [white, ramp, white])
+    want_white = np.zeros_like(white)
+    want_white[1:7, 1:7] = 255
+    np.testing.assert_array_equal(got[0], want_white)
+    np.testing.assert_array_equal(got[2], want_white)                                # every digit, not every other
+    columns = _pil_bilinear_weights(8, 6) @ (np.arange(8) * 30.0)                   # 8 -> 6 across; rows all alike
+    # by hand, column 0: centre 2/3 of an input pixel, filter half-width 4/3: pixels 0 and 1 weigh 0.875 and
+    # 0.375 -> 0.7 and 0.3 -> 9; column 1: centre 2, pixels 1 and 2 alike -> 45; column 2: centre 10/3,
+    # pixels 2, 3, 4 weigh 0.375, 0.875, 0.125 -> (60 * 0.375 + 90 * 0.875 + 120 * 0.125) / 1.375 = 84.55
+    assert np.abs(columns - [9, 45, 84.5455, 125.4545, 165, 201]).max() < 1e-3
+    want_ramp = np.zeros((8, 8), np.float64)
+    want_ramp[1:7, 1:7] = columns
+    assert np.abs(got[1][..., 0] - want_ramp).max() <= 1 and (got[1][0] == 0).all() and (got[1][:, 7] == 0).all()
+
+
+def test_the_contrast_variant_sets_each_digit_at_60_percent_contrast_about_its_mean_grey():
+    image = _dots((2, 2, 255), (2, 3, 255), (3, 2, 255), (5, 5, 100))
+    # by hand: mean grey (3 * 255 + 100) / 64 = 13.52 -> 14; black 14 - 0.6 * 14 = 5.6 -> 6;
+    # 255 -> 14 + 0.6 * 241 = 158.6 -> 159; 100 -> 14 + 0.6 * 86 = 65.6 -> 66
+    want = np.full((8, 8, 3), 6, np.uint8)
+    want[2, 2] = want[2, 3] = want[3, 2] = 159
+    want[5, 5] = 66
+    for got in _variant_images("contrast_60", [image, image]):
+        np.testing.assert_array_equal(got, want)

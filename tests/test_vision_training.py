@@ -404,7 +404,8 @@ def _word_tokenizer(path) -> str:
 
 def test_evaluate_tasks_scores_the_run_on_plain_shifted_and_rescaled_digits(run, tmp_path):
     """`python -m zaya_jax.evaluate_tasks --checkpoint RUN` of a VL run: the 359 held-out digits, as they
-    are, moved and rescaled, with their images resized as the run's config says (16x16: 4 image tokens),
+    are, moved by one pixel and by two along each axis, drawn at 6 or 10 of 8 pixels and at 6 of 8, and at
+    60% contrast, with their images resized as the run's config says (16x16: 4 image tokens),
     answer for answer what the model generates for prompts and images made here with the processor
     written out by hand; and the variants are other images (other answers)."""
     from tests.train_helpers import REPO
@@ -422,20 +423,21 @@ def test_evaluate_tasks_scores_the_run_on_plain_shifted_and_rescaled_digits(run,
                           capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert done.returncode == 0, done.stderr[-2000:]
     scored = json.loads(done.stdout)
-    assert scored["questions"] == 359 and list(scored["accuracy_by_variant"]) == ["plain", "shifted", "rescaled"]
+    assert scored["questions"] == 359 and list(scored["accuracy_by_variant"]) == [
+        "plain", "shifted", "rescaled", "shifted_2px_diagonal", "rescaled_6px", "contrast_60"]
     assert scored["accuracy"] == scored["accuracy_by_variant"]["plain"]
     model, _ = load_checkpoint_model(run_dir)
     processor = ImageProcessor(4, 2, 1, min_pixels=256, max_pixels=256)
     heldout = digit_conversations("heldout")
-    for variant in ("plain", "shifted"):
+    for variant in ("plain", "shifted", "shifted_2px_diagonal", "contrast_60"):
         want = digit_accuracy(model, Tokenizer(tokenizer, bos_id=2, eos_id=1, pad_id=0), processor,
                               digit_variant(heldout, variant), ChatTemplate.load(PLAIN), max_new_tokens=2,
                               batch_size=359)
         got = scored["variants"][variant]
         assert (got["correct"], got["answers"]) == (want["correct"], [list(a) for a in want["answers"]])
         assert got["accuracy"] == round(got["correct"].count("1") / 359, 4)
-    assert scored["variants"]["shifted"]["answers"] != scored["variants"]["plain"]["answers"]
-    assert scored["variants"]["rescaled"]["answers"] != scored["variants"]["plain"]["answers"]
+    for variant in ("shifted", "rescaled", "shifted_2px_diagonal", "rescaled_6px", "contrast_60"):
+        assert scored["variants"][variant]["answers"] != scored["variants"]["plain"]["answers"], variant
 
 
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])

@@ -17,8 +17,9 @@ the accuracy overall and per kind, each question's result in order ("correct": "
 question, to compare two checkpoints on the same questions) and the first completions of each kind.
 
 A vision-language run's checkpoint (configs/demo_vl.py) is scored on the digits demo instead
-(zaya_jax.vision.digit_accuracy.score_digits): the 359 held-out digits as they are, each moved by
-one pixel and each drawn at another size (demo_images.VARIANTS), its images resized as the run's
+(zaya_jax.vision.digit_accuracy.score_digits): the 359 held-out digits as they are, moved by one
+pixel, by two along each axis, drawn at another size, at 6 of 8 pixels, and at 60% contrast
+(demo_images.VARIANTS), its images resized as the run's
 config says; the JSON gives the accuracy per variant ("accuracy" is the plain digits'), and per
 variant each digit's result in order, the accuracy per digit and the commonest answers.
 `--per_kind` and `--seed` choose text tasks and are not read there.

@@ -27,6 +27,14 @@ GREY = np.asarray([0.299, 0.587, 0.114], np.float32)
 LIMITS = {"shift": 0.5, "scale": 1.0, "contrast": 1.0}  # each setting lies in [0, limit)
 
 
+def with_contrast(image: np.ndarray, factor: float) -> np.ndarray:
+    """[h, w, 3] (any dtype) -> uint8 [h, w, 3]: round(m + factor * (pixel - m)) clipped to [0, 255], m the
+    image's mean grey level (GREY) rounded, as torchvision's adjust_contrast."""
+    image = np.asarray(image, np.float32)
+    mean = float(np.round((image @ GREY).mean()))
+    return np.clip(np.round(mean + factor * (image - mean)), 0, 255).astype(np.uint8)
+
+
 @dataclasses.dataclass(frozen=True)
 class ImageAugment:
     shift: float = 0.0      # the largest move along each axis, a fraction of that side (LIMITS: below 0.5)
@@ -50,8 +58,7 @@ class ImageAugment:
         moved = np.asarray(Image.fromarray(image).transform((w, h), Image.Transform.AFFINE, inverse,
                                                             resample=Image.Resampling.BILINEAR, fillcolor=(0, 0, 0)),
                            np.float32)
-        mean = float(np.round((moved @ GREY).mean()))
-        return np.clip(np.round(mean + contrast * (moved - mean)), 0, 255).astype(np.uint8)
+        return with_contrast(moved, contrast)
 
     def document(self, doc: ImageChatDocument, seed: int) -> ImageChatDocument:
         """`doc` with its images augmented by the draws of `seed` (unchanged when nothing is active)."""

@@ -6,10 +6,18 @@ as TRL-format conversations: the image and "Which digit is this?", answered by t
 The split is fixed (a seeded permutation: 1,438 training digits, 359 held out, HELDOUT_SHARE of
 1,797 rounded), chance is 10%.
 
-  digit_variant(conversations, "plain" | "shifted" | "rescaled")
-the same conversations with each digit as a user might draw it elsewhere in the frame: "shifted"
-moves digit i by one pixel towards NEIGHBOURS[i % 8] (black comes in), "rescaled" draws it at
-RESCALED_SIDES[i % 2] pixels a side (0.75x and 1.25x; bilinear) about the frame's centre.
+  digit_variant(conversations, variant)   variant one of VARIANTS:
+the same conversations with each digit as a user might draw it elsewhere in the frame, at another
+size or fainter (digit i is the i-th conversation; black comes in where the frame is left empty):
+  "plain"                 as held out
+  "shifted"               moved by one pixel towards NEIGHBOURS[i % 8] (the 8 neighbours in turn)
+  "rescaled"              drawn at RESCALED_SIDES[i % 2] pixels a side (6 and 10: 0.75x and 1.25x;
+                          bilinear) about the frame's centre, a larger one's border cut off
+  "shifted_2px_diagonal"  moved by two pixels along each axis towards DIAGONALS[i % 4] (up-left,
+                          up-right, down-left, down-right in turn)
+  "rescaled_6px"          every digit drawn at 6x6 pixels (bilinear) in the middle of its 8x8 frame
+  "contrast_60"           its contrast at CONTRAST_60 = 0.6 (augment.with_contrast: each pixel
+                          m + 0.6 (pixel - m), m the digit's mean grey level rounded; then rounded)
 
   python -m zaya_jax.vision.demo_images --out digit.png [--index 0] [--variant shifted]
 writes a held-out digit as a PNG (what `zaya_jax.generate --image` reads) and prints its label.
@@ -23,14 +31,17 @@ from absl import app, flags
 
 from zaya_jax import cli
 from zaya_jax.errors import UserError
+from zaya_jax.vision.augment import with_contrast
 
 QUESTION = "Which digit is this?"
 HELDOUT_SHARE = 0.2
 SPLIT_SEED = 0
 SIDE = 8  # scikit-learn's digits are 8x8 pixels
-VARIANTS = ("plain", "shifted", "rescaled")
+VARIANTS = ("plain", "shifted", "rescaled", "shifted_2px_diagonal", "rescaled_6px", "contrast_60")
 NEIGHBOURS = tuple((dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if dy or dx)
 RESCALED_SIDES = (6, 10)
+DIAGONALS = ((-1, -1), (-1, 1), (1, -1), (1, 1))
+CONTRAST_60 = 0.6
 
 
 def digit_conversations(split: str) -> list[dict]:
@@ -79,7 +90,10 @@ def digit_variant(conversations: list[dict], variant: str) -> list[dict]:
     if variant not in VARIANTS:
         raise UserError(f"unknown digit variant {variant!r} (known: {', '.join(VARIANTS)})")
     draw = {"plain": lambda image, i: image, "shifted": lambda image, i: shifted(image, *NEIGHBOURS[i % 8]),
-            "rescaled": lambda image, i: rescaled(image, RESCALED_SIDES[i % 2])}[variant]
+            "rescaled": lambda image, i: rescaled(image, RESCALED_SIDES[i % 2]),
+            "shifted_2px_diagonal": lambda image, i: shifted(image, *(2 * d for d in DIAGONALS[i % 4])),
+            "rescaled_6px": lambda image, i: rescaled(image, 6),
+            "contrast_60": lambda image, i: with_contrast(image, CONTRAST_60)}[variant]
     return [{**c, "images": [draw(image, i) for image in c["images"]]} for i, c in enumerate(conversations)]
 
 
@@ -101,5 +115,5 @@ def main(argv):
 if __name__ == "__main__":
     flags.DEFINE_string("out", None, "PNG file to write.", required=True)
     flags.DEFINE_integer("index", 0, "Which held-out digit.")
-    flags.DEFINE_enum("variant", "plain", VARIANTS, "The digit as held out, moved by one pixel, or drawn at another size.")
+    flags.DEFINE_enum("variant", "plain", VARIANTS, "The digit as held out, moved, drawn at another size or at 60% contrast (the module's docstring).")
     cli.run(main)

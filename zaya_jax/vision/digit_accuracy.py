@@ -1,8 +1,8 @@
 """Held-out accuracy of a vision-language model on the digits demo, by greedy generation.
 
   digit_accuracy(model, tokenizer, processor, conversations, template) -> {"accuracy", "correct", "by_digit", ...}
-  score_digits(model, tokenizer, processor, template) -> the held-out digits scored plain, shifted
-    and rescaled (demo_images.digit_variant), and with black images: what `python -m zaya_jax.evaluate_tasks --checkpoint
+  score_digits(model, tokenizer, processor, template) -> the held-out digits scored as each of
+    demo_images.VARIANTS (plain, moved, drawn at another size, fainter), and with black images: what `python -m zaya_jax.evaluate_tasks --checkpoint
     RUN` prints for a VL run and benchmarks/vl_demo.py records
 
 Each conversation (demo_images.digit_conversations: an image and "Which digit is this?") is
