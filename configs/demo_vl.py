@@ -26,7 +26,7 @@ from zaya_jax.config_files import load_config_file, vision_section
 from zaya_jax.data import demo_posttrain
 from zaya_jax.vision import demo_source
 
-STEPS = 600  # the wider augmentation below at 300 steps read 58% of the plain digits (3.11), its loss stuck near 1
+STEPS = 600  # the wider augmentation below needs more steps than the narrower one's 300 (README: at 300 it was left undertrained)
 PATCHES = 80  # a row of 128 positions holds about 4 conversations of ~28 tokens, of 16 patches each
 # each training digit moved by up to 30% of its side along each axis, resized by 0.7x-1.3x and its contrast
 # by 0.55x-1.45x (zaya_jax.vision.augment), drawn anew each epoch: past the held-out variants (a move of 2 of
