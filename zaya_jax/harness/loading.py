@@ -29,15 +29,14 @@ def load_model(checkpoint: str | None, hf: str | None, step: int | None, dtype: 
                quantize: str | None = None, mxfp4_block_axis: str | None = None):
     """-> ZayaLM. A `capacity` MoE backend (which drops tokens by batch composition, so padding would
     change scores) is replaced by `auto` (dropless). mxfp4_block_axis: with hf, as load_hf's."""
-    from zaya_jax.infer.loading import load_checkpoint, load_hf
+    from zaya_jax.infer.loading import check_block_axis_source, load_checkpoint, load_hf
     check_source(checkpoint, hf, step)
     options = {"quantize": quantize}
     if dtype is not None:
         options["dtype"] = dtype
     if hf is not None:
         return load_hf(hf, mxfp4_block_axis=mxfp4_block_axis, **options)
-    if mxfp4_block_axis is not None:
-        raise UserError(f"--mxfp4_block_axis {mxfp4_block_axis}: goes with --hf (an MXFP4 HF checkpoint); drop it")
+    check_block_axis_source(mxfp4_block_axis, hf)
     from zaya_jax.train.checkpoint import checkpoint_dir, read_config
     config = read_config(checkpoint_dir(checkpoint), step)
     if "vision" in config:

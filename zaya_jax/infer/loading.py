@@ -81,14 +81,19 @@ def tokenizer_for(*, checkpoint: str | None = None, hf: str | None = None, step:
     return path, f"[tokenizer: {path}]"
 
 
+def check_block_axis_source(mxfp4_block_axis: str | None, hf: str | None) -> None:
+    """A CLI's --mxfp4_block_axis goes with --hf: UserError when it is given without one."""
+    if mxfp4_block_axis is not None and hf is None:
+        raise UserError(f"--mxfp4_block_axis {mxfp4_block_axis}: goes with --hf (an MXFP4 HF checkpoint); drop it")
+
+
 def load_model(*, checkpoint: str | None = None, hf: str | None = None, step: int | None = None,
                quantize: str | None = None, group_size: int = 64, mxfp4_block_axis: str | None = None, **overrides):
     """The model a CLI's --checkpoint (with --step) or --hf names -> ZayaLM, or ZayaVL for a
     vision-language run or a zaya1_vl HF directory (then --quantize is refused: it is for text
     models). overrides (dtype, ...) as load_hf / load_checkpoint, mxfp4_block_axis as load_hf's
     (--hf only); a checkpoint without the trainer installed is a UserError naming the missing module."""
-    if mxfp4_block_axis is not None and hf is None:
-        raise UserError(f"--mxfp4_block_axis {mxfp4_block_axis}: goes with --hf (an MXFP4 HF checkpoint); drop it")
+    check_block_axis_source(mxfp4_block_axis, hf)
     if hf is not None:
         from zaya_jax.convert.hf_load import read_hf_config
         if read_hf_config(hf).get("model_type") == "zaya1_vl":
