@@ -119,6 +119,13 @@ def test_a_missing_checkpoint_is_named_and_never_created(tmp_path, module, args)
     assert not (tmp_path / "nope").exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("module,args", [("zaya_jax.generate", ("--prompt_ids", "2,5")), ("zaya_jax.evaluate", ())])
+def test_mxfp4_block_axis_without_hf_is_refused(tmp_path, module, args):
+    """--mxfp4_block_axis says how to read an MXFP4 HF directory: with --checkpoint it is refused, not ignored."""
+    assert_user_error(cli(module, "--checkpoint", tmp_path, "--mxfp4_block_axis", "input", *args),
+                      "--mxfp4_block_axis input: goes with --hf (an MXFP4 HF checkpoint); drop it")
+
+
 def test_evaluate_of_a_model_only_checkpoint_asks_for_a_config(tmp_path):
     cfg = model_config(load_config_file(TINY))
     params, biases = ModelParts.arrays(create_model(cfg, seed=0))

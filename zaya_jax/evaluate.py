@@ -31,6 +31,7 @@ from ml_collections import config_flags
 
 from zaya_jax import cli
 from zaya_jax.convert.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
+from zaya_jax.infer.loading import check_block_axis_source
 from zaya_jax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (default: the checkpoint's own).")
@@ -78,6 +79,7 @@ def main(argv):
 
     if _CONFIG.value is None and _HF.value:
         raise app.UsageError("--hf needs --config (it names the evaluation data and the mesh)")
+    check_block_axis_source(_MXFP4_BLOCK_AXIS.value, _HF.value)
     config = _CONFIG.value if _CONFIG.value is not None else read_config(checkpoint_dir(_CHECKPOINT.value), _STEP.value)
     if "train" not in config:
         raise UserError(f"--checkpoint {_CHECKPOINT.value}: a model-only checkpoint (convert to_orbax) names no "
