@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
@@ -108,8 +107,8 @@ def tokenizer(checkpoint):
     return Tokenizer(str(checkpoint.parent / "tokenizer.json"), bos_id=2, eos_id=1, pad_id=0)
 
 
-def metric(server, name: str) -> float:
-    text = httpx.get(server[0].removesuffix("/v1") + "/metrics").text
+def metric(server, name: str, http=httpx) -> float:
+    text = http.get(server[0].removesuffix("/v1") + "/metrics").text
     found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
     assert found, f"{name} not in /metrics"
     return float(found.group(1))
@@ -331,20 +330,33 @@ def test_the_default_body_limit_and_an_over_long_text_are_refused_unread(server)
 
 
 def test_a_full_queue_answers_429_and_the_rest_are_served(server, client):
-    """3 slots and at most 4 waiting: of 12 requests sent at once, some are refused with 429. Each
-    holds its slot for 150 tokens (its cache's whole length), so the queue overflows however the
-    sends spread (with 40 tokens, a machine at load 4 spread them past the slots' turnover: no 429)."""
-    together = threading.Barrier(12)
+    """3 slots and at most 4 waiting: a request of n=3 holds the slots (150 tokens each, its cache's
+    whole length), one of n=4 fills the queue, and a third request is refused with 429 while all 7
+    sequences are served to their length. The refusal must arrive while the first request decodes:
+    a machine that decodes its 149 tokens before the queue is seen full tries again (5 tries at most;
+    12 requests sent at once raced that turnover and lost on a fast machine)."""
+    def sequences(n, offset):
+        return iter(client.completions.create(model=NAME, prompt=prompt_ids(10, offset), max_tokens=150, n=n,
+                                              temperature=0, stream=True, extra_body={"ignore_eos": True}))
 
-    def send(i):
-        together.wait()
+    def reasons(chunks, seen=()):
+        return [*seen, *(c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason)]
+    refused, poll = False, httpx.Client()
+    for _ in range(5):
+        running = sequences(3, 0)
+        started = [c.finish_reason for c in next(running).choices if c.finish_reason]  # the slots are taken
+        queued = sequences(4, 1)
+        deadline = time.monotonic() + 5
+        while metric(server, "zaya_requests_waiting", poll) < 4 and time.monotonic() < deadline:
+            pass
         try:
-            return completion(client, prompt_ids(10, i), 150, ignore_eos=True)[2]
-        except openai.RateLimitError:
-            return 429
-    with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        outcomes = list(pool.map(send, range(12)))
-    assert 429 in outcomes and outcomes.count("length") >= SLOTS + 1, outcomes
+            client.completions.create(model=NAME, prompt=prompt_ids(10, 2), max_tokens=1, temperature=0)
+        except openai.RateLimitError as err:
+            refused = "4 wait and this request's n=1 would pass that; retry later" in str(err)
+        assert reasons(running, started) + reasons(queued) == ["length"] * 7
+        if refused:
+            break
+    assert refused
     assert metric(server, "zaya_slots_in_use") == 0
 
 
