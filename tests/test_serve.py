@@ -237,6 +237,31 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, cli
     assert completion(client, prompt_ids(3), 2)[2] in ("stop", "length")
 
 
+def test_openai_fields_the_server_does_not_implement_are_refused_by_name(client):
+    """Through the openai client: tools with tool_choice "required", a response_format JSON schema,
+    an unknown extension, a message's tool_calls are 400s naming each field (they were answered with
+    free text before); user/metadata/store/service_tier are accepted and change nothing."""
+    chat = dict(model=NAME, messages=[{"role": "user", "content": "ab"}], max_tokens=3, temperature=0)
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+    refused = [
+        (dict(tools=[tool], tool_choice="required"), "tool_choice, tools: not supported by this server "
+                                                       "(tool calls are not implemented"),
+        (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
+         "response_format: not supported by this server (structured output is not implemented"),
+        (dict(extra_body={"min_p": 0.1}), "min_p: not supported by this server (not implemented); leave it out"),
+        (dict(messages=[{"role": "user", "content": "ab"}, {"role": "assistant", "content": "", "tool_calls": []}]),
+         "messages.1.tool_calls: not supported"),
+    ]
+    for extra, words in refused:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(**{**chat, **extra})
+        assert words in err.value.body["message"], (extra, err.value.body)
+    plain = client.chat.completions.create(**chat).choices[0].message.content
+    described = client.chat.completions.create(**chat, user="u1", metadata={"k": "v"}, store=False,
+                                               service_tier="auto")
+    assert described.choices[0].message.content == plain
+
+
 def test_usage_counts_every_choice_and_the_prompt_once(client, reference):
     """n=2 and n=3: prompt_tokens is the prompt once, completion_tokens the sum over the choices.
     Greedy, every choice is generate's tokens for the prompt alone (up to eos), streamed or not;

@@ -8,8 +8,11 @@
 Fields and defaults are OpenAI's (temperature 1, top_p 1, max_tokens 16 for completions and the
 rest of the context for chat), with vLLM's extensions `top_k` (-1: off) and `ignore_eos`. A value
 OpenAI allows but this server cannot honour (echo, best_of, suffix, penalties, logit_bias, several
-prompts in one request) is refused by name rather than ignored. Every refusal is an `APIError`:
-the HTTP status and OpenAI's error object, {"error": {"message", "type", "param", "code"}}.
+prompts in one request) is refused by name rather than ignored, and so is every field not declared
+here (`tools`, `tool_choice`, `response_format` among them): nothing sent is dropped silently but
+`user`, `metadata`, `store` and `service_tier`, which describe a request and change nothing in its
+answer. Every refusal is an `APIError`: the HTTP status and OpenAI's error object,
+{"error": {"message", "type", "param", "code"}}.
 """
 
 from __future__ import annotations
@@ -20,6 +23,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
+NOT_YET = {  # OpenAI fields whose feature this server does not have, and what a client does instead
+    "tools": "tool calls are not implemented: describe the tools in a message and parse the text",
+    "tool_choice": "tool calls are not implemented",
+    "parallel_tool_calls": "tool calls are not implemented",
+    "functions": "function calls are not implemented",
+    "function_call": "function calls are not implemented",
+    "response_format": "structured output is not implemented: the answer is free text",
+}
 
 
 class APIError(Exception):
@@ -40,7 +51,7 @@ class StreamOptions(BaseModel):
 
 class SamplingFields(BaseModel):
     """What both endpoints share: the model, sampling, stopping and streaming."""
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -56,6 +67,9 @@ class SamplingFields(BaseModel):
     frequency_penalty: float | None = None
     logit_bias: dict | None = None
     user: str | None = None
+    metadata: dict | None = None
+    store: bool | None = None
+    service_tier: str | None = None
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -116,7 +130,7 @@ class ImagePart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "user", "assistant", "developer"]
     content: str | list[TextPart | ImagePart]
@@ -140,7 +154,14 @@ class ChatCompletionRequest(SamplingFields):
 
 def error_from_validation(errors: list[dict]) -> APIError:
     """pydantic's first complaint as one 400: the field's dotted path and what is wrong with it."""
-    first = errors[0]
-    where = [str(p) for p in first.get("loc", ()) if p != "body"]
+    def path(error: dict) -> list[str]:
+        return [str(p) for p in error.get("loc", ()) if p != "body"]
+    unknown = [path(e) for e in errors if e.get("type") == "extra_forbidden"]
+    if unknown:
+        reasons = dict.fromkeys(NOT_YET.get(where[-1], "not implemented") for where in unknown)
+        names = ", ".join(".".join(where) for where in unknown)
+        return APIError(400, f"{names}: not supported by this server ({'; '.join(reasons)}); leave "
+                        f"{'it' if len(unknown) == 1 else 'them'} out", ".".join(unknown[0]))
+    where = path(errors[0])
     param = ".".join(where) or None
-    return APIError(400, f"{param or 'body'}: {first.get('msg', 'invalid')}", param)
+    return APIError(400, f"{param or 'body'}: {errors[0].get('msg', 'invalid')}", param)
