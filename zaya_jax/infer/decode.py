@@ -2,7 +2,8 @@
 
 Conventions: B sequences, S prompt width, T cache slots, D hidden, V vocab, L layers.
 Both walk the same stacked layers as ZayaLM._run_layers (lax.scan, or a Python loop when
-`scan_layers` is off) and call the model's own modules; what differs from the training forward:
+`scan_layers` is off) and run each layer's one step, DecoderLayer.step, with their cache view as its
+`attend` and their row groups; what differs from the training forward:
 
   prefill      prompts right-padded to S, with per-sequence `lengths`. The padding comes after
                every real token, so causal attention, the convolutions and the value shift of
@@ -50,12 +51,12 @@ from zaya_jax.infer.quantize import QuantizedWeight, rows
 from zaya_jax.model import moe_dispatch
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn, resolve_moe_backend
 from zaya_jax.model.layer_types import layer_flags, layer_kinds
-from zaya_jax.model.moe import MoE
+from zaya_jax.model.moe import Gathered
 from zaya_jax.model.moe_dispatch import ExpertWeights
 from zaya_jax.native.grouped_matmul import grouped_matmul
 from zaya_jax.parallel.context import active_axes, current_mesh_shape
 from zaya_jax.parallel.rules import RULES
-from zaya_jax.model.zaya import ZayaLM
+from zaya_jax.model.zaya import RowGroup, ZayaLM, join_groups
 
 
 def _over_layers(body: Callable, carry, xs, num_layers: int, scan: bool):
@@ -103,23 +104,6 @@ def stacked_experts_dispatch(model: ZayaLM, with_images: bool = False) -> Callab
     return for_layer
 
 
-def gathered_moe(moe: MoE, x: jax.Array, router_state: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """MoE.__call__ for a few tokens: each token's expert weights gathered, no dispatch.
-
-    x: [B,S,D] normed; router_state: [B,S,R] -> y [B,S,D], next router state [B,S,R].
-    """
-    dt = x.dtype
-    routing = moe.router(x, router_state)
-    num_experts = moe.gate.shape[0]
-    expert = jnp.minimum(routing.choice, num_experts - 1)                             # [B,S]
-    gate, up, down = (rows(p, expert, dt) for p in (moe.gate, moe.up, moe.down))      # [B,S,D,I], [B,S,I,D]
-    hidden = jax.nn.silu(jnp.einsum("bsd,bsdi->bsi", x, gate)) * jnp.einsum("bsd,bsdi->bsi", x, up)
-    out = jnp.einsum("bsi,bsid->bsd", hidden, down)
-    skip = (routing.choice == num_experts)[..., None]
-    out = jnp.where(skip, x if moe.skip_passes_input else jnp.zeros_like(x), out)
-    return out * routing.weight[..., None].astype(dt), routing.next_state
-
-
 def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int,
             image_tokens: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, DecodeState]:
     """ids: [B,S] right-padded prompts; lengths: [B] (1 <= lengths <= S) ->
@@ -148,15 +132,13 @@ def prefill(model: ZayaLM, ids: jax.Array, lengths: jax.Array, cache_size: int,
         layer_state, index, sliding = xs
         layer = nnx.merge(graphdef, layer_state)
         cos, sin, attention = kinds.for_layer(sliding)
-        q, k, v, cca_carry = layer.attention.qkv(layer.input_norm(stream, dtype), cos, sin, continues,
-                                                 image_mask=image_mask)
-        a = layer.attention.output(attention(q, k, v, None), image_mask)
-        stream = layer.attention_residual(a, stream, stream_dtype)
-        m, router_state, _ = layer.moe(layer.post_attention_norm(stream, dtype), router_state, token_mask,
-                                       dispatch if in_place is None else in_place(index), image_mask,
-                                       skip_masked=True)
-        stream = layer.moe_residual(m, stream, stream_dtype)
-        return (stream, router_state), (k, v, jax.tree.map(lambda x: x[jnp.arange(b), last], cca_carry))
+        attend = lambda q, k, v, cache: (attention(q, k, v, None), cache)  # noqa: E731
+        out = layer.step([RowGroup(stream, cos, sin, continues, attend)], router_state, None, token_mask=token_mask,
+                         dispatch=dispatch if in_place is None else in_place(index), dtype=dtype,
+                         stream_dtype=stream_dtype, skip_masked=True, image_mask=image_mask)
+        (qkv,) = out.qkv
+        return (out.streams[0], out.router_state), (qkv.k, qkv.v, jax.tree.map(lambda x: x[jnp.arange(b), last],
+                                                                                   qkv.carry))
 
     router_state = jnp.zeros((b, s, cfg.router_hidden_size), jnp.float32)  # fp32 router
     (stream, _), (keys, values, carry) = _over_layers(body, (_embed(model, ids, image_tokens), router_state),
@@ -214,27 +196,6 @@ def _rows_of(x: jax.Array, slots: jax.Array | None) -> jax.Array:
     return x if slots is None else x[slots]
 
 
-def _joined(parts: list[jax.Array], rows: int) -> jax.Array:
-    """Groups' [B_g,C_g,...] arrays as one [rows, sum B_g C_g / rows, ...] of their tokens in order
-    (one group: as it is). rows: the batch axes' product on the current mesh (the MoE's shard_map
-    splits dim 0 over them; each B_g is a multiple of it), 1 without one."""
-    if len(parts) == 1:
-        return parts[0]
-    return jnp.concatenate([x.reshape(-1, *x.shape[2:]) for x in parts]).reshape(rows, -1, *parts[0].shape[2:])
-
-
-def _split(joined: jax.Array, like: list[jax.Array]) -> list[jax.Array]:
-    """_joined's inverse: [rows, T/rows, ...] -> each group's [B_g,C_g,...] (shapes of `like`'s leading two)."""
-    if len(like) == 1:
-        return [joined]
-    flat, out, at = joined.reshape(-1, *joined.shape[2:]), [], 0
-    for x in like:
-        b, c = x.shape[:2]
-        out.append(flat[at:at + b * c].reshape(b, c, *joined.shape[2:]))
-        at += b * c
-    return out
-
-
 def _batch_rows() -> int:
     """The product of the batch axes on the current mesh (1 without one)."""
     shape = current_mesh_shape()
@@ -262,22 +223,23 @@ def extend_rows(model: ZayaLM, state: DecodeState, groups: Sequence[Rows]
     batch_rows = _batch_rows()
     few_tokens = sum(g.ids.size for g in groups) <= cfg.num_experts
     dispatch = moe_dispatch_fn(cfg)
+    gathered = Gathered(rows)
     in_place = stacked_experts_dispatch(model)
     graphdef, layer_states = nnx.split(model.layers)
-    valid = _joined([g.valid for g in geometry], batch_rows)
+    valid = join_groups([g.valid for g in geometry], batch_rows)
     kind_types = geometry[0].kinds.types
 
     def body(carry, xs):
         streams, router_state, caches = carry
         layer_state, index, prev, sliding, slot = xs
         layer = nnx.merge(graphdef, layer_state)
-        normed, streams_out, carry_out = [], [], jax.tree.map(jnp.asarray, prev)
-        for group, geo, stream, count in zip(groups, geometry, streams, counts):
+        row_groups, prevs = [], []
+        for group, geo, stream in zip(groups, geometry, streams):
             cos, sin = geo.kinds.rope(sliding)
             prev_rows = jax.tree.map(lambda x: _rows_of(x, group.slots), prev)
-            q, k, v, new = layer.attention.qkv(layer.input_norm(stream, dtype), cos, sin, geo.continues, prev_rows)
+            prevs.append(prev_rows)
 
-            def attend(caches, windowed: bool, geo=geo, group=group, q=q, k=k, v=v):
+            def attend(q, k, v, caches, windowed: bool, geo=geo, group=group):
                 keys, values = caches[2:] if windowed else caches[:2]
                 if windowed:
                     o = chunk_attention(q, jnp.concatenate([_rows_of(keys[slot], group.slots), k], axis=1),
@@ -291,27 +253,23 @@ def extend_rows(model: ZayaLM, state: DecodeState, groups: Sequence[Rows]
                                         geo.full_visible)
                 return o, ((*caches[:2], keys, values) if windowed else (keys, values, *caches[2:]))
             if len(kind_types) == 2:
-                o, caches = jax.lax.cond(sliding, functools.partial(attend, windowed=True),
-                                         functools.partial(attend, windowed=False), caches)
+                def either(q, k, v, caches, attend=attend):
+                    return jax.lax.cond(sliding, lambda c: attend(q, k, v, c, windowed=True),
+                                        lambda c: attend(q, k, v, c, windowed=False), caches)
+                group_attend = either
             else:
-                o, caches = attend(caches, windowed=True in kind_types)
-            stream = layer.attention_residual(layer.attention.output(o), stream, stream_dtype)
-            streams_out.append(stream)
-            normed.append(layer.post_attention_norm(stream, dtype))
+                group_attend = functools.partial(attend, windowed=True in kind_types)
+            row_groups.append(RowGroup(stream, cos, sin, geo.continues, group_attend, prev_rows))
+        moe_dispatch_now = in_place(index) if in_place is not None else gathered if few_tokens else dispatch
+        out = layer.step(row_groups, router_state, caches, token_mask=valid, dispatch=moe_dispatch_now, dtype=dtype,
+                         stream_dtype=stream_dtype, rows=batch_rows, skip_masked=True)
+        carry_out = jax.tree.map(jnp.asarray, prev)
+        for geo, count, qkv, prev_rows in zip(geometry, counts, out.qkv, prevs):
             took = (count > 0).reshape(-1, *([1] * (prev_rows[0].ndim - 1)))
             carry_out = jax.tree.map(
                 lambda out, n, p: out.at[geo.rows[:, 0]].set(jnp.where(took, at_last(n, p, count), out[geo.rows[:, 0]])),
-                carry_out, new, prev_rows)
-        x = _joined(normed, batch_rows)
-        if in_place is not None:
-            m, router_state, _ = layer.moe(x, router_state, valid, in_place(index), skip_masked=True)
-        elif few_tokens:
-            m, router_state = gathered_moe(layer.moe, x, router_state)
-        else:
-            m, router_state, _ = layer.moe(x, router_state, valid, dispatch, skip_masked=True)
-        streams_out = [layer.moe_residual(part, stream, stream_dtype)
-                       for part, stream in zip(_split(m, streams_out), streams_out)]
-        return (tuple(streams_out), router_state, caches), carry_out
+                carry_out, qkv.carry, prev_rows)
+        return (tuple(out.streams), out.router_state, out.cache), carry_out
 
     init = (tuple(_embed(model, g.ids) for g in groups),
             jnp.zeros((*valid.shape, cfg.router_hidden_size), jnp.float32),

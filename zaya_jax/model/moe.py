@@ -31,6 +31,13 @@ class MoEStats(NamedTuple):
     dropped: jax.Array        # [] int32 tokens dropped by a capacity backend
 
 
+class Gathered(NamedTuple):
+    """A MoE dispatch for a few tokens (a decode step): each token's expert weights gathered,
+    no dispatch backend. rows(weight variable [E,...], expert [B,S], dtype) -> [B,S,...] as dtype
+    (zaya_jax.infer.quantize.rows gathers a quantized weight's integers before dequantizing)."""
+    rows: Callable
+
+
 class MoE(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         e, d, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
@@ -51,8 +58,11 @@ class MoE(nnx.Module):
         the experts' vision LoRA acts, or None -> y [B,S,D], state, stats. skip_masked (inference,
         whose padding outputs nothing reads): tokens outside token_mask go to the skip slot, so no
         expert computes them (a dropless backend's work follows the real tokens; a capacity backend
-        keeps its room for them)."""
+        keeps its room for them). dispatch: a `Gathered` runs `gathered` (every token, whatever the
+        masks; its stats are those of the routing, nothing dropped)."""
         dt = x.dtype
+        if isinstance(dispatch, Gathered):
+            return self.gathered(x, prev_state, token_mask, dispatch.rows)
         with jax.named_scope("router"):
             routing = self.router(x, prev_state)
         num_experts = self.gate.shape[0]
@@ -68,11 +78,31 @@ class MoE(nnx.Module):
         if self.skip_passes_input:
             expert_out = jnp.where((routing.choice == num_experts)[..., None], x, expert_out)
         y = expert_out * routing.weight[..., None].astype(dt)
-        mask = token_mask.astype(jnp.float32)
-        stats = MoEStats(
-            expert_counts=jnp.einsum("bse,bs->e", jax.nn.one_hot(routing.choice, num_experts + 1), mask
-                                     ).astype(jnp.int32),
-            prob_sum=jnp.einsum("bse,bs->e", routing.probs, mask),
-            dropped=dropped,
-        )
-        return y, routing.next_state, stats
+        return y, routing.next_state, routing_stats(routing, token_mask, num_experts, dropped)
+
+    def gathered(self, x: jax.Array, prev_state: jax.Array, token_mask: jax.Array, rows: Callable
+                 ) -> tuple[jax.Array, jax.Array, MoEStats]:
+        """__call__ for a few tokens: each token's expert weights gathered by `rows` (Gathered's), no
+        dispatch; every token runs its expert (token_mask only counts the stats)."""
+        dt = x.dtype
+        routing = self.router(x, prev_state)
+        num_experts = self.gate.shape[0]
+        expert = jnp.minimum(routing.choice, num_experts - 1)                             # [B,S]
+        gate, up, down = (rows(p, expert, dt) for p in (self.gate, self.up, self.down))   # [B,S,D,I], [B,S,I,D]
+        hidden = jax.nn.silu(jnp.einsum("bsd,bsdi->bsi", x, gate)) * jnp.einsum("bsd,bsdi->bsi", x, up)
+        out = jnp.einsum("bsi,bsid->bsd", hidden, down)
+        skip = (routing.choice == num_experts)[..., None]
+        out = jnp.where(skip, x if self.skip_passes_input else jnp.zeros_like(x), out)
+        return (out * routing.weight[..., None].astype(dt), routing.next_state,
+                routing_stats(routing, token_mask, num_experts, jnp.zeros((), jnp.int32)))
+
+
+def routing_stats(routing, token_mask: jax.Array, num_experts: int, dropped: jax.Array) -> MoEStats:
+    """A MoE block's stats over token_mask's [B,S] tokens (routing: Router's output)."""
+    mask = token_mask.astype(jnp.float32)
+    return MoEStats(
+        expert_counts=jnp.einsum("bse,bs->e", jax.nn.one_hot(routing.choice, num_experts + 1), mask
+                                 ).astype(jnp.int32),
+        prob_sum=jnp.einsum("bse,bs->e", routing.probs, mask),
+        dropped=dropped,
+    )

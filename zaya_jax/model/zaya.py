@@ -17,7 +17,7 @@ The router runs in fp32 and its state is carried in fp32 (zaya_jax.model.router)
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,10 +25,10 @@ from flax import nnx
 
 from pallas_kernels.flash_attention import RESIDUAL_NAMES as FLASH_RESIDUAL_NAMES
 from zaya_jax.config import ModelConfig
-from zaya_jax.model.cca import CCA
+from zaya_jax.model.cca import CCA, QKV, CCACarry, continues_previous_token
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn
 from zaya_jax.model.layer_types import LayerKinds, layer_flags, layer_kinds
-from zaya_jax.model.moe import MoE, MoEStats
+from zaya_jax.model.moe import Gathered, MoE, MoEStats
 from zaya_jax.model.moe_dispatch import EXPERT_OUTPUT_NAMES
 from zaya_jax.model.norms import ResidualScaling, RMSNorm
 from zaya_jax.model.params import constant, param
@@ -70,6 +70,45 @@ class LayerContext(NamedTuple):
     image_mask: jax.Array | None = None  # [B,S] bool: ZAYA1-VL's image positions (vision LoRA), or None
 
 
+class RowGroup(NamedTuple):
+    """One group of rows a layer step runs: its own CCA and attention (B rows, S tokens each)."""
+    stream: jax.Array                # [B,S,D] residual stream entering the layer
+    cos: jax.Array                   # [B,S,R_rot]
+    sin: jax.Array                   # [B,S,R_rot]
+    continues: jax.Array             # [B,S] bool: token t-1 feeds token t's convolutions and value shift
+    attend: Callable                 # attend(q, k, v, cache) -> (o [B,S,N,H], cache)
+    prev: CCACarry | None = None     # carry of the token before stream[:, 0] (None: each row starts there)
+
+
+class StepOut(NamedTuple):
+    streams: list[jax.Array]         # each group's [B,S,D] leaving the layer
+    router_state: jax.Array          # [rows, tokens/rows, R] of the joined tokens
+    cache: object                    # the last attend's cache
+    qkv: list[QKV]                   # each group's q, k, v and per-token CCA carry
+    stats: MoEStats
+
+
+def join_groups(parts: list[jax.Array], rows: int) -> jax.Array:
+    """Groups' [B_g,S_g,...] arrays as one [rows, sum B_g S_g / rows, ...] of their tokens in order
+    (one group: as it is). rows: the batch axes' product on the current mesh (the MoE's shard_map
+    splits dim 0 over them; each B_g is a multiple of it), 1 without one."""
+    if len(parts) == 1:
+        return parts[0]
+    return jnp.concatenate([x.reshape(-1, *x.shape[2:]) for x in parts]).reshape(rows, -1, *parts[0].shape[2:])
+
+
+def split_groups(joined: jax.Array, like: list[jax.Array]) -> list[jax.Array]:
+    """join_groups' inverse: [rows, T/rows, ...] -> each group's [B_g,S_g,...] (`like`'s leading two)."""
+    if len(like) == 1:
+        return [joined]
+    flat, out, at = joined.reshape(-1, *joined.shape[2:]), [], 0
+    for x in like:
+        b, c = x.shape[:2]
+        out.append(flat[at:at + b * c].reshape(b, c, *joined.shape[2:]))
+        at += b * c
+    return out
+
+
 class DecoderLayer(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d = cfg.hidden_size
@@ -82,14 +121,44 @@ class DecoderLayer(nnx.Module):
 
     def __call__(self, stream: jax.Array, router_state: jax.Array, ctx: LayerContext
                  ) -> tuple[jax.Array, jax.Array, MoEStats]:
-        with jax.named_scope("attention"):  # op-name scopes: profiles sum time per block
-            a = self.attention(self.input_norm(stream, ctx.dtype), ctx.cos, ctx.sin, ctx.segment_ids, ctx.attention,
-                               ctx.image_mask)
-            stream = self.attention_residual(a, stream, ctx.stream_dtype)
+        """The training forward: `step` over one group of the whole batch, no cache."""
+        b, s, _ = stream.shape
+        continues = continues_previous_token(ctx.segment_ids if self.attention.isolate_documents else None, b, s)
+        attend = lambda q, k, v, cache: (ctx.attention(q, k, v, ctx.segment_ids), cache)  # noqa: E731
+        out = self.step([RowGroup(stream, ctx.cos, ctx.sin, continues, attend)], router_state, None,
+                        token_mask=ctx.token_mask, dispatch=ctx.dispatch, dtype=ctx.dtype,
+                        stream_dtype=ctx.stream_dtype, image_mask=ctx.image_mask)
+        return out.streams[0], out.router_state, out.stats
+
+    def step(self, groups: Sequence[RowGroup], router_state: jax.Array, cache, *, token_mask: jax.Array,
+             dispatch: Callable | Gathered, dtype, stream_dtype, rows: int = 1, skip_masked: bool = False,
+             image_mask: jax.Array | None = None) -> StepOut:
+        """The one decoder-layer step that training, prefill and extension all run.
+
+        Each group: RMSNorm, CCA's q/k/v from `prev`, attend (which reads and writes `cache`, threaded
+        through the groups in order), output projection, residual, RMSNorm; then one MoE over every
+        group's tokens joined (join_groups over `rows`) and each group's residual. router_state,
+        token_mask: [rows, tokens/rows, ...] of the joined tokens; dispatch, skip_masked: MoE.__call__'s;
+        image_mask: [B,S] (one group only) where the vision LoRA acts, or None."""
+        if image_mask is not None and len(groups) != 1:
+            raise ValueError("image_mask needs a single row group")
+        streams, normed, qkvs = [], [], []
+        for group in groups:
+            with jax.named_scope("attention"):  # op-name scopes: profiles sum time per block
+                qkv = self.attention.qkv(self.input_norm(group.stream, dtype), group.cos, group.sin,
+                                         group.continues, group.prev, image_mask)
+                o, cache = group.attend(qkv.q, qkv.k, qkv.v, cache)
+                stream = self.attention_residual(self.attention.output(o, image_mask), group.stream, stream_dtype)
+            streams.append(stream)
+            qkvs.append(qkv)
+            with jax.named_scope("moe"):
+                normed.append(self.post_attention_norm(stream, dtype))
         with jax.named_scope("moe"):
-            m, router_state, stats = self.moe(self.post_attention_norm(stream, ctx.dtype), router_state,
-                                              ctx.token_mask, ctx.dispatch, ctx.image_mask)
-            return self.moe_residual(m, stream, ctx.stream_dtype), router_state, stats
+            m, router_state, stats = self.moe(join_groups(normed, rows), router_state, token_mask, dispatch,
+                                              image_mask, skip_masked=skip_masked)
+            streams = [self.moe_residual(part, stream, stream_dtype)
+                       for part, stream in zip(split_groups(m, streams), streams)]
+        return StepOut(streams, router_state, cache, qkvs, stats)
 
 
 def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
