@@ -58,7 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.train_helpers import (DAMAGE, REPO, WRAPPER, Job, cli_env, flip_bytes_of_item, free_port,  # noqa: E402
                                  run_train)
 from zaya_jax.errors import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USER_ERROR  # noqa: E402
-from zaya_jax.train import integrity  # noqa: E402
+from zaya_jax.checkpoints import integrity  # noqa: E402
 
 RESULT = os.path.join(REPO, "benchmarks", "results", "chaos_cpu.json")
 FAST = ("--config.optimizer.warmup_steps=1", "--config.optimizer.name=adamw", "--config.train.log_every_steps=1",

@@ -33,7 +33,9 @@ from zaya_jax.train.checkpoint import Checkpointer  # noqa: E402
 from zaya_jax.train.data import SyntheticIterator, synthetic_phase  # noqa: E402
 from zaya_jax.train.optimizer import make_optimizer  # noqa: E402
 from zaya_jax.train.settings import CheckpointSettings, settings_from_config  # noqa: E402
-from zaya_jax.train.state import ModelParts, initial_state, state_specs, to_shardings  # noqa: E402
+from zaya_jax.checkpoints.model_parts import ModelParts  # noqa: E402
+from zaya_jax.parallel.rules import to_shardings  # noqa: E402
+from zaya_jax.train.state import initial_state, state_specs  # noqa: E402
 
 
 def build_state(settings, optimizer: str):

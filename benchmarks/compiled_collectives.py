@@ -37,7 +37,7 @@ from zaya_jax.parallel.mesh import make_mesh  # noqa: E402
 from zaya_jax.planner.step_plan import StepShape, collectives, plan  # noqa: E402
 from zaya_jax.train.program import abstract_batch, build_program  # noqa: E402
 from zaya_jax.train.settings import settings_from_config  # noqa: E402
-from zaya_jax.train.state import with_shardings  # noqa: E402
+from zaya_jax.parallel.rules import with_shardings  # noqa: E402
 
 BATCH, SEQ = 4, 320
 _ALL_REDUCE = re.compile(r"= (.*?) all-reduce\(.*?replica_groups=(mesh\[.*?\] \{.*?\}|\[\d+,\d+\]<=\S+|\{\{.*?\}\})")

@@ -56,7 +56,8 @@ from zaya_jax.train.balancing import make_controller  # noqa: E402
 from zaya_jax.train.objectives import TokenObjective  # noqa: E402
 from zaya_jax.train.optimizer import make_optimizer, path_name, schedule  # noqa: E402
 from zaya_jax.train.settings import BalancingSettings, OptimizerSettings  # noqa: E402
-from zaya_jax.train.state import ModelParts, initial_state  # noqa: E402
+from zaya_jax.checkpoints.model_parts import ModelParts  # noqa: E402
+from zaya_jax.train.state import initial_state  # noqa: E402
 from zaya_jax.train.step import objective_value, train_step  # noqa: E402
 
 BATCH, SEQ, LOSS_CHUNK = 8, 128, 128

@@ -42,7 +42,7 @@ from zaya_jax.config_files import load_config_file  # noqa: E402
 from zaya_jax.data.sources import tokenizer_path  # noqa: E402
 from zaya_jax.infer.generate import generate, stop_tokens  # noqa: E402
 from zaya_jax.parallel.mesh import make_mesh  # noqa: E402
-from zaya_jax.train.checkpoint import load_checkpoint_model  # noqa: E402
+from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model  # noqa: E402
 from zaya_jax.train.grpo_batches import open_grpo_data  # noqa: E402
 from zaya_jax.train.grpo_rollout import rollout_engine, sample_groups  # noqa: E402
 from zaya_jax.train.settings import settings_from_config  # noqa: E402

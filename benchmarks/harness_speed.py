@@ -48,8 +48,8 @@ def demo_export(directory: str) -> str:
     from zaya_jax.convert.conversions import to_hf
     from zaya_jax.data.sources import tokenizer_path
     from zaya_jax.model.build import create_model
-    from zaya_jax.train.checkpoint import save_model
-    from zaya_jax.train.state import ModelParts
+    from zaya_jax.checkpoints.orbax_checkpoint import save_model
+    from zaya_jax.checkpoints.model_parts import ModelParts
     config = load_config_file(os.path.join(REPO, "configs", "demo.py"))
     cfg = model_config(config)
     params, biases = ModelParts.arrays(create_model(cfg, seed=0))

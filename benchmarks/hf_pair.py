@@ -11,8 +11,8 @@ import ml_collections
 
 from zaya_jax.config import ModelConfig
 from zaya_jax.config_files import load_config_file, model_config
-from zaya_jax.convert.hf_config import hf_config_from_model
-from zaya_jax.convert.hf_load import model_from_tensors
+from zaya_jax.checkpoints.hf_config import hf_config_from_model
+from zaya_jax.checkpoints.hf_load import model_from_tensors
 from zaya_jax.model.zaya import ZayaLM
 
 if TYPE_CHECKING:

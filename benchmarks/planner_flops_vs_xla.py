@@ -42,7 +42,7 @@ from zaya_jax.planner.step_plan import StepShape, _parameters  # noqa: E402
 from zaya_jax.planner.step_time import matmul_flops  # noqa: E402
 from zaya_jax.train.program import abstract_batch, build_program, image_shape  # noqa: E402
 from zaya_jax.train.settings import GRPOSettings, settings_from_config  # noqa: E402
-from zaya_jax.train.state import with_shardings  # noqa: E402
+from zaya_jax.parallel.rules import with_shardings  # noqa: E402
 
 CASES = (("configs/tiny.py", "capacity", "dots_no_batch"), ("configs/tiny.py", "dense", "full"),
          ("configs/tiny.py", "capacity", "none"), ("configs/bench_small.py", "capacity", "none"),

@@ -41,7 +41,7 @@ from zaya_jax.data import instruction_tasks  # noqa: E402
 from zaya_jax.data.tokenizer import Tokenizer  # noqa: E402
 from zaya_jax.evaluate_tasks import BATCH_SIZE, MAX_NEW_TOKENS, answer_tasks, run_template, score  # noqa: E402
 from zaya_jax.infer import load_hf  # noqa: E402
-from zaya_jax.infer.quantize import QuantizedWeight  # noqa: E402
+from zaya_jax.checkpoints.quantize import QuantizedWeight  # noqa: E402
 from zaya_jax.train.data import eval_batches  # noqa: E402
 from zaya_jax.train.settings import settings_from_config  # noqa: E402
 

@@ -44,8 +44,8 @@ def write_checkpoint(root: str) -> str:
     from tests.harness_fixtures import TEXTS, TINY_LM
     from zaya_jax.data.tokenizer import train_bpe
     from zaya_jax.model.build import create_model
-    from zaya_jax.train.checkpoint import save_model
-    from zaya_jax.train.state import ModelParts
+    from zaya_jax.checkpoints.orbax_checkpoint import save_model
+    from zaya_jax.checkpoints.model_parts import ModelParts
     model = dataclasses.replace(TINY_LM, max_position_embeddings=256)
     tokenizer = train_bpe(TEXTS, os.path.join(root, "tokenizer.json"), vocab_size=300)
     params, biases = ModelParts.arrays(create_model(model, seed=0))

@@ -51,7 +51,8 @@ from zaya_jax.train import balancing  # noqa: E402
 from zaya_jax.train.loss import chunked_nll_sum  # noqa: E402
 from zaya_jax.train.optimizer import make_optimizer  # noqa: E402
 from zaya_jax.train.settings import settings_from_config  # noqa: E402
-from zaya_jax.train.state import ModelParts, initial_state  # noqa: E402
+from zaya_jax.checkpoints.model_parts import ModelParts  # noqa: E402
+from zaya_jax.train.state import initial_state  # noqa: E402
 from zaya_jax.train.step import train_step  # noqa: E402
 
 

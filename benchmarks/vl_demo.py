@@ -59,7 +59,8 @@ def text_heldout_loss(model, batches: dict) -> dict:
 def text_model_change(vl, text, batches: dict) -> dict:
     """The largest change of a text weight between the text run and the VL run's text model (the vision
     LoRA left out), and both models' held-out text loss."""
-    from zaya_jax.train.state import ModelParts, without_vision_lora
+    from zaya_jax.checkpoints.model_parts import ModelParts
+    from zaya_jax.train.state import without_vision_lora
     vl_text = without_vision_lora(ModelParts.arrays(vl.text)[0])
     start_text = ModelParts.arrays(text)[0]
     change = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
@@ -86,7 +87,7 @@ def main():
     load_start = os.getloadavg()[0]
     from zaya_jax.data import build_eval_batches, demo_data_config
     from zaya_jax.evaluate_tasks import MAX_NEW_TOKENS, load_checkpoint, run_template, score_vision_run
-    from zaya_jax.train.checkpoint import load_checkpoint_model
+    from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         root = os.path.abspath(args.workdir or tmp)

@@ -59,8 +59,8 @@ def write_model(root: Path) -> tuple[Path, Path]:
     from zaya_jax.convert.conversions import to_hf
     from zaya_jax.data.tokenizer import train_bpe
     from zaya_jax.model.build import create_model
-    from zaya_jax.train.checkpoint import save_model
-    from zaya_jax.train.state import ModelParts
+    from zaya_jax.checkpoints.orbax_checkpoint import save_model
+    from zaya_jax.checkpoints.model_parts import ModelParts
     tokenizer = train_bpe(TEXTS, root / "tokenizer" / "tokenizer.json", vocab_size=300)
     params, biases = ModelParts.arrays(create_model(TINY_LM, seed=0))
     save_model(str(root / "ckpt"), params, biases, {"model": dataclasses.asdict(TINY_LM), "data": {"tokenizer": tokenizer}})

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from zaya_jax.convert.hf_load import model_from_tensors
+from zaya_jax.checkpoints.hf_load import model_from_tensors
 
 if TYPE_CHECKING:
     from transformers import ZayaForCausalLM
@@ -67,8 +67,8 @@ def assert_lm_gradients_match(hf_model: ZayaForCausalLM, model, ids: np.ndarray)
     import torch
     from flax import nnx
 
-    from zaya_jax.convert.hf_load import _lookup
-    from zaya_jax.convert.hf_names import ENTRIES
+    from zaya_jax.checkpoints.hf_load import _lookup
+    from zaya_jax.checkpoints.hf_names import ENTRIES
 
     hf_model.zero_grad()
     logits = hf_model(torch.as_tensor(ids, dtype=torch.long)).logits

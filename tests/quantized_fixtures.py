@@ -1,5 +1,5 @@
 """Quantized HF checkpoints in transformers' layouts, made from a float one, for the tests of
-zaya_jax.convert.hf_quantized: `requantize` rewrites chosen tensors of an HF directory (FP8 through
+zaya_jax.checkpoints.hf_quantized: `requantize` rewrites chosen tensors of an HF directory (FP8 through
 transformers' own quantizer op, MXFP4 blocks drawn at random, since transformers quantizes MXFP4 only
 with GPU kernels; `random_fp8` any block grid, partial blocks included, which Fp8Quantize does not
 write), numpy-only helpers write broken ones for the CLI error tests; `transformers_fp8_model` loads an
@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from zaya_jax.convert.safetensors_io import TensorReader
+from zaya_jax.checkpoints.safetensors_io import TensorReader
 
 # transformers' ZAYA linears FineGrainedFP8 converts (nn.Linear outside modules_to_not_convert) and experts
 ATTENTION = ("q_proj.weight", "k_proj.weight", "v_proj_current.weight", "v_proj_delayed.weight", "o_proj.weight")

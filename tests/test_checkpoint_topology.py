@@ -14,7 +14,7 @@ import zaya_jax
 from tests.fake_devices import xla_flags
 from tests.train_helpers import REPO, cli_env, run_train
 from zaya_jax.infer import load_checkpoint
-from zaya_jax.train.state import ModelParts
+from zaya_jax.checkpoints.model_parts import ModelParts
 
 PROMPT = [5, 6, 7]
 NEW_TOKENS = 6
@@ -27,8 +27,8 @@ import jax
 import numpy as np
 from zaya_jax.infer import load_checkpoint
 from zaya_jax.model.build import abstract_model
-from zaya_jax.train.checkpoint import checkpoint_dir, restore_model
-from zaya_jax.train.state import ModelParts
+from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, restore_model
+from zaya_jax.checkpoints.model_parts import ModelParts
 
 assert jax.device_count() == 1, jax.devices()
 workdir, out = sys.argv[1:]

@@ -15,8 +15,8 @@ from tests.hf_reference import hf_logits
 from tests.train_helpers import REPO, cli_env, run_train
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.model.build import create_model
-from zaya_jax.train.checkpoint import load_checkpoint_model, save_model
-from zaya_jax.train.state import ModelParts
+from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model, save_model
+from zaya_jax.checkpoints.model_parts import ModelParts
 
 TINY = os.path.join(REPO, "configs", "tiny.py")
 # what transformers' native schema can hold: router norm eps = rms_norm_eps, residual stream in fp32

@@ -11,8 +11,8 @@ import pytest
 from tests.train_helpers import REPO, cli_env, run_train
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.model.build import create_model
-from zaya_jax.train.checkpoint import save_model
-from zaya_jax.train.state import ModelParts
+from zaya_jax.checkpoints.orbax_checkpoint import save_model
+from zaya_jax.checkpoints.model_parts import ModelParts
 
 TINY = os.path.join(REPO, "configs", "tiny.py")
 ENTRY_POINTS = ("zaya_jax.train", "zaya_jax.planner", "zaya_jax.generate", "zaya_jax.evaluate", "zaya_jax.convert",

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from tests.train_helpers import REPO, cli_env, run_train, train_losses
-from zaya_jax.train.checkpoint import checkpoint_dir, load_checkpoint_model, read_config
+from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, load_checkpoint_model, read_config
 from zaya_jax.train.monitor import read_metrics
 
 SMALL_DEMO = ("--config.model.hidden_size=64", "--config.model.num_layers=2", "--config.model.head_dim=16",
@@ -230,7 +230,7 @@ def tokenizer_replaced(path, scratch):
 
 def test_a_checkpoint_carries_its_tokenizer_inside_the_step(demo_run):
     from zaya_jax.data.tokenizer import file_sha256
-    from zaya_jax.train import integrity
+    from zaya_jax.checkpoints import integrity
     workdir, _ = demo_run
     step_dir = workdir / "checkpoints" / "4"
     carried = step_dir / "tokenizer" / "tokenizer.json"
@@ -332,9 +332,9 @@ def test_evaluate_refuses_held_out_data_prepared_with_another_tokenizer(demo_run
 
 def test_a_checkpoint_that_carries_no_tokenizer_resolves_its_setting_and_says_it_is_unverified(demo_run, tmp_path):
     """Checkpoints saved before checkpoints carried their tokenizer still load, as they did."""
-    from zaya_jax.train.carried_tokenizer import UNVERIFIED, checkpoint_tokenizer
-    from zaya_jax.train.checkpoint import save_model
-    from zaya_jax.train.state import ModelParts
+    from zaya_jax.checkpoints.carried_tokenizer import UNVERIFIED, checkpoint_tokenizer
+    from zaya_jax.checkpoints.orbax_checkpoint import save_model
+    from zaya_jax.checkpoints.model_parts import ModelParts
     workdir, _ = demo_run
     model, _ = load_checkpoint_model(str(workdir))
     source = str(corpus_tokenizer(workdir))

@@ -118,7 +118,7 @@ def test_a_quantized_model_on_a_mesh_serves_what_it_serves_on_one_device(model, 
     their groups run along the model width), the greedy tokens of the quantized model on one device,
     log-probs within the sharded tolerance."""
     import zaya_jax
-    from zaya_jax.infer.quantize import BlockScaledArray, QuantizedArray, quantize_model
+    from zaya_jax.checkpoints.quantize import BlockScaledArray, QuantizedArray, quantize_model
     if mode == "fp8":
         source = random_tiny_model(**MIXED, capacity_factor=4.0, moe_intermediate_size=32, layout="native",
                                    router_norm_eps=1e-5, residual_in_fp32=True)

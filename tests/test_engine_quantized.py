@@ -1,5 +1,5 @@
-"""The engine serves int8/int4 weights (zaya_jax.infer.quantize) and a quantized checkpoint's FP8 /
-MXFP4 weights (zaya_jax.convert.hf_quantized) as generate does: a mixed load on a quantized model
+"""The engine serves int8/int4 weights (zaya_jax.checkpoints.quantize) and a quantized checkpoint's FP8 /
+MXFP4 weights (zaya_jax.checkpoints.hf_quantized) as generate does: a mixed load on a quantized model
 gives each request the tokens generate gives it alone on that same quantized model; generate on the
 quantized weights (gathered before dequantizing) gives the tokens of the same values in float."""
 
@@ -11,7 +11,7 @@ from tests.model_fixtures import random_tiny_model
 from tests.test_engine_serving import MIXED, drain, submit
 from zaya_jax.engine import Engine, SamplingParams
 from zaya_jax.infer import quantize_model
-from zaya_jax.infer.quantize import BlockScaledArray, QuantizedArray, dequantize_model
+from zaya_jax.checkpoints.quantize import BlockScaledArray, QuantizedArray, dequantize_model
 
 LENGTHS = [3, 12, 7]
 

@@ -25,7 +25,7 @@ from zaya_jax.config_files import load_config_file
 from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag
 from zaya_jax.train.program import abstract_batch, build_program
 from zaya_jax.train.settings import settings_from_config
-from zaya_jax.train.state import with_shardings
+from zaya_jax.parallel.rules import with_shardings
 
 TRITON = "__gpu$xla.gpu.triton"
 MANUAL = "sdy.manual_computation"

@@ -29,7 +29,9 @@ from zaya_jax.planner.step_plan import StepShape, collectives, plan
 from zaya_jax.train.data import open_training_data
 from zaya_jax.train.program import abstract_batch, build_program
 from zaya_jax.train.settings import settings_from_config
-from zaya_jax.train.state import ModelParts, initial_state, with_shardings
+from zaya_jax.checkpoints.model_parts import ModelParts
+from zaya_jax.parallel.rules import with_shardings
+from zaya_jax.train.state import initial_state
 from zaya_jax.train.step import jit_train_step
 
 

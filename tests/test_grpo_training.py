@@ -32,7 +32,7 @@ from zaya_jax.data.tokenizer import Tokenizer
 from zaya_jax.evaluate_tasks import answer_tasks
 from zaya_jax.model.build import create_model
 from zaya_jax.parallel.mesh import make_mesh
-from zaya_jax.train.checkpoint import load_checkpoint_model
+from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model
 from zaya_jax.train import grpo_batches
 from zaya_jax.train.grpo_batches import open_grpo_data
 from zaya_jax.train.grpo_rewards import RewardError, exact_answer

@@ -3,7 +3,7 @@
 The reference's fields come from the classes themselves (transformers 5.25's `ZayaConfig`, its
 `RopeParameters` keys; zaya1_vl's classes where the installed transformers has them, else the
 fields of the main branch at b53060f, where they were read): a field transformers adds later
-fails here until zaya_jax.convert.hf_config.ZAYA_FIELDS (or hf_vl's tables) says how it is taken.
+fails here until zaya_jax.checkpoints.hf_config.ZAYA_FIELDS (or hf_vl's tables) says how it is taken.
 Then, without torch: every field a table fixes, given another value, and every RoPE setting
 transformers would compute differently, ends in one error line naming it, before anything is built.
 """
@@ -14,8 +14,8 @@ import importlib.util
 import pytest
 
 from zaya_jax.config import ROPE_TYPE_KEYS, RopeScaling
-from zaya_jax.convert.hf_config import PRETRAINED_FIELDS, ZAYA_FIELDS, model_config_from_hf
-from zaya_jax.convert.hf_vl import ZAYA1_VL_FIELDS, ZAYA1_VL_TEXT_FIELDS, ZAYA1_VL_VISION_FIELDS, vl_configs_from_hf
+from zaya_jax.checkpoints.hf_config import PRETRAINED_FIELDS, ZAYA_FIELDS, model_config_from_hf
+from zaya_jax.checkpoints.hf_vl import ZAYA1_VL_FIELDS, ZAYA1_VL_TEXT_FIELDS, ZAYA1_VL_VISION_FIELDS, vl_configs_from_hf
 from zaya_jax.errors import UserError
 
 # huggingface/transformers main at b53060f, models/zaya1_vl/configuration_zaya1_vl.py (5.25 has no zaya1_vl):
@@ -213,10 +213,10 @@ def test_what_a_schema_cannot_carry_is_refused_on_export(tmp_path):
     scaled model); transformers reads one yarn truncate for both layer types."""
     from tests.model_fixtures import tiny_model
     from zaya_jax.config import ConfigError
-    from zaya_jax.convert.export_check import ExportMismatch
-    from zaya_jax.convert.hf_config import hf_config_from_model
-    from zaya_jax.convert.hf_rope import rope_parameters_to_hf
-    from zaya_jax.convert.hf_save import save_hf
+    from zaya_jax.checkpoints.export_check import ExportMismatch
+    from zaya_jax.checkpoints.hf_config import hf_config_from_model
+    from zaya_jax.checkpoints.hf_rope import rope_parameters_to_hf
+    from zaya_jax.checkpoints.hf_save import save_hf
 
     model = tiny_model(rope_scaling=RopeScaling(rope_type="linear", factor=2.0))
     original = hf_config_from_model(model.config, "original")

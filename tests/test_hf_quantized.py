@@ -1,4 +1,4 @@
-"""Quantized HF checkpoints in (zaya_jax.convert.hf_quantized): transformers' FP8 and MXFP4 layouts
+"""Quantized HF checkpoints in (zaya_jax.checkpoints.hf_quantized): transformers' FP8 and MXFP4 layouts
 dequantize bit for bit as transformers' own dequantizers do, load with the experts and attention
 kept in their precision, and compute transformers' logits; ZAYA1-VL loads them too."""
 
@@ -9,7 +9,7 @@ import zaya_jax
 from tests.hf_reference import hf_logits, make_hf_model
 from tests.quantized_fixtures import (NOT_CONVERTED, numpy_fp8_to_torch, random_fp8, random_mxfp4, requantize,
                                       transformers_fp8, transformers_fp8_model)
-from zaya_jax.infer.quantize import BlockScaledArray, param_bytes
+from zaya_jax.checkpoints.quantize import BlockScaledArray, param_bytes
 
 pytestmark = pytest.mark.torch_reference
 IDS = np.random.default_rng(0).integers(3, 97, (2, 12))
@@ -89,7 +89,7 @@ def test_fp8_checkpoint_logits_match_transformers(float_dir, tmp_path, block):
     import torch
     from transformers import ZayaForCausalLM
     from transformers.integrations.finegrained_fp8 import Fp8Dequantize
-    from zaya_jax.convert.safetensors_io import TensorReader
+    from zaya_jax.checkpoints.safetensors_io import TensorReader
     src, _ = float_dir
     config = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": block and list(block),
               "modules_to_not_convert": NOT_CONVERTED}
@@ -154,7 +154,7 @@ def test_mxfp4_experts_dequantized_on_load_match_transformers(tmp_path):
     (down_proj stays quantized); transformers loads the same file on CPU through its Mxfp4 dequantize path."""
     import torch
     from transformers import ZayaForCausalLM
-    from zaya_jax.convert.safetensors_io import TensorReader
+    from zaya_jax.checkpoints.safetensors_io import TensorReader
     make_hf_model(seed=5, moe_intermediate_size=16).save_pretrained(tmp_path / "float")
     directory = requantize(tmp_path / "float", tmp_path / "mxfp4",
                            {"quant_method": "mxfp4", "modules_to_not_convert": NOT_CONVERTED}, random_mxfp4(seed=4))
@@ -172,7 +172,7 @@ def transformers_dequantized(directory) -> dict:
     import torch
     from transformers.integrations.finegrained_fp8 import Fp8Dequantize
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
-    from zaya_jax.convert.safetensors_io import TensorReader
+    from zaya_jax.checkpoints.safetensors_io import TensorReader
     reader, out = TensorReader(directory), {}
     for name in reader.names():
         if name.endswith("_scale_inv"):
@@ -197,7 +197,7 @@ def test_quantized_zaya1_vl_loads_with_the_dequantized_checkpoints_logits(tmp_pa
     from flax import nnx
 
     from tests.vision_fixtures import TEXT, random_vl_model
-    from zaya_jax.convert.hf_vl import _probe, load_vl_hf, save_vl_hf
+    from zaya_jax.checkpoints.hf_vl import _probe, load_vl_hf, save_vl_hf
     source = random_vl_model(TEXT.replace(moe_intermediate_size=32))
     save_vl_hf(source, tmp_path / "float")
     if kind == "fp8":

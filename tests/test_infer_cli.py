@@ -80,7 +80,7 @@ def test_module_streams_text_with_a_tokenizer(checkpoint, tokenizer_file):
 
 @pytest.mark.torch_reference
 def test_checkpoint_reads_a_training_checkpoint(checkpoint, tmp_path, capsys):
-    from zaya_jax.train.checkpoint import save_model
+    from zaya_jax.checkpoints.orbax_checkpoint import save_model
     model = zaya_jax.load_hf(checkpoint)
     _, params, biases = nnx.split(model, nnx.Param, BalancingBias)
     save_model(str(tmp_path / "run"), nnx.to_pure_dict(params),

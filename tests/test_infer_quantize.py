@@ -9,7 +9,7 @@ from flax import nnx
 import zaya_jax
 from tests.hf_reference import jax_from_hf, make_hf_model
 from zaya_jax.infer import QuantizedArray, load_hf, param_bytes, quantize_model
-from zaya_jax.infer.quantize import pack_int4, quantize_array, rows, unpack_int4
+from zaya_jax.checkpoints.quantize import pack_int4, quantize_array, rows, unpack_int4
 
 
 @pytest.fixture(scope="module")

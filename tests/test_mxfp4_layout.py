@@ -1,4 +1,4 @@
-"""MXFP4 block axes (zaya_jax.convert.hf_quantized, docs/fp8.md): the same expert weights written with
+"""MXFP4 block axes (zaya_jax.checkpoints.hf_quantized, docs/fp8.md): the same expert weights written with
 their 32-value blocks along the output axis (transformers' reading) and along the contraction axis
 (MX kernels') load to the float checkpoint's model, the axis stated by quantization_config's
 block_axis or, for a file that states none, chosen by load_hf's mxfp4_block_axis; the wrong reading
@@ -14,14 +14,14 @@ import zaya_jax
 from tests.quantized_fixtures import requantize
 from tests.test_cli_convert import NATIVE_FIELDS, TINY, convert
 from zaya_jax.config_files import load_config_file, model_config
-from zaya_jax.convert.hf_config import HFCheckpointError
-from zaya_jax.convert.hf_load import read_hf_config
-from zaya_jax.convert.hf_quantized import QuantizedTensors, read_quantization
-from zaya_jax.convert.safetensors_io import TensorReader
+from zaya_jax.checkpoints.hf_config import HFCheckpointError
+from zaya_jax.checkpoints.hf_load import read_hf_config
+from zaya_jax.checkpoints.hf_quantized import QuantizedTensors, read_quantization
+from zaya_jax.checkpoints.safetensors_io import TensorReader
 from zaya_jax.errors import UserError
-from zaya_jax.infer.quantize import BlockScaledArray, dequantize_model
+from zaya_jax.checkpoints.quantize import BlockScaledArray, dequantize_model
 from zaya_jax.model.build import create_model
-from zaya_jax.train.checkpoint import load_checkpoint_model
+from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
 E2M1 = np.concatenate([E2M1, -E2M1])                      # code c: sign bit 3, magnitude E2M1[c & 7]

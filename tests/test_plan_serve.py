@@ -11,7 +11,7 @@ from tests.test_plan import _assert_user_error, _plan_cli
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.hardware import PROFILES
 from zaya_jax.infer.cache import empty_state
-from zaya_jax.infer.quantize import param_bytes, quantize_model
+from zaya_jax.checkpoints.quantize import param_bytes, quantize_model
 from zaya_jax.model.accounting import model_summary
 from zaya_jax.model.build import create_model
 from zaya_jax.planner.serve_plan import (decode_flops_per_token, decode_step, distinct_experts, plan_serving,

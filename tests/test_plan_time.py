@@ -229,7 +229,7 @@ def test_a_dpo_step_also_moves_the_reference_models_bytes():
     import dataclasses
     import jax
     from zaya_jax.model.build import abstract_model
-    from zaya_jax.train.state import ModelParts
+    from zaya_jax.checkpoints.model_parts import ModelParts
     cfg = model_config(load_config_file("configs/tiny.py"))
     assert cfg.remat == "none"
     mesh = resolve_mesh_shape({"data": 2}, 2)

@@ -17,7 +17,7 @@ from zaya_jax.planner.step_time import matmul_flops
 from zaya_jax.train.optimizer import path_name, text_weight
 from zaya_jax.train.program import abstract_batch, build_program, image_shape
 from zaya_jax.train.settings import settings_from_config
-from zaya_jax.train.state import with_shardings
+from zaya_jax.parallel.rules import with_shardings
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from zaya_jax.errors import UserError
 from zaya_jax.infer.chat import chat_template_for
 from zaya_jax.infer.loading import load_checkpoint
 from zaya_jax.model.build import create_model
-from zaya_jax.train.checkpoint import checkpoint_dir, load_checkpoint_model, read_config
+from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, load_checkpoint_model, read_config
 
 # ChatML-like, the model's turns inside generation tags, each ending with eos (the stop token).
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -137,7 +137,7 @@ def test_init_from_hf_starts_the_run_from_those_weights(pipeline, tmp_path):
     init (which the logs and the SFT run's success cannot tell apart) fails here."""
     import jax
     from zaya_jax.train.loop import Trainer
-    from zaya_jax.train.state import ModelParts
+    from zaya_jax.checkpoints.model_parts import ModelParts
 
     config = load_config_file(pipeline["root"] / "posttrain.py")
     config.train.update(objective="sft", init_from_hf=str(pipeline["start_hf"]))
@@ -248,8 +248,8 @@ def test_generate_chat_renders_with_the_recorded_template(pipeline):
 
 def test_chat_without_a_template_is_named(pipeline, tmp_path):
     from zaya_jax.data.chat_template import PLAIN
-    from zaya_jax.train.checkpoint import config_json, save_model
-    from zaya_jax.train.state import ModelParts
+    from zaya_jax.checkpoints.orbax_checkpoint import config_json, save_model
+    from zaya_jax.checkpoints.model_parts import ModelParts
     config = load_config_file(os.path.join(REPO, "configs", "tiny.py"))
     save_model(str(tmp_path / "lm"), *ModelParts.arrays(create_model(model_config(config), seed=0)),
                config_json(config))  # a run on text: no template recorded

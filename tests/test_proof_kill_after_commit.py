@@ -15,7 +15,7 @@ import pytest
 
 from tests.train_helpers import RERUN_IF_OVERLOADED, Job, run_train, uninterrupted_losses
 from zaya_jax.errors import EXIT_FAILED
-from zaya_jax.train import integrity
+from zaya_jax.checkpoints import integrity
 
 STEPS, EVERY = 12, 4
 RUN = ("--config.optimizer.warmup_steps=1", "--config.train.log_every_steps=1", f"--config.eval.every_steps={EVERY}",

@@ -23,7 +23,7 @@ import pytest
 from tests.test_cli_errors import assert_user_error
 from tests.test_proof_kill_after_commit import logged_losses
 from tests.train_helpers import RERUN_IF_OVERLOADED, Job, flip_bytes_of_item, run_train, uninterrupted_losses
-from zaya_jax.train import integrity
+from zaya_jax.checkpoints import integrity
 
 STEPS, EVERY, LOCAL, KILL = 10, 4, 2, 7
 RUN = ("--config.optimizer.warmup_steps=1", "--config.optimizer.name=adamw", "--config.train.log_every_steps=1",

@@ -24,7 +24,8 @@ from zaya_jax.model.build import create_model
 from zaya_jax.train import balancing
 from zaya_jax.train.data import synthetic_batch
 from zaya_jax.train.settings import BalancingSettings
-from zaya_jax.train.state import ModelParts, initial_state
+from zaya_jax.checkpoints.model_parts import ModelParts
+from zaya_jax.train.state import initial_state
 from zaya_jax.train.step import train_step
 
 STEPS, GROUP = 40, 16

@@ -33,7 +33,8 @@ from zaya_jax.train.data import open_training_data
 from zaya_jax.train.loop import Trainer
 from zaya_jax.train.optimizer import make_optimizer, schedule
 from zaya_jax.train.settings import settings_from_config
-from zaya_jax.train.state import ModelParts, initial_state
+from zaya_jax.checkpoints.model_parts import ModelParts
+from zaya_jax.train.state import initial_state
 from zaya_jax.train.step import train_step
 
 K = 3

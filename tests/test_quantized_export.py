@@ -1,4 +1,4 @@
-"""`convert to_hf --quantize fp8|mxfp4` (zaya_jax.convert.quantized_export): FP8 quantized bit for bit
+"""`convert to_hf --quantize fp8|mxfp4` (zaya_jax.checkpoints.quantized_export): FP8 quantized bit for bit
 as transformers' own Fp8Quantize, MXFP4 by the MX rule, and the export loads in transformers (its
 quantization_config parsed by its quantizer) with the logits our loader gives for the same files."""
 
@@ -14,11 +14,11 @@ from tests.hf_reference import hf_logits
 from tests.quantized_fixtures import numpy_fp8_to_torch
 from tests.test_cli_convert import NATIVE_FIELDS, TINY, convert
 from zaya_jax.config_files import load_config_file, model_config
-from zaya_jax.convert.quantized_export import fp8_blocks, mxfp4_blocks, quantized_tensors
-from zaya_jax.infer.quantize import BlockScaledArray
+from zaya_jax.checkpoints.quantized_export import fp8_blocks, mxfp4_blocks, quantized_tensors
+from zaya_jax.checkpoints.quantize import BlockScaledArray
 from zaya_jax.model.build import create_model
-from zaya_jax.train.checkpoint import save_model
-from zaya_jax.train.state import ModelParts
+from zaya_jax.checkpoints.orbax_checkpoint import save_model
+from zaya_jax.checkpoints.model_parts import ModelParts
 
 IDS = np.random.default_rng(7).integers(3, 512, (2, 20))
 
@@ -93,7 +93,7 @@ def test_to_hf_fp8_with_blocks_that_do_not_tile_loads_in_transformers_fp8_module
     64): each is written with partial last blocks, transformers' FP8Linear / FP8Experts take the files
     (tests/quantized_fixtures.transformers_fp8_model) and compute our loader's logits."""
     from tests.quantized_fixtures import transformers_fp8_model
-    from zaya_jax.convert.safetensors_io import TensorReader
+    from zaya_jax.checkpoints.safetensors_io import TensorReader
     out = tmp_path / "hf"
     done = convert("to_hf", "--checkpoint", native_checkpoint, "--out", out, "--quantize", "fp8",
                    "--fp8_block", block)
@@ -117,7 +117,7 @@ def test_to_hf_quantize_writes_what_transformers_loads_with_our_logits(native_ch
     from transformers import ZayaForCausalLM
     from transformers.integrations.finegrained_fp8 import Fp8Dequantize
     from transformers.utils.quantization_config import FineGrainedFP8Config, Mxfp4Config
-    from zaya_jax.convert.safetensors_io import TensorReader
+    from zaya_jax.checkpoints.safetensors_io import TensorReader
     out = tmp_path / "hf"
     done = convert("to_hf", "--checkpoint", native_checkpoint, "--out", out, "--quantize", method, "--fp8_block", "16")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -154,8 +154,8 @@ def test_a_zaya1_vl_exports_quantized_text_weights_and_a_float_vision_tower(tmp_
     modules_to_not_convert; read back with those weights kept quantized (the logits check runs on write)."""
     from tests.quantized_fixtures import transformers_fp8
     from tests.vision_fixtures import TEXT, random_vl_model
-    from zaya_jax.convert.hf_vl import load_vl_hf, save_vl_hf
-    from zaya_jax.convert.safetensors_io import TensorReader
+    from zaya_jax.checkpoints.hf_vl import load_vl_hf, save_vl_hf
+    from zaya_jax.checkpoints.safetensors_io import TensorReader
     source = random_vl_model(TEXT.replace(moe_intermediate_size=32))
     save_vl_hf(source, tmp_path / "float")
     lines = []

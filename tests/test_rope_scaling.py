@@ -19,7 +19,7 @@ from zaya_jax.config import ConfigError, ModelConfig, RopeScaling
 from zaya_jax.config_files import model_config, model_section
 from zaya_jax.model.layer_types import layer_kinds
 from zaya_jax.model.rope import rope_cos_sin
-from zaya_jax.train.checkpoint import config_json
+from zaya_jax.checkpoints.orbax_checkpoint import config_json
 
 R, THETA, M, O = 8, 100.0, 16, 8
 

@@ -41,8 +41,8 @@ def checkpoint(tmp_path_factory):
     """A model-only checkpoint of a tiny random model whose config names its tokenizer."""
     from zaya_jax.data.tokenizer import train_bpe
     from zaya_jax.model.build import create_model
-    from zaya_jax.train.checkpoint import save_model
-    from zaya_jax.train.state import ModelParts
+    from zaya_jax.checkpoints.orbax_checkpoint import save_model
+    from zaya_jax.checkpoints.model_parts import ModelParts
     root = tmp_path_factory.mktemp("served")
     tokenizer = train_bpe(TEXTS, root / "tokenizer.json", vocab_size=300)
     params, biases = ModelParts.arrays(create_model(MODEL, seed=0))

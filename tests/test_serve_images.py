@@ -47,8 +47,8 @@ def checkpoint(tmp_path_factory):
     import tokenizers
 
     from zaya_jax.config_files import vision_section
-    from zaya_jax.train.checkpoint import save_model
-    from zaya_jax.train.state import ModelParts
+    from zaya_jax.checkpoints.orbax_checkpoint import save_model
+    from zaya_jax.checkpoints.model_parts import ModelParts
     root = tmp_path_factory.mktemp("served_vl")
     vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "User:": 3, "Assistant:": 4, **{f"w{i}": i for i in range(5, 90)}}
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))

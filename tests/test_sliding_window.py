@@ -73,7 +73,7 @@ def test_hf_config_round_trip(schema, tmp_path):
 
 
 def test_hf_config_errors_name_the_key():
-    from zaya_jax.convert.hf_config import HFCheckpointError, hf_config_from_model, model_config_from_hf
+    from zaya_jax.checkpoints.hf_config import HFCheckpointError, hf_config_from_model, model_config_from_hf
     native = hf_config_from_model(TINY.replace(**MIXED, layout="native"), "native")
     with pytest.raises(HFCheckpointError, match="sliding_window is null"):
         model_config_from_hf({**native, "sliding_window": None})

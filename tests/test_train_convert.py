@@ -12,7 +12,7 @@ import zaya_jax
 from tests.train_helpers import REPO, cli_env
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.model.build import create_model
-from zaya_jax.train.checkpoint import load_checkpoint_model
+from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model
 
 TINY = os.path.join(REPO, "configs", "tiny.py")
 

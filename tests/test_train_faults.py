@@ -18,8 +18,9 @@ from flax import nnx
 from tests.train_helpers import (DAMAGE, REPO, RERUN_IF_OVERLOADED, Job, cli_env, empty_folder, flip_model_bytes,
                                  run_train, train_losses)
 from zaya_jax.errors import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USER_ERROR, UserError
-from zaya_jax.train import integrity
-from zaya_jax.train.checkpoint import Checkpointer, load_checkpoint_model, read_config, restore_model
+from zaya_jax.checkpoints import integrity
+from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model, read_config, restore_model
+from zaya_jax.train.checkpoint import Checkpointer
 from zaya_jax.train.settings import CheckpointSettings
 
 SHORT = ("--config.optimizer.warmup_steps=1", "--config.optimizer.name=adamw", "--config.train.log_every_steps=1",

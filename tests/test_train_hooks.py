@@ -10,7 +10,7 @@ import pytest
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.model.build import abstract_model, create_model
 from zaya_jax.train.loop import Trainer
-from zaya_jax.train.state import ModelParts
+from zaya_jax.checkpoints.model_parts import ModelParts
 
 
 def _config():

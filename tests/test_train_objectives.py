@@ -22,13 +22,14 @@ from zaya_jax.errors import UserError
 from zaya_jax.model.build import create_model
 from zaya_jax.planner.step_plan import StepShape, plan
 from zaya_jax.train import balancing
-from zaya_jax.train.checkpoint import config_json, load_checkpoint_model, save_model
+from zaya_jax.checkpoints.orbax_checkpoint import config_json, load_checkpoint_model, save_model
 from zaya_jax.train.data import open_training_data, synthetic_batch
 from zaya_jax.train.loop import Trainer
 from zaya_jax.train.objectives import DPOObjective, TokenObjective, make_objective
 from zaya_jax.train.optimizer import make_optimizer, schedule
 from zaya_jax.train.settings import BalancingSettings, settings_from_config
-from zaya_jax.train.state import ModelParts, initial_state
+from zaya_jax.checkpoints.model_parts import ModelParts
+from zaya_jax.train.state import initial_state
 from zaya_jax.train.step import train_step
 
 B, S = 4, 32
@@ -367,7 +368,7 @@ def test_resume_after_sigkill_is_bit_exact(tmp_path, objective):
     assert finished.returncode == 0 and "start at step 3: restored checkpoint 3" in finished.stdout + finished.stderr
     assert _train_records(tmp_path / "run") == expected
     if precision:  # the restarted run kept the recipe (its checkpoint's config records it)
-        from zaya_jax.train.checkpoint import read_config
+        from zaya_jax.checkpoints.orbax_checkpoint import read_config
         assert read_config(str(tmp_path / "run" / "checkpoints")).model.matmul_precision == precision
     if objective == "dpo":  # the evaluate CLI scores the checkpoint against its saved reference model
         from tests.train_helpers import REPO, cli_env

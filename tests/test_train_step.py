@@ -15,7 +15,8 @@ from zaya_jax.train import balancing
 from zaya_jax.train.data import synthetic_batch
 from zaya_jax.train.loss import chunked_nll_sum, token_nll, weighted_nll_sum
 from zaya_jax.train.settings import BalancingSettings
-from zaya_jax.train.state import ModelParts, initial_state
+from zaya_jax.checkpoints.model_parts import ModelParts
+from zaya_jax.train.state import initial_state
 from zaya_jax.train.step import train_step
 
 B, S = 4, 32

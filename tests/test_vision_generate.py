@@ -125,7 +125,7 @@ def test_the_cli_generates_from_an_image_file_and_names_a_bad_one(case, tmp_path
     from PIL import Image
 
     from tests.test_infer_cli import run_main
-    from zaya_jax.convert.hf_vl import save_vl_hf
+    from zaya_jax.checkpoints.hf_vl import save_vl_hf
 
     model, pictures, _ = case
     directory = save_vl_hf(model, tmp_path / "vl")
@@ -172,7 +172,7 @@ def test_the_cli_chats_about_an_image(case, tmp_path, capsys, monkeypatch):
     from PIL import Image
 
     from tests.test_infer_cli import run_main
-    from zaya_jax.convert.hf_vl import save_vl_hf
+    from zaya_jax.checkpoints.hf_vl import save_vl_hf
     from zaya_jax.data.chat_template import PLAIN
 
     model, pictures, _ = case
@@ -207,7 +207,7 @@ def test_the_export_carries_its_image_processor_and_is_checked_on_write(case, tm
     4 image tokens) as preprocessor_config.json and load_vl_processor reads it back; one written without
     its sizes (so transformers' defaults apply: 56x56, 49 image tokens) is refused with nothing written;
     a directory without the file gets transformers' default sizes, said in one line."""
-    from zaya_jax.convert import hf_vl
+    from zaya_jax.checkpoints import hf_vl
 
     model = case[0]
     digits = ImageProcessor.for_tower(VISION, min_pixels=256, max_pixels=256)

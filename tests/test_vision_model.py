@@ -23,8 +23,8 @@ import pytest
 from flax import nnx
 
 from tests.hf_reference import TINY_HF, jax_from_hf, make_hf_model, make_hf_vision_tower
-from zaya_jax.convert.hf_load import _lookup
-from zaya_jax.convert.hf_vl import vl_entries, vl_model_from_tensors
+from zaya_jax.checkpoints.hf_load import _lookup
+from zaya_jax.checkpoints.hf_vl import vl_entries, vl_model_from_tensors
 from zaya_jax.vision.layout import patch_layout
 from zaya_jax.vision.model import ImageBatch
 
@@ -227,8 +227,8 @@ def test_text_only_inputs_give_exactly_the_text_model(case):
 
 
 def test_export_reads_back_with_the_reference_names_and_a_bad_write_leaves_nothing(case, tmp_path, monkeypatch):
-    from zaya_jax.convert import hf_vl
-    from zaya_jax.convert.safetensors_io import TensorReader
+    from zaya_jax.checkpoints import hf_vl
+    from zaya_jax.checkpoints.safetensors_io import TensorReader
 
     text, vision, lora, ids, grids, patches, _ = case
     model = _ours(text, vision, lora)

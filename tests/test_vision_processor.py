@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.vision_fixtures import VISION
-from zaya_jax.convert.hf_config import HFCheckpointError
-from zaya_jax.convert.hf_image_processor import image_processor_from_config, preprocessor_config, read_image_processor
+from zaya_jax.checkpoints.hf_config import HFCheckpointError
+from zaya_jax.checkpoints.hf_image_processor import image_processor_from_config, preprocessor_config, read_image_processor
 from zaya_jax.errors import UserError
 from zaya_jax.vision.config import VisionConfig
 from zaya_jax.vision.layout import patch_layout

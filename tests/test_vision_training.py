@@ -32,13 +32,14 @@ from zaya_jax.config_files import load_config_file, vision_section
 from zaya_jax.data import prepare
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.train import balancing
-from zaya_jax.train.checkpoint import config_json, save_model
+from zaya_jax.checkpoints.orbax_checkpoint import config_json, save_model
 from zaya_jax.train.data import open_training_data
 from zaya_jax.train.loop import Trainer
 from zaya_jax.train.objectives import make_objective
 from zaya_jax.train.optimizer import make_optimizer, param_labels, schedule, text_weight
 from zaya_jax.train.settings import settings_from_config
-from zaya_jax.train.state import ModelParts, initial_state
+from zaya_jax.checkpoints.model_parts import ModelParts
+from zaya_jax.train.state import initial_state
 from zaya_jax.train.step import train_step
 from zaya_jax.vision.model import ZayaVL
 
@@ -294,10 +295,10 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
     from tests.test_infer_cli import run_main
     from tests.train_helpers import REPO
     from zaya_jax.config_files import image_processor
-    from zaya_jax.convert.hf_vl import load_vl_hf
+    from zaya_jax.checkpoints.hf_vl import load_vl_hf
     from zaya_jax.errors import UserError
     from zaya_jax.evaluate_tasks import load_checkpoint as load_for_tasks
-    from zaya_jax.train.checkpoint import load_checkpoint_model, read_config
+    from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model, read_config
     from zaya_jax.vision.processor import ImageProcessor
     from zaya_jax.vision.prompts import expand_placeholders
 
@@ -363,8 +364,8 @@ def test_the_export_answers_held_out_digits_as_the_checkpoint(run, exported, tmp
 
     from tests.test_infer_cli import run_main
     from zaya_jax.config_files import image_processor
-    from zaya_jax.convert.hf_vl import load_vl_hf, load_vl_processor
-    from zaya_jax.train.checkpoint import checkpoint_dir, load_checkpoint_model, read_config
+    from zaya_jax.checkpoints.hf_vl import load_vl_hf, load_vl_processor
+    from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, load_checkpoint_model, read_config
     from zaya_jax.vision.prompts import expand_placeholders, prompt_image_batch
 
     hf_dir, told = exported
@@ -411,7 +412,7 @@ def test_evaluate_tasks_scores_the_run_on_plain_shifted_and_rescaled_digits(run,
     from tests.train_helpers import REPO
     from zaya_jax.data.chat_template import PLAIN, ChatTemplate
     from zaya_jax.data.tokenizer import Tokenizer
-    from zaya_jax.train.checkpoint import load_checkpoint_model
+    from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model
     from zaya_jax.vision.demo_images import digit_conversations, digit_variant
     from zaya_jax.vision.digit_accuracy import digit_accuracy
     from zaya_jax.vision.processor import ImageProcessor
@@ -452,7 +453,7 @@ def test_the_vision_step_lowers_for_gpus(tmp_path, platform):
     from tests.test_gpu_lowering import ATTENTION_KERNELS, GMM_KERNELS, triton_calls
     from zaya_jax.parallel.mesh import make_mesh
     from zaya_jax.train.program import abstract_batch, build_program, image_shape
-    from zaya_jax.train.state import with_shardings
+    from zaya_jax.parallel.rules import with_shardings
 
     config = _vl_config(tmp_path, "unused")
     config.model.update(moe_backend="auto")

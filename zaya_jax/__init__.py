@@ -4,14 +4,14 @@ from zaya_jax.config import ModelConfig
 
 
 def load_hf(path, dtype="float32", **overrides):
-    """Reads an HF ZAYA checkpoint directory into a ZayaLM (see zaya_jax.convert)."""
-    from zaya_jax.convert.hf_load import load_hf as _load_hf
+    """Reads an HF ZAYA checkpoint directory into a ZayaLM (see zaya_jax.checkpoints.hf_load)."""
+    from zaya_jax.checkpoints.hf_load import load_hf as _load_hf
     return _load_hf(path, dtype=dtype, **overrides)
 
 
 def save_hf(model, path, **options):
-    """Writes a ZayaLM as an HF `ZayaForCausalLM` directory (see zaya_jax.convert)."""
-    from zaya_jax.convert.hf_save import save_hf as _save_hf
+    """Writes a ZayaLM as an HF `ZayaForCausalLM` directory (see zaya_jax.checkpoints.hf_save)."""
+    from zaya_jax.checkpoints.hf_save import save_hf as _save_hf
     return _save_hf(model, path, **options)
 
 

@@ -27,12 +27,27 @@ import sys
 
 import jax
 from absl import app, flags, logging
+from flax import nnx
 from ml_collections import config_flags
 
 from zaya_jax import cli
-from zaya_jax.convert.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
-from zaya_jax.infer.loading import check_block_axis_source
+from zaya_jax.checkpoints.carried_tokenizer import check_prepared_sources
+from zaya_jax.checkpoints.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
+from zaya_jax.checkpoints.model_parts import ModelParts
+from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, model_target, read_config, restore_model
+from zaya_jax.checkpoints.quantize import dequantize_model
 from zaya_jax.errors import UserError
+from zaya_jax.infer.loading import check_block_axis_source
+from zaya_jax.parallel import distributed
+from zaya_jax.parallel.mesh import make_mesh, resolve_mesh_shape
+from zaya_jax.parallel.rules import to_shardings
+from zaya_jax.train.data import eval_batches, phase_at_step, phases_of
+from zaya_jax.train.loop import evaluate_params
+from zaya_jax.train.objectives import make_objective
+from zaya_jax.train.settings import settings_from_config
+from zaya_jax.train.start_checks import load_hf_matching
+from zaya_jax.train.step import jit_eval_step
+from zaya_jax.vision.model import build_model
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (default: the checkpoint's own).")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Orbax checkpoint (WORKDIR, WORKDIR/checkpoints, to_orbax).")
@@ -45,7 +60,6 @@ _MXFP4_BLOCK_AXIS = flags.DEFINE_enum("mxfp4_block_axis", None, list(BLOCK_AXES)
 def evaluation_mesh_sizes(saved: dict[str, int], from_checkpoint: bool) -> dict[str, int]:
     """The mesh to evaluate on: the config's, or for a checkpoint's own config whose mesh needs
     another device count, data parallel over this process's devices."""
-    from zaya_jax.parallel.mesh import resolve_mesh_shape
     try:
         resolve_mesh_shape(saved, jax.device_count())
         return saved
@@ -62,20 +76,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if bool(_CHECKPOINT.value) == bool(_HF.value):
         raise app.UsageError("give exactly one of --checkpoint and --hf")
-    from zaya_jax.parallel import distributed
     distributed.initialize()
-    from flax import nnx
-
-    from zaya_jax.parallel.mesh import make_mesh
-    from zaya_jax.train.checkpoint import checkpoint_dir, model_target, read_config, restore_model
-    from zaya_jax.train.data import eval_batches, phase_at_step, phases_of
-    from zaya_jax.train.loop import evaluate_params
-    from zaya_jax.train.start_checks import load_hf_matching
-    from zaya_jax.train.objectives import make_objective
-    from zaya_jax.train.settings import settings_from_config
-    from zaya_jax.train.state import ModelParts, to_shardings
-    from zaya_jax.vision.model import build_model
-    from zaya_jax.train.step import jit_eval_step
 
     if _CONFIG.value is None and _HF.value:
         raise app.UsageError("--hf needs --config (it names the evaluation data and the mesh)")
@@ -93,7 +94,6 @@ def main(argv):
         raise UserError("--hf with a config that has a vision section: evaluate a vision-language run's "
                         "--checkpoint (HF zaya1_vl weights: convert to_orbax them first)")
     if _CHECKPOINT.value and settings.train.data != "synthetic" and settings.train.objective != "grpo":
-        from zaya_jax.train.carried_tokenizer import check_prepared_sources
         note = check_prepared_sources(_CHECKPOINT.value, _STEP.value, config.data)
         if note:
             print(note, file=sys.stderr)
@@ -103,7 +103,6 @@ def main(argv):
     shardings = {"params": to_shardings(parts.param_specs(mesh), mesh),
                  "biases": jax.sharding.NamedSharding(mesh, parts.biases_spec(mesh))}
     if _HF.value:
-        from zaya_jax.infer.quantize import dequantize_model
         hf_model = load_hf_matching(_HF.value, settings.model, "--hf", _MXFP4_BLOCK_AXIS.value)
         params, biases = ModelParts.arrays(dequantize_model(hf_model))  # an FP8 / MXFP4 export: its values, in float
         model = jax.device_put({"params": params, "biases": biases}, shardings)

@@ -119,8 +119,8 @@ def load_checkpoint(checkpoint: str, step: int | None, tokenizer_path: str | Non
     A vision-language run's ZayaVL only with `vision` (what this command scores on the digits); else
     refused naming that command."""
     from zaya_jax.data.tokenizer import Tokenizer
-    from zaya_jax.train.carried_tokenizer import checkpoint_tokenizer
-    from zaya_jax.train.checkpoint import load_checkpoint_model
+    from zaya_jax.checkpoints.carried_tokenizer import checkpoint_tokenizer
+    from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model
 
     from zaya_jax.vision.model import ZayaVL
     model, step = load_checkpoint_model(checkpoint, step)
@@ -157,7 +157,7 @@ def score_vision_run(checkpoint: str, step: int, model, tokenizer, template: cha
     """A vision-language run's ZayaVL scored on the held-out digits (vision.digit_accuracy.score_digits),
     images resized as the run's config says."""
     from zaya_jax.config_files import image_processor
-    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
+    from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, read_config
     from zaya_jax.vision.digit_accuracy import score_digits
     processor = image_processor(read_config(checkpoint_dir(checkpoint), step))
     return score_digits(model, tokenizer, processor, template, max_new_tokens=max_new_tokens, batch_size=batch_size)

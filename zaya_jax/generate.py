@@ -13,7 +13,7 @@
 output; default: the latest step) onto this process's first device, whatever mesh wrote it, as
 the model it was at that step (the saved config's layout and the RoPE base of its curriculum
 phase); --prompt then uses the tokenizer the checkpoint carries (a copy of the file its run was
-trained with: zaya_jax.train.carried_tokenizer); a --tokenizer that is another file is refused.
+trained with: zaya_jax.checkpoints.carried_tokenizer); a --tokenizer that is another file is refused.
 --step N reads that step instead of the latest. --hf reads an HF ZAYA checkpoint
 (zaya_jax.load_hf); --prompt then uses DIR/tokenizer.json (what `convert to_hf` writes) unless
 --tokenizer is given. Timing goes to stderr, generated text or ids to stdout. Prompt ids outside
@@ -25,7 +25,7 @@ run trained on chat or preference data recorded, else (--hf) DIR/tokenizer_confi
 reply stops at eos or at the template's end-of-turn token (ChatML's <|im_end|>:
 chat_template.end_of_turn_ids).
 --image PATH (repeatable) needs a vision-language model: --hf DIR of a zaya1_vl checkpoint
-(zaya_jax.convert.hf_vl), or --checkpoint of a vision-language run (configs/demo_vl.py): with
+(zaya_jax.checkpoints.hf_vl), or --checkpoint of a vision-language run (configs/demo_vl.py): with
 --prompt each image's span (vision_start, its placeholders, vision_end) goes after bos, before the
 text, in the order given; with --chat, at the start of the user's message; --messages holds them
 as {"type": "image"} content parts (TRL's format) and --prompt_ids as one image_token_id each,
@@ -58,8 +58,8 @@ from zaya_jax.infer.generate import generate, new_token_room, stop_tokens, text_
 from zaya_jax.engine.batch import generate as package_generate  # what zaya_jax.generate runs, slots included
 from zaya_jax.infer import loading
 from zaya_jax.infer.loading import tokenizer_for
-from zaya_jax.convert.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
-from zaya_jax.infer.quantize import MODES
+from zaya_jax.checkpoints.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
+from zaya_jax.checkpoints.quantize import MODES
 from zaya_jax.vision.model import ZayaVL
 from zaya_jax.vision.processor import ImageProcessor, read_image
 from zaya_jax.vision.prompts import expand_placeholders

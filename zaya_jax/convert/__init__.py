@@ -1,6 +1,2 @@
-"""HF safetensors <-> zaya_jax parameters."""
-
-from zaya_jax.convert.hf_load import load_hf
-from zaya_jax.convert.hf_save import save_hf
-
-__all__ = ["load_hf", "save_hf"]
+"""The conversions between HF safetensors directories and training checkpoints: `python -m zaya_jax.convert`
+(conversions.py); the formats themselves are zaya_jax.checkpoints (hf_load, hf_save, orbax_checkpoint)."""

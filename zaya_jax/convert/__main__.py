@@ -11,7 +11,7 @@ training run's WORKDIR, its WORKDIR/checkpoints, or a to_orbax output), with the
 the curriculum phase it was saved in, and writes config.json + safetensors.
 
 to_hf --quantize fp8 | mxfp4 writes the weights as transformers' quantizers write them, with their
-quantization_config (zaya_jax.convert.quantized_export): fp8 (FineGrainedFP8Config) the attention
+quantization_config (zaya_jax.checkpoints.quantized_export): fp8 (FineGrainedFP8Config) the attention
 projections and experts in --fp8_block square blocks (the last of an axis partial where they do not
 tile it) of e4m3 values and float32 scales, mxfp4 (Mxfp4Config) the experts, blocked along their
 output axis (block_axis "output"); router, norms, CCA convolutions and temperatures, the embedding
@@ -19,7 +19,7 @@ and the LM head stay in float (a ZAYA1-VL's text model likewise; its vision towe
 LoRA stay in float). The read-back check then compares the files, read quantized, with the model
 holding the quantized weights' values. An HF directory with such a
 quantization_config (either method) is read by to_orbax, generate --hf and the server, its
-experts and attention kept quantized in memory (zaya_jax.convert.hf_quantized); an MXFP4 file that
+experts and attention kept quantized in memory (zaya_jax.checkpoints.hf_quantized); an MXFP4 file that
 states no block_axis is read as transformers reads it (output), --mxfp4_block_axis input for blocks
 along the contraction axis (docs/fp8.md).
 
@@ -30,7 +30,7 @@ model (skip slot passes p * x; transformers outputs 0 there) is written as nativ
 token can reach its skip slot; otherwise to_hf refuses and says why. `--schema original` writes
 Zyphra's ZAYA1-base names instead (zaya_jax.load_hf reads them; transformers cannot).
 Beside the weights, to_hf writes the run's tokenizer (the copy the checkpoint carries of the file
-its run was trained with, zaya_jax.train.carried_tokenizer; a --tokenizer that is another file is
+its run was trained with, zaya_jax.checkpoints.carried_tokenizer; a --tokenizer that is another file is
 refused; a checkpoint saved before checkpoints carried one: --tokenizer FILE, else its
 data.tokenizer, said to be unverified) as tokenizer.json + tokenizer_config.json, with the chat
 template a chat or preference run recorded (zaya_jax.convert.hf_tokenizer), so that transformers'
@@ -44,7 +44,7 @@ from absl import app, flags
 
 from zaya_jax import cli
 from zaya_jax.convert.conversions import to_hf, to_orbax
-from zaya_jax.convert.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
+from zaya_jax.checkpoints.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
 
 _HF = flags.DEFINE_string("hf", None, "to_orbax: the HF checkpoint directory to read.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "to_hf: the Orbax checkpoint directory to read.")

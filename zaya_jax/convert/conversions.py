@@ -8,28 +8,33 @@ import dataclasses
 import os
 import sys
 
-from zaya_jax.convert.export_check import schema_problem
-from zaya_jax.convert.hf_save import OutputExistsError
+from zaya_jax.checkpoints.carried_tokenizer import NoTokenizer, checkpoint_tokenizer
+from zaya_jax.checkpoints.export_check import schema_problem
+from zaya_jax.checkpoints.hf_load import load_hf, read_hf_config
+from zaya_jax.checkpoints.hf_save import OutputExistsError, save_hf
+from zaya_jax.checkpoints.hf_vl import load_vl_hf, load_vl_processor, save_vl_hf
+from zaya_jax.checkpoints.model_parts import ModelParts
+from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, load_checkpoint_model, read_config, save_model
+from zaya_jax.checkpoints.quantize import dequantize_model
+from zaya_jax.config_files import PROCESSOR_FIELDS, VISION_ID_FIELDS, image_processor, vision_section
+from zaya_jax.convert.hf_tokenizer import tokenizer_files
+from zaya_jax.data.tokenizer import Tokenizer
 from zaya_jax.errors import UserError
-from zaya_jax.train.checkpoint import load_checkpoint_model, save_model
-from zaya_jax.train.state import ModelParts
+from zaya_jax.infer.chat import checkpoint_chat_template
+from zaya_jax.vision.model import ZayaVL
 
 
 def to_orbax(hf_dir: str, out_dir: str, dtype: str = "float32", mxfp4_block_axis: str | None = None) -> str:
     """An HF directory (a quantized one's weights dequantized to float32, as the trainer holds them;
     mxfp4_block_axis as load_hf's) -> a model-only Orbax checkpoint."""
-    import zaya_jax
-    from zaya_jax.infer.quantize import dequantize_model
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         raise OutputExistsError(f"--out {out_dir}: exists and is not empty; choose a new directory")
-    from zaya_jax.convert.hf_load import read_hf_config
     if read_hf_config(hf_dir).get("model_type") == "zaya1_vl":
-        from zaya_jax.convert.hf_vl import load_vl_hf, load_vl_processor
         model = dequantize_model(load_vl_hf(hf_dir, dtype=dtype, mxfp4_block_axis=mxfp4_block_axis))
         config = {"model": dataclasses.asdict(model.text.config),
                   "vision": vision_values(model, load_vl_processor(hf_dir))}
     else:
-        model = dequantize_model(zaya_jax.load_hf(hf_dir, dtype=dtype, mxfp4_block_axis=mxfp4_block_axis))
+        model = dequantize_model(load_hf(hf_dir, dtype=dtype, mxfp4_block_axis=mxfp4_block_axis))
         config = {"model": dataclasses.asdict(model.config)}
     params, biases = ModelParts.arrays(model)
     save_model(out_dir, params, biases, config)
@@ -39,7 +44,6 @@ def to_orbax(hf_dir: str, out_dir: str, dtype: str = "float32", mxfp4_block_axis
 def vision_values(model, processor) -> dict:
     """A ZayaVL's `vision` config section (config_files.vision_section's fields: its tower, image
     ids and `processor`'s resize bounds) as JSON values."""
-    from zaya_jax.config_files import PROCESSOR_FIELDS, VISION_ID_FIELDS, vision_section
     tower = {k: v for k, v in dataclasses.asdict(model.vision.config).items() if k != "dtype"}
     tower["fullatt_block_indexes"] = list(tower["fullatt_block_indexes"])
     sizes = {name: getattr(processor, name) for name in PROCESSOR_FIELDS}
@@ -51,10 +55,6 @@ def export_tokenizer(checkpoint: str, step: int | None, cfg, tokenizer_path: str
     there are none). The tokenizer is the one checkpoint `step` carries (carried_tokenizer; a
     --tokenizer that is another file is refused), for a checkpoint without one --tokenizer or its
     run's data.tokenizer."""
-    from zaya_jax.convert.hf_tokenizer import tokenizer_files
-    from zaya_jax.data.tokenizer import Tokenizer
-    from zaya_jax.infer.chat import checkpoint_chat_template
-    from zaya_jax.train.carried_tokenizer import NoTokenizer, checkpoint_tokenizer
     try:
         tokenizer_path, told = checkpoint_tokenizer(checkpoint, step, tokenizer_path)
     except NoTokenizer as err:
@@ -74,8 +74,6 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
     """Writes the checkpoint's model (fp32) and its tokenizer as an HF directory; `schema` None:
     native, which transformers loads, refused (UserError) when it would change what the model computes.
     quantize "fp8" / "mxfp4": its weights as transformers' quantizers write them (save_hf's quantize, block)."""
-    import zaya_jax
-    from zaya_jax.vision.model import ZayaVL
     if quantize is not None and schema == "original":
         raise UserError(f"--quantize {quantize} --schema original: quantized checkpoints are written with "
                         "transformers' names only: drop --schema")
@@ -90,7 +88,7 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
                             "(zaya_jax.load_hf reads them; transformers cannot).")
         schema = "native"
     files, told = export_tokenizer(checkpoint, step, model.config, tokenizer_path)
-    zaya_jax.save_hf(model, out_dir, schema=schema, extra_files=files,
+    save_hf(model, out_dir, schema=schema, extra_files=files,
                      report=lambda line: print(line, file=sys.stderr), quantize=quantize, block=block)
     print(told, file=sys.stderr)
     if schema == "original":
@@ -104,9 +102,6 @@ def vl_to_hf(checkpoint: str, step: int | None, model, out_dir: str, schema: str
     """A vision-language run's checkpoint as a zaya1_vl HF directory (its native names only), with the
     image processor its run prepared its images with (the config's vision.min_pixels / max_pixels);
     quantize: its text model's weights as save_vl_hf writes them."""
-    from zaya_jax.config_files import image_processor
-    from zaya_jax.convert.hf_vl import save_vl_hf
-    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
     if schema not in (None, "native"):
         raise UserError(f"--schema {schema}: --checkpoint {checkpoint} holds a vision-language model, which exports "
                         "as transformers' zaya1_vl (native names) only: drop --schema")

@@ -26,7 +26,7 @@ import sys  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from zaya_jax import cli  # noqa: E402
-from zaya_jax.convert.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP  # noqa: E402
+from zaya_jax.checkpoints.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training run WORKDIR, its checkpoints/ directory, or a "
                                                       "`convert to_orbax` output.")

@@ -10,7 +10,12 @@ from __future__ import annotations
 import os
 import sys
 
+from zaya_jax.checkpoints.carried_tokenizer import checkpoint_tokenizer
+from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, read_config
+from zaya_jax.convert.hf_tokenizer import with_bos_first
+from zaya_jax.data.tokenizer import Tokenizer
 from zaya_jax.errors import UserError
+from zaya_jax.infer.loading import check_block_axis_source, load_checkpoint, load_hf
 
 
 def check_source(checkpoint: str | None, hf: str | None, step: int | None) -> None:
@@ -29,7 +34,6 @@ def load_model(checkpoint: str | None, hf: str | None, step: int | None, dtype: 
                quantize: str | None = None, mxfp4_block_axis: str | None = None):
     """-> ZayaLM. A `capacity` MoE backend (which drops tokens by batch composition, so padding would
     change scores) is replaced by `auto` (dropless). mxfp4_block_axis: with hf, as load_hf's."""
-    from zaya_jax.infer.loading import check_block_axis_source, load_checkpoint, load_hf
     check_source(checkpoint, hf, step)
     options = {"quantize": quantize}
     if dtype is not None:
@@ -37,7 +41,6 @@ def load_model(checkpoint: str | None, hf: str | None, step: int | None, dtype: 
     if hf is not None:
         return load_hf(hf, mxfp4_block_axis=mxfp4_block_axis, **options)
     check_block_axis_source(mxfp4_block_axis, hf)
-    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
     config = read_config(checkpoint_dir(checkpoint), step)
     if "vision" in config:
         raise UserError(f"--checkpoint {checkpoint} holds a vision-language model; the harness scores text models "
@@ -54,10 +57,7 @@ def load_tokenizer(checkpoint: str | None, hf: str | None, step: int | None, pat
     the one the checkpoint carries (--checkpoint) or DIR/tokenizer.json (--hf)."""
     import tokenizers
 
-    from zaya_jax.convert.hf_tokenizer import with_bos_first
-    from zaya_jax.data.tokenizer import Tokenizer
     if checkpoint is not None:
-        from zaya_jax.train.carried_tokenizer import checkpoint_tokenizer
         path, told = checkpoint_tokenizer(checkpoint, step, path)
         print(told, file=sys.stderr)
     elif path is None:

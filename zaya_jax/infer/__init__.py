@@ -5,7 +5,7 @@ from zaya_jax.infer.cache import DecodeState, cache_numbers_per_token, state_sha
 from zaya_jax.infer.decode import decode_step, prefill
 from zaya_jax.infer.generate import generate
 from zaya_jax.infer.loading import load_checkpoint, load_hf
-from zaya_jax.infer.quantize import QuantizedArray, param_bytes, quantize_model
+from zaya_jax.checkpoints.quantize import QuantizedArray, param_bytes, quantize_model
 from zaya_jax.infer.sampling import Sampler
 
 __all__ = ["DecodeState", "QuantizedArray", "Sampler", "cache_numbers_per_token", "decode_step", "generate",

@@ -6,7 +6,7 @@
   read_messages(text=None, messages_file=None)   one user turn, or a JSON list of {role, content}
 
 A run trained on chat or preference sources keeps the template they were prepared with (its text)
-in the config of every checkpoint (the top-level "chat_template", see train/checkpoint.py), so a
+in the config of every checkpoint (the top-level "chat_template", see checkpoints/orbax_checkpoint.py), so a
 prompt is rendered as the training conversations were (chat_template.encode_prompt: bos, the
 rendered messages, the generation prompt).
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 
+from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, read_config
 from zaya_jax.data.chat_template import ChatTemplate, check_messages
 from zaya_jax.errors import UserError
 
@@ -25,7 +26,6 @@ FIX = "pass --chat_template FILE (a .jinja file or a tokenizer_config.json with 
 def checkpoint_chat_template(checkpoint: str) -> ChatTemplate | None:
     """The chat template a training run's checkpoint recorded, or None (a run on text or synthetic
     data, or one saved before runs recorded their template)."""
-    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
     record = read_config(checkpoint_dir(os.fspath(checkpoint))).get("chat_template")
     return None if record is None else ChatTemplate.from_record(record.to_dict())
 

@@ -47,7 +47,7 @@ from flax import nnx
 
 from zaya_jax.infer.cache import (DecodeState, cache_index, chunk_attention, ring_from_prompt, ring_positions,
                                   ring_slots)
-from zaya_jax.infer.quantize import QuantizedWeight, rows
+from zaya_jax.checkpoints.quantize import QuantizedWeight, rows
 from zaya_jax.model import moe_dispatch
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn, resolve_moe_backend
 from zaya_jax.model.layer_types import layer_flags, layer_kinds

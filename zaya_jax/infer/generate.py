@@ -213,7 +213,7 @@ def prompt_images(model: ZayaLM | ZayaVL, ids: np.ndarray, images: Sequence[Sequ
             raise UserError(f"the prompts hold image placeholders (token {image_id}) but no images were given")
         return None
     if image_id is None:
-        raise UserError("images need a vision-language model (a ZayaVL: zaya_jax.convert.hf_vl.load_vl_hf); "
+        raise UserError("images need a vision-language model (a ZayaVL: zaya_jax.checkpoints.hf_vl.load_vl_hf); "
                         "this one is text only")
     if len(images) != ids.shape[0]:
         raise UserError(f"images: {len(images)} lists for {ids.shape[0]} prompts; give one (maybe empty) per prompt")

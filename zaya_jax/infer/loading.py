@@ -1,7 +1,7 @@
 """Loading a model for inference, optionally quantized on the way in.
 
   load_hf(dir)          an HF ZAYA checkpoint (config.json + safetensors)
-  load_checkpoint(dir)  a training run's Orbax checkpoint (zaya_jax.train.checkpoint): the saved
+  load_checkpoint(dir)  a training run's Orbax checkpoint (zaya_jax.checkpoints.orbax_checkpoint): the saved
                         run config gives the model; the `model` item gives weights and biases,
                         restored onto this process's first device whatever mesh wrote them
   tokenizer_for(...)    the tokenizer.json that goes with either
@@ -15,9 +15,14 @@ from __future__ import annotations
 
 import os
 
-from zaya_jax.convert import hf_load  # a module: zaya_jax.convert imports this package's weight types
+from zaya_jax.checkpoints import hf_load
+from zaya_jax.checkpoints.carried_tokenizer import checkpoint_tokenizer
+from zaya_jax.checkpoints.hf_load import read_hf_config
+from zaya_jax.checkpoints.hf_vl import load_vl_hf, load_vl_processor
+from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, load_checkpoint_model, read_config
+from zaya_jax.checkpoints.quantize import quantize_model
+from zaya_jax.config_files import image_processor
 from zaya_jax.errors import UserError
-from zaya_jax.infer.quantize import quantize_model
 from zaya_jax.model.zaya import ZayaLM
 
 
@@ -31,7 +36,7 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", quantize: str | 
 
     quantize: None, "int8" or "int4": weight-only, group-wise along the input axis
     (`group_size` entries per scale) for the experts and attention projections
-    (zaya_jax.infer.quantize). dtype and overrides as zaya_jax.load_hf.
+    (zaya_jax.checkpoints.quantize). dtype and overrides as zaya_jax.load_hf.
     """
     return _maybe_quantize(hf_load.load_hf(path, dtype=dtype, **overrides), quantize, group_size)
 
@@ -43,18 +48,8 @@ def load_checkpoint(directory: str | os.PathLike, *, step: int | None = None, qu
     count wrote it.
 
     overrides set ModelConfig fields of the saved config (dtype, moe_backend, ...).
-    Needs zaya_jax.train.checkpoint; without it, raises ModuleNotFoundError saying so.
     """
-    try:
-        from zaya_jax.train import checkpoint as train_checkpoint
-    except ModuleNotFoundError as err:
-        if err.name not in ("zaya_jax.train", "zaya_jax.train.checkpoint"):
-            raise
-        raise ModuleNotFoundError(
-            f"loading a training checkpoint needs zaya_jax.train.checkpoint (the trainer's Orbax checkpoint "
-            f"reader), which this installation does not have ({err}); load HF weights with load_hf / --hf",
-            name=err.name) from err
-    model, _ = train_checkpoint.load_checkpoint_model(os.fspath(directory), step, **overrides)
+    model, _ = load_checkpoint_model(os.fspath(directory), step, **overrides)
     if quantize is not None and not isinstance(model, ZayaLM):
         raise UserError(f"--quantize: {os.fspath(directory)} holds a vision-language model; quantization is for "
                         "text models")
@@ -65,15 +60,13 @@ def tokenizer_for(*, checkpoint: str | None = None, hf: str | None = None, step:
                   given: str | None = None) -> tuple[str, str | None]:
     """(the tokenizer file for a model, one line saying which it is, None when it is `given` for an
     HF directory: the user named it). A checkpoint: the copy it
-    carries of the file its run was trained with (zaya_jax.train.carried_tokenizer; `given`, the
+    carries of the file its run was trained with (zaya_jax.checkpoints.carried_tokenizer; `given`, the
     --tokenizer flag, only when it is that file). An HF directory: `given`, else DIR/tokenizer.json
     (what `convert to_hf` writes). UserError naming the input and the fix when there is none."""
     if checkpoint is not None:
-        from zaya_jax.train.carried_tokenizer import checkpoint_tokenizer
         return checkpoint_tokenizer(checkpoint, step, given)
     if given is not None:
         return given, None
-    from zaya_jax.convert.hf_load import read_hf_config
     read_hf_config(hf)  # a directory that is no HF export is named before its tokenizer
     path = os.path.join(hf, "tokenizer.json")
     if not os.path.isfile(path):
@@ -92,23 +85,16 @@ def load_model(*, checkpoint: str | None = None, hf: str | None = None, step: in
     """The model a CLI's --checkpoint (with --step) or --hf names -> ZayaLM, or ZayaVL for a
     vision-language run or a zaya1_vl HF directory (then --quantize is refused: it is for text
     models). overrides (dtype, ...) as load_hf / load_checkpoint, mxfp4_block_axis as load_hf's
-    (--hf only); a checkpoint without the trainer installed is a UserError naming the missing module."""
+    (--hf only)."""
     check_block_axis_source(mxfp4_block_axis, hf)
     if hf is not None:
-        from zaya_jax.convert.hf_load import read_hf_config
         if read_hf_config(hf).get("model_type") == "zaya1_vl":
             if quantize is not None:
                 raise UserError(f"--quantize: {hf} is a zaya1_vl checkpoint; quantization is for text models")
-            from zaya_jax.convert.hf_vl import load_vl_hf
             return load_vl_hf(hf, mxfp4_block_axis=mxfp4_block_axis,
                               **{k: v for k, v in overrides.items() if k == "dtype"})
         return load_hf(hf, quantize=quantize, group_size=group_size, mxfp4_block_axis=mxfp4_block_axis, **overrides)
-    try:
-        return load_checkpoint(checkpoint, step=step, quantize=quantize, group_size=group_size, **overrides)
-    except ModuleNotFoundError as err:
-        if "zaya_jax.train" not in str(err.name):
-            raise
-        raise UserError(f"--checkpoint: {err}") from err
+    return load_checkpoint(checkpoint, step=step, quantize=quantize, group_size=group_size, **overrides)
 
 
 def model_image_processor(*, checkpoint: str | None = None, hf: str | None = None, step: int | None = None):
@@ -116,12 +102,8 @@ def model_image_processor(*, checkpoint: str | None = None, hf: str | None = Non
     any weights load: a vision-language run's (its vision section: the sizes its images were
     prepared with) or a zaya1_vl HF directory's (its preprocessor_config.json); None for a text model."""
     if hf is not None:
-        from zaya_jax.convert.hf_load import read_hf_config
         if read_hf_config(hf).get("model_type") != "zaya1_vl":
             return None
-        from zaya_jax.convert.hf_vl import load_vl_processor
         return load_vl_processor(hf)
-    from zaya_jax.config_files import image_processor
-    from zaya_jax.train.checkpoint import checkpoint_dir, read_config
     config = read_config(checkpoint_dir(checkpoint), step)
     return image_processor(config) if "vision" in config else None

@@ -15,7 +15,11 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from zaya_jax import cli
+from zaya_jax.config_files import model_config
+from zaya_jax.model.build import create_model
 from zaya_jax.parallel import distributed
+from zaya_jax.parallel.mesh import MESH_FLAG, make_mesh, parse_mesh_flag
+from zaya_jax.parallel.rules import state_shardings
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).")
 _MESH = flags.DEFINE_string("mesh", "data=-1", "Mesh axes, e.g. data=2,fsdp=4.")
@@ -28,10 +32,6 @@ def losses(config, mesh_flag: str, num_batches: int) -> list[float]:
     import numpy as np
     from flax import nnx
 
-    from zaya_jax.config_files import model_config
-    from zaya_jax.model.build import create_model
-    from zaya_jax.parallel.mesh import MESH_FLAG, make_mesh, parse_mesh_flag
-    from zaya_jax.parallel.rules import state_shardings
 
     cfg = model_config(config)
     mesh = make_mesh(parse_mesh_flag(mesh_flag), flag=MESH_FLAG)

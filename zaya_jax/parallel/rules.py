@@ -8,7 +8,7 @@ drop out of every spec.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 from flax import nnx
@@ -161,3 +161,12 @@ def batch_spec(mesh: Mesh, ndim: int = 2) -> P:
     seq = tuple(a for a in RULES["seq"] if shape.get(a, 1) > 1)
     spec = [batch if len(batch) > 1 else (batch[0] if batch else None), seq[0] if seq else None]
     return P(*spec, *([None] * (ndim - 2)))
+
+
+def to_shardings(specs: Any, mesh: Mesh) -> Any:
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def with_shardings(abstract: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs carrying `shardings` (restore targets)."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)

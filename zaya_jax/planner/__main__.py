@@ -38,7 +38,7 @@ from zaya_jax import cli
 from zaya_jax.config import ConfigError
 from zaya_jax.config_files import model_config, vision_config
 from zaya_jax.hardware import PROFILES, calibrated
-from zaya_jax.infer.quantize import MODES
+from zaya_jax.checkpoints.quantize import MODES
 from zaya_jax.model.accounting import model_summary
 from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES, check_mesh
 from zaya_jax.parallel.mesh import MESH_FLAG, parse_mesh_flag, resolve_mesh_shape
@@ -86,7 +86,7 @@ _CONTEXT = flags.DEFINE_integer("context", 4096, "--serve: tokens each request h
 _RESERVE = flags.DEFINE_float("memory_reserve", RESERVE_FRACTION, "--serve: fraction of device memory kept for "
                               "activations and workspace (not for weights or decode state).")
 _GROUP_SIZE = flags.DEFINE_integer("group_size", 64, "--serve: entries per scale of the int8/int4 weights "
-                                   "(zaya_jax.infer.quantize).")
+                                   "(zaya_jax.checkpoints.quantize).")
 _MTBF = flags.DEFINE_float("node_mtbf_hours", None, "With --hardware: goodput under node failures at this mean time "
                            "between failures per node (Llama 3's report: about 6,335 h), with and without the local "
                            "checkpoint tier (zaya_jax.planner.goodput).")

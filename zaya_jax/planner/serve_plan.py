@@ -5,7 +5,7 @@ dim, V vocab, T = context (cache slots per request), B concurrent requests (the 
 
   weights     bytes of the served weights, from the abstract model's state (nothing allocated):
               float arrays in the compute dtype (cfg.dtype, bfloat16 for ZAYA1), or int8 / int4
-              weight-only as zaya_jax.infer.quantize.quantize_model stores them (integers plus
+              weight-only as zaya_jax.checkpoints.quantize.quantize_model stores them (integers plus
               float32 group scales; the embedding, router, convolutions and norms stay float, in
               cfg.dtype). Split into the experts' gate/up/down (one expert of one layer:
               `expert`) and everything else (`always`: every decode step reads it whole; the
@@ -44,7 +44,7 @@ from flax import nnx
 from zaya_jax.config import ConfigError, ModelConfig
 from zaya_jax.hardware import HardwareProfile
 from zaya_jax.infer.cache import state_shapes
-from zaya_jax.infer.quantize import MODES, QUANTIZED_WEIGHTS, QuantizedArray, quantize_model
+from zaya_jax.checkpoints.quantize import MODES, QUANTIZED_WEIGHTS, QuantizedArray, quantize_model
 from zaya_jax.model.kernels import resolve_moe_backend
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.planner.step_flops import expert_rows_per_token, layer_matmuls

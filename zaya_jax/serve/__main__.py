@@ -42,8 +42,8 @@ from absl import app, flags
 
 from zaya_jax import cli
 from zaya_jax.errors import UserError
-from zaya_jax.convert.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
-from zaya_jax.infer.quantize import MODES
+from zaya_jax.checkpoints.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
+from zaya_jax.checkpoints.quantize import MODES
 from zaya_jax.serve.app import READY_LINE, create_app
 
 __doc__ = __doc__.replace("READY_LINE", READY_LINE.format(host="HOST", port="PORT", name="NAME", slots="N",

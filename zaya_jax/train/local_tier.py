@@ -66,8 +66,8 @@ from absl import logging as absl_logging
 
 from zaya_jax.errors import UserError
 from zaya_jax.parallel import distributed
-from zaya_jax.train import integrity
-from zaya_jax.train.sealing import write_files
+from zaya_jax.checkpoints import integrity
+from zaya_jax.checkpoints.sealing import write_files
 
 class Agreed(NamedTuple):
     """A local step every process can restore."""

@@ -32,25 +32,28 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from zaya_jax.checkpoints import integrity
+from zaya_jax.checkpoints.model_parts import ModelParts
+from zaya_jax.checkpoints.orbax_checkpoint import config_json, read_config, restore_model
 from zaya_jax.config import VISION_LORA_FIELDS, ConfigError
 from zaya_jax.errors import UserError
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.parallel import distributed
 from zaya_jax.parallel.mesh import check_declared_platform, check_platform_support, make_mesh
-from zaya_jax.train import checkpoint, faults, integrity, local_tier
-from zaya_jax.train.checkpoint import Checkpointer, config_json, read_config, restore_model
+from zaya_jax.parallel.rules import with_shardings
+from zaya_jax.train import checkpoint, faults, local_tier
+from zaya_jax.train.checkpoint import Checkpointer
 from zaya_jax.train.data import curriculum_extension, eval_batches, open_training_data, phases_of
-from zaya_jax.train.objectives import TokenObjective, zero_sums
 from zaya_jax.train.metrics import expert_load, flops_per_token, peak_flops, router_metrics
 from zaya_jax.train.monitor import HEATMAP_FILE, METRICS_FILE, Monitor
+from zaya_jax.train.objectives import TokenObjective, zero_sums
 from zaya_jax.train.profiling import StepProfiler
 from zaya_jax.train.settings import check_batch_layout, settings_from_config
 from zaya_jax.train.start_checks import (RESUME_FIX, ResumePoint, check_data_state, check_resumable,
                                          check_same_architecture, check_start_rope_theta, checkpoint_to_start_from,
                                          load_hf_matching, run_tokenizer)
 from zaya_jax.train.program import abstract_batch, build_program, check_mesh_divides_model, image_shape
-from zaya_jax.train.state import (ModelParts, TrainState, initial_state, merged, with_shardings,
-                                  without_vision_lora)
+from zaya_jax.train.state import TrainState, initial_state, merged, without_vision_lora
 from zaya_jax.train.workdir_lock import WorkdirLock
 from zaya_jax.vision.model import build_model
 

@@ -23,7 +23,9 @@ from zaya_jax.train import balancing
 from zaya_jax.train.objectives import make_objective
 from zaya_jax.train.optimizer import make_optimizer, schedule, text_weight
 from zaya_jax.train.settings import Settings
-from zaya_jax.train.state import BATCH_KEYS, ModelParts, TrainState, initial_state, state_specs, to_shardings
+from zaya_jax.checkpoints.model_parts import BATCH_KEYS, ModelParts
+from zaya_jax.parallel.rules import to_shardings
+from zaya_jax.train.state import TrainState, initial_state, state_specs
 from zaya_jax.train.step import jit_eval_step, jit_token_logps, jit_train_step
 
 

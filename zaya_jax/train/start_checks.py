@@ -37,9 +37,9 @@ from zaya_jax.config import RUNTIME_MODEL_FIELDS, ConfigError
 from zaya_jax.config_files import model_config
 from zaya_jax.errors import MissingInputError, UserError
 from zaya_jax.model.zaya import ZayaLM
-from zaya_jax.train import integrity
-from zaya_jax.train.carried_tokenizer import RunTokenizer, carried, check_against
-from zaya_jax.train.checkpoint import checkpoint_dir, read_config, saved_data_state, whole_step
+from zaya_jax.checkpoints import integrity
+from zaya_jax.checkpoints.carried_tokenizer import RunTokenizer, carried, check_against
+from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, read_config, saved_data_state, whole_step
 from zaya_jax.train.objectives import DATA_KIND
 
 RESUME_FIX = "resume it with the config it was trained with, or train this config in a new --workdir"

@@ -1,5 +1,5 @@
-"""The train state: a pytree of arrays, its shardings and how it turns back into a ZayaLM (or a
-ZayaVL: a vision-language run's params are {text: ZayaLM's, vision: the tower's}).
+"""The train state: a pytree of arrays and its shardings (how its arrays turn back into a model:
+zaya_jax.checkpoints.model_parts.ModelParts).
 
 L layers, E experts (+1 skip slot). `params` is the model's nnx.Param state as a nested dict
 (nnx.to_pure_dict); the balancing biases are not parameters (no gradient) and live apart. A DPO
@@ -9,22 +9,13 @@ biases too, since the balancing controller moves them during training).
 
 from __future__ import annotations
 
-from typing import Any
-
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, PartitionSpec as P
 
-from zaya_jax.model.params import BalancingBias
-from zaya_jax.model.zaya import ZayaLM
-from zaya_jax.parallel.rules import state_shardings, with_zero1_axes
-from zaya_jax.vision.image_rows import IMAGE_KEYS
-from zaya_jax.vision.model import ZayaVL
-
-BIASES_PATH = ("layers", "moe", "router", "balancing_biases")
+from zaya_jax.parallel.rules import with_zero1_axes
 
 
 @flax.struct.dataclass
@@ -40,60 +31,6 @@ class TrainState:
     nonfinite_streak: jax.Array   # [] int32: non-finite steps in a row, up to this one
     reference: dict | None = None  # train.objective=dpo: the frozen {params, biases} the run started from
     #                               (sharded like params and biases; checkpointed as the `reference` item)
-
-
-BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")  # each [B, S]
-
-
-def _biases_path(model: ZayaLM | ZayaVL) -> tuple[str, ...]:
-    return ("text", *BIASES_PATH) if isinstance(model, ZayaVL) else BIASES_PATH
-
-
-class ModelParts:
-    """A ZayaLM (or ZayaVL) split into its graph, parameter and balancing-bias states (abstract templates).
-
-    config: the text model's; image_id: the image placeholder id of a ZayaVL, else None;
-    batch_keys: the batch a step takes (BATCH_KEYS, and a ZayaVL's IMAGE_KEYS [B, P, ...])."""
-
-    def __init__(self, model: ZayaLM | ZayaVL):
-        self.graphdef, self.params_state, self.biases_state = nnx.split(model, nnx.Param, BalancingBias)
-        self.biases_path = _biases_path(model)
-        vision = isinstance(model, ZayaVL)
-        self.config = model.text.config if vision else model.config
-        self.image_id = model.ids.image if vision else None
-        self.batch_keys = BATCH_KEYS + IMAGE_KEYS if vision else BATCH_KEYS
-
-    @staticmethod
-    def arrays(model: ZayaLM | ZayaVL) -> tuple[dict, jax.Array]:
-        """A concrete model -> (params dict, biases [L, E+1])."""
-        _, params, biases = nnx.split(model, nnx.Param, BalancingBias)
-        return nnx.to_pure_dict(params), _get(nnx.to_pure_dict(biases), _biases_path(model))
-
-    def merge(self, params: dict, biases: jax.Array) -> ZayaLM | ZayaVL:
-        """Arrays (possibly tracers) -> the model using them."""
-        p = jax.tree.map(lambda x: x, self.params_state)
-        nnx.replace_by_pure_dict(p, params)
-        b = jax.tree.map(lambda x: x, self.biases_state)
-        nnx.replace_by_pure_dict(b, _nest(self.biases_path, biases))
-        return nnx.merge(self.graphdef, p, b)
-
-    def param_specs(self, mesh: Mesh) -> dict:
-        return jax.tree.map(lambda s: s.spec, nnx.to_pure_dict(state_shardings(self.params_state, mesh)))
-
-    def biases_spec(self, mesh: Mesh) -> P:
-        return _get(nnx.to_pure_dict(state_shardings(self.biases_state, mesh)), self.biases_path).spec
-
-
-def _get(tree: dict, path: tuple[str, ...]):
-    for key in path:
-        tree = tree[key]
-    return tree
-
-
-def _nest(path: tuple[str, ...], leaf) -> dict:
-    for key in reversed(path):
-        leaf = {key: leaf}
-    return leaf
 
 
 def without_vision_lora(tree: dict) -> dict:
@@ -158,12 +95,3 @@ def state_specs(abstract: TrainState, param_specs: dict, biases_spec: P, mesh: M
                       controller_state=mirrored(abstract.controller_state, biases_spec),
                       rng=P(), skipped_steps=P(), nonfinite_streak=P(),
                       reference=None if abstract.reference is None else {"params": param_specs, "biases": biases_spec})
-
-
-def to_shardings(specs: Any, mesh: Mesh) -> Any:
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
-
-
-def with_shardings(abstract: Any, shardings: Any) -> Any:
-    """ShapeDtypeStructs carrying `shardings` (restore targets)."""
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)

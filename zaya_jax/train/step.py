@@ -50,7 +50,8 @@ from zaya_jax.train import balancing
 from zaya_jax.train.loss import chunked_token_nll, weighted_nll_sum
 from zaya_jax.train.objectives import TokenObjective, zero_sums
 from zaya_jax.train.optimizer import applied_updates, path_name
-from zaya_jax.train.state import ModelParts, TrainState
+from zaya_jax.checkpoints.model_parts import ModelParts
+from zaya_jax.train.state import TrainState
 from zaya_jax.vision.image_rows import IMAGE_KEYS
 from zaya_jax.vision.model import ImageBatch
 

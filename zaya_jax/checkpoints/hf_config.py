@@ -16,7 +16,7 @@ original (Zyphra's ZAYA1-base): `zaya_layers` lists 2L alternating sub-layers ('
 ZAYA_FIELDS says, for every field of transformers' `ZayaConfig` (5.25), how the native reader takes
 it: "read" into the ModelConfig fields named, "fixed" (only the values listed compute what zaya_jax
 computes; any other is refused naming the field, before anything is built), or "inert" (transformers'
-ZAYA computes no logit or gradient from it; why is given). RoPE: zaya_jax.convert.hf_rope.
+ZAYA computes no logit or gradient from it; why is given). RoPE: zaya_jax.checkpoints.hf_rope.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from zaya_jax.config import LAYER_TYPES, ModelConfig
-from zaya_jax.convert.hf_rope import rope_fields_from_hf, rope_parameters_to_hf
+from zaya_jax.checkpoints.hf_rope import rope_fields_from_hf, rope_parameters_to_hf
 from zaya_jax.errors import UserError
 
 
@@ -39,7 +39,7 @@ class HFFileMissing(UserError, FileNotFoundError):
 def detect_schema(hf: dict[str, Any]) -> str:
     if hf.get("model_type") == "zaya1_vl":
         raise HFCheckpointError("config.json: a zaya1_vl (vision-language) checkpoint; load it with "
-                                "zaya_jax.convert.hf_vl.load_vl_hf (docs/vision.md)")
+                                "zaya_jax.checkpoints.hf_vl.load_vl_hf (docs/vision.md)")
     if hf.get("model_type") != "zaya":
         raise HFCheckpointError(f"config.json: model_type is {hf.get('model_type')!r}, expected 'zaya'")
     return "original" if "zaya_layers" in hf else "native"

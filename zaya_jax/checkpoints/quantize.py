@@ -22,7 +22,7 @@ and scan slicing leave it unchanged):
 Kept in float: the tied embedding / output head, the router, the convolutions, norms, scales.
 
 A checkpoint quantized by transformers' FP8 or MXFP4 quantizers loads as `BlockScaledArray`s
-(zaya_jax.convert.hf_quantized): its stored values and block scales, dequantized the same way,
+(zaya_jax.checkpoints.hf_quantized): its stored values and block scales, dequantized the same way,
 inside the jitted computation that reads them.
 """
 

@@ -12,7 +12,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from zaya_jax.convert.hf_config import HFCheckpointError, HFFileMissing
+from zaya_jax.checkpoints.hf_config import HFCheckpointError, HFFileMissing
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

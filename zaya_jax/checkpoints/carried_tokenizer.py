@@ -33,9 +33,12 @@ import dataclasses
 import hashlib
 import os
 
+from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, read_config, whole_step
 from zaya_jax.config import ConfigError
+from zaya_jax.data.sources import open_sources, tokenizer_path
 from zaya_jax.data.tokenizer import file_sha256
 from zaya_jax.errors import UserError
+
 
 ITEM = "tokenizer"  # the step's directory holding the copy (integrity.OPTIONAL_ITEMS)
 UNVERIFIED = ("carries no copy of its tokenizer (saved before checkpoints carried one, or by convert to_orbax), so "
@@ -59,7 +62,6 @@ class RunTokenizer:
         """The file the config's data.tokenizer names, read now; None when it names none."""
         if "data" not in config or not config.data.get("tokenizer"):
             return None
-        from zaya_jax.data.sources import tokenizer_path  # pylint: disable=g-import-not-at-top
         path = os.path.abspath(tokenizer_path(config.data))
         with open(path, "rb") as f:
             return cls(path, str(config.data.tokenizer), f.read())
@@ -102,7 +104,6 @@ class Carried:
 def carried(directory: str, step: int | None = None) -> tuple[int, Carried | None]:
     """(the step: `step`, or the newest whose config and tokenizer are whole; the tokenizer it
     carries, or None) of the checkpoint directory `directory`."""
-    from zaya_jax.train.checkpoint import read_config, whole_step  # pylint: disable=g-import-not-at-top
     step = whole_step(directory, ("config", ITEM), step)
     record = read_config(directory, step).get("tokenizer")
     if record is None:
@@ -126,7 +127,6 @@ def checkpoint_tokenizer(checkpoint: str | os.PathLike, step: int | None = None,
     The copy the step carries; `given` (the reader's `flag`) only when it is that same file
     (UserError naming both otherwise). A step without a copy: `given`, else the saved data.tokenizer
     resolved as it names it (NoTokenizer when it names none), each said to be unverifiable."""
-    from zaya_jax.train.checkpoint import checkpoint_dir, read_config  # pylint: disable=g-import-not-at-top
     directory = checkpoint_dir(os.fspath(checkpoint))
     step, found = carried(directory, step)
     if found is not None and given is None:
@@ -147,7 +147,6 @@ def checkpoint_tokenizer(checkpoint: str | os.PathLike, step: int | None = None,
     if "data" not in config or not config.data.get("tokenizer"):
         raise NoTokenizer(f"--checkpoint {checkpoint}: its config names no tokenizer (synthetic data, or a to_orbax "
                           f"output); pass {flag} FILE")
-    from zaya_jax.data.sources import tokenizer_path  # pylint: disable=g-import-not-at-top
     try:
         path = tokenizer_path(config.data)
     except FileNotFoundError as err:
@@ -158,8 +157,6 @@ def checkpoint_tokenizer(checkpoint: str | os.PathLike, step: int | None = None,
 def check_prepared_sources(checkpoint: str | os.PathLike, step: int | None, data_config) -> str | None:
     """The prepared data.sources of `data_config` (an evaluation's) were tokenized with the file
     checkpoint `step` carries: UserError naming both otherwise; the line to print when it carries none."""
-    from zaya_jax.data.sources import open_sources  # pylint: disable=g-import-not-at-top
-    from zaya_jax.train.checkpoint import checkpoint_dir  # pylint: disable=g-import-not-at-top
     step, found = carried(checkpoint_dir(os.fspath(checkpoint)), step)
     if found is None:
         return f"note: checkpoint {step} {UNVERIFIED}"

@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from zaya_jax.convert.hf_config import HFCheckpointError, HFFileMissing, model_config_from_hf
-from zaya_jax.convert.hf_names import ENTRIES, IGNORED_SUFFIXES, TIED_HEAD, Entry
-from zaya_jax.convert.hf_quantized import QuantizedTensors, read_quantization
-from zaya_jax.convert.hf_vision_names import vision_entries
-from zaya_jax.convert.safetensors_io import TensorReader
-from zaya_jax.infer.quantize import BlockScaledArray
+from zaya_jax.checkpoints.hf_config import HFCheckpointError, HFFileMissing, model_config_from_hf
+from zaya_jax.checkpoints.hf_names import ENTRIES, IGNORED_SUFFIXES, TIED_HEAD, Entry
+from zaya_jax.checkpoints.hf_quantized import QuantizedTensors, read_quantization
+from zaya_jax.checkpoints.hf_vision_names import vision_entries
+from zaya_jax.checkpoints.safetensors_io import TensorReader
+from zaya_jax.checkpoints.quantize import BlockScaledArray
 from zaya_jax.model.build import abstract_model
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.vision.config import VisionConfig
@@ -56,7 +56,7 @@ def check_names(entries: list[Entry], names: set[str], where: str) -> None:
 
 def quantized_source(hf: dict, names: set[str], get_tensor, where: str,
                      mxfp4_block_axis: str | None = None) -> QuantizedTensors | None:
-    """The checkpoint's tensors as zaya_jax.convert.hf_quantized reads them, when config.json (`hf`)
+    """The checkpoint's tensors as zaya_jax.checkpoints.hf_quantized reads them, when config.json (`hf`)
     has a quantization_config; None otherwise. mxfp4_block_axis: as load_hf's."""
     quant = read_quantization(hf, mxfp4_block_axis=mxfp4_block_axis)
     return None if quant is None else QuantizedTensors(quant, names, get_tensor, where)
@@ -140,7 +140,7 @@ def _with_arrays(module: nnx.Module, arrays: dict):
 
 def vision_tower_from_tensors(cfg: VisionConfig, get_tensor, prefix: str, where: str) -> VisionTower:
     """A VisionTower whose every parameter comes from the HF tensors named `prefix` + transformers'
-    vision-tower names (zaya_jax.convert.hf_vision_names), shape-checked."""
+    vision-tower names (zaya_jax.checkpoints.hf_vision_names), shape-checked."""
     abstract = nnx.eval_shape(lambda: VisionTower(cfg, rngs=nnx.Rngs(0)))
     return _with_arrays(abstract, arrays_from_tensors(abstract, vision_entries(cfg, prefix), get_tensor, where))
 
@@ -151,7 +151,7 @@ def load_hf(directory: str | os.PathLike, dtype: str = "float32", mxfp4_block_ax
 
     dtype is the compute dtype ("float32" or "bfloat16"); parameters are kept in float32, but for a
     checkpoint transformers' FP8 or MXFP4 quantizer wrote, whose experts and attention projections
-    stay in its precision (zaya_jax.convert.hf_quantized).
+    stay in its precision (zaya_jax.checkpoints.hf_quantized).
     mxfp4_block_axis: "output" or "input", the axis an MXFP4 checkpoint's expert blocks run along
     (default: its quantization_config's block_axis, else "output", transformers' reading, said in one line).
     overrides set other ModelConfig fields (moe_backend, scan_layers, ...).

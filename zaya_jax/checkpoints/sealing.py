@@ -41,7 +41,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from zaya_jax.parallel import distributed
-from zaya_jax.train import integrity
+from zaya_jax.checkpoints import integrity
 
 _POLL_S = 1  # how often a waiting process checks that its own save is still under way
 

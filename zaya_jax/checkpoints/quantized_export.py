@@ -12,7 +12,7 @@ modules_to_not_convert: the router's linears (`model.layers.*.mlp.gate`) and the
 CCA convolutions and temperatures, residual scales and the embedding are not linears.
 
 mxfp4 (Mxfp4Config): the experts only, blocked as transformers' loader reads ZAYA's experts
-(zaya_jax.convert.hf_quantized; quantization_config's "block_axis": "output" says so): [E, A, B]
+(zaya_jax.checkpoints.hf_quantized; quantization_config's "block_axis": "output" says so): [E, A, B]
 as `_blocks` [E, B, A/32, 16] and `_scales` [E, B, A/32], 32-value blocks along A, the output axis;
 the exponent of each 32 values rounded up (the triton kernels' default, DequantScaleRoundingMode
 ROUND_UP): X = ceil(log2(max|w| / 6)), values w / 2^X rounded to the nearest e2m1.
@@ -32,9 +32,9 @@ from typing import Iterable, Iterator
 import ml_dtypes
 import numpy as np
 
-from zaya_jax.convert.hf_quantized import MX_BLOCK
+from zaya_jax.checkpoints.hf_quantized import MX_BLOCK
 from zaya_jax.errors import UserError
-from zaya_jax.infer.quantize import BlockScaledArray
+from zaya_jax.checkpoints.quantize import BlockScaledArray
 
 FP8_MAX = 448.0
 ATTENTION = tuple(f"self_attn.{p}.weight" for p in ("qkv_proj.q_proj", "qkv_proj.k_proj", "qkv_proj.v_proj_current",

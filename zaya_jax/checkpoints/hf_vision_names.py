@@ -5,7 +5,7 @@ stacked with a leading block axis, so a block's tensor fills index (i,)."""
 
 from __future__ import annotations
 
-from zaya_jax.convert.hf_names import Entry, _Builder, _linear, _linear_in
+from zaya_jax.checkpoints.hf_names import Entry, _Builder, _linear, _linear_in
 from zaya_jax.vision.config import VisionConfig
 
 _T = (lambda w: (w.T,), lambda x: x.T)

@@ -25,8 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from zaya_jax.convert.export_check import ExportMismatch
-from zaya_jax.convert.hf_config import HFCheckpointError
+from zaya_jax.checkpoints.export_check import ExportMismatch
+from zaya_jax.checkpoints.hf_config import HFCheckpointError
 from zaya_jax.vision.config import VisionConfig
 from zaya_jax.vision.processor import CLIP_MEAN, CLIP_STD, ImageProcessor
 

@@ -7,7 +7,7 @@ Tensors: the text model's under `model.language_model.` (transformers' ZAYA name
 norm is `final_norm` and the router's norm `rmsnorm_eda`), its vision LoRA beside the projections it
 adapts (`self_attn.qkv_proj.{q,k,v_current,v_delayed}_lora_{a,b}`, `self_attn.o_lora_{a,b}`,
 `mlp.experts.lora_{gate_up,down}_proj_{a,b}`), the vision tower's under `model.visual.`.
-The image processor's settings are preprocessor_config.json (zaya_jax.convert.hf_image_processor).
+The image processor's settings are preprocessor_config.json (zaya_jax.checkpoints.hf_image_processor).
 """
 
 from __future__ import annotations
@@ -23,18 +23,18 @@ import numpy as np
 from flax import nnx
 
 from zaya_jax.config import RUNTIME_MODEL_FIELDS, ModelConfig
-from zaya_jax.convert.export_check import ExportMismatch, check_schema, compare_probe_logits
-from zaya_jax.convert.hf_config import (PRETRAINED_FIELDS, ZAYA_FIELDS, HFCheckpointError, _native_to_model,
+from zaya_jax.checkpoints.export_check import ExportMismatch, check_schema, compare_probe_logits
+from zaya_jax.checkpoints.hf_config import (PRETRAINED_FIELDS, ZAYA_FIELDS, HFCheckpointError, _native_to_model,
                                         check_fixed, fixed, hf_config_from_model, inert, read)
-from zaya_jax.convert.hf_image_processor import (PREPROCESSOR_CONFIG, compare_image_processors, preprocessor_config,
+from zaya_jax.checkpoints.hf_image_processor import (PREPROCESSOR_CONFIG, compare_image_processors, preprocessor_config,
                                                  read_image_processor)
-from zaya_jax.convert.hf_load import (_lookup, _with_arrays, arrays_from_tensors, check_names, quantized_source,
+from zaya_jax.checkpoints.hf_load import (_lookup, _with_arrays, arrays_from_tensors, check_names, quantized_source,
                                       read_hf_config)
-from zaya_jax.convert.hf_save import check_quantize, write_whole_directory
-from zaya_jax.convert.hf_names import Entry, _Builder, _SWAP, _swiglu_split, native_entries
-from zaya_jax.convert.hf_vision_names import vision_entries
-from zaya_jax.convert.quantized_export import quantization_config, quantized_tensors
-from zaya_jax.convert.safetensors_io import TensorReader, write_sharded
+from zaya_jax.checkpoints.hf_save import check_quantize, write_whole_directory
+from zaya_jax.checkpoints.hf_names import _SWAP, Entry, _Builder, _swiglu_split, native_entries
+from zaya_jax.checkpoints.hf_vision_names import vision_entries
+from zaya_jax.checkpoints.quantized_export import quantization_config, quantized_tensors
+from zaya_jax.checkpoints.safetensors_io import TensorReader, write_sharded
 from zaya_jax.vision.config import VisionConfig
 from zaya_jax.vision.layout import patch_layout
 from zaya_jax.vision.model import ZAYA1_VL_IDS, ImageBatch, ImageTokenIds, ZayaVL
@@ -246,7 +246,7 @@ def save_vl_hf(model: ZayaVL, directory: str | os.PathLike, max_shard_bytes: int
     prepared with; default: Qwen2-VL's sizes on the tower's patches), checked on write and whole or
     absent, as save_hf does for the text model (extra_files: its {file name: text} beside them, the
     tokenizer's). quantize "fp8" / "mxfp4": the text model's weights quantized as save_hf writes them
-    (zaya_jax.convert.quantized_export), the vision tower, merger and LoRA in float; the read-back
+    (zaya_jax.checkpoints.quantized_export), the vision tower, merger and LoRA in float; the read-back
     check then compares with the model holding the written weights' dequantized values."""
     check_schema(model.text, "native")
     check_quantize(quantize, block)

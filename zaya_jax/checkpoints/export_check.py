@@ -19,9 +19,11 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from zaya_jax.checkpoints.hf_load import load_hf
 from zaya_jax.config import RUNTIME_MODEL_FIELDS
 from zaya_jax.errors import UserError
 from zaya_jax.model.zaya import ZayaLM
+
 
 HF_SKIP_BIAS = -1.0          # what transformers' from_pretrained sets every skip-slot bias to
 PROBE_SHAPE = (2, 24)        # [batch, seq] of the probe batch
@@ -84,7 +86,6 @@ def probe_ids(vocab_size: int) -> np.ndarray:
 def verify_export(model: ZayaLM, directory, schema: str) -> str:
     """Reads `directory` back (our loader, `model`'s runtime fields) and compares it with `model`;
     returns what was checked, as one line."""
-    from zaya_jax.convert.hf_load import load_hf
     cfg = model.config
     written = load_hf(directory, **{f: getattr(cfg, f) for f in RUNTIME_MODEL_FIELDS})
     expected = cfg.replace(layout="native") if schema == "native" else cfg  # base -> native: checked above

@@ -27,7 +27,7 @@ A file stating none is read "output" (transformers' reading), said in one line o
 Which tensors are quantized is read from the tensors (a weight with its scales, or its blocks);
 `modules_to_not_convert` (transformers' matching: a prefix ending at a module boundary, a regex, or a
 suffix) names modules that must be stored in float. Kept quantized in memory, as BlockScaledArray
-(zaya_jax.infer.quantize), dequantized inside the computation that reads them: the attention
+(zaya_jax.checkpoints.quantize), dequantized inside the computation that reads them: the attention
 projections (q, k, v current / delayed, o) and the experts (gate, up, down) of the text model.
 Everything else stored quantized (a router linear, a vision tower's linears, LoRA, a fused expert
 tensor whose gate and up halves are not whole blocks) is dequantized to float32 on load (get), bit
@@ -42,10 +42,10 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from zaya_jax.convert.hf_config import HFCheckpointError
-from zaya_jax.convert.hf_names import Entry
+from zaya_jax.checkpoints.hf_config import HFCheckpointError
+from zaya_jax.checkpoints.hf_names import Entry
 from zaya_jax.errors import UserError
-from zaya_jax.infer.quantize import QUANTIZED_WEIGHTS, BlockScaledArray
+from zaya_jax.checkpoints.quantize import QUANTIZED_WEIGHTS, BlockScaledArray
 
 MX_BLOCK = 32
 METHODS = ("fp8", "mxfp4")

@@ -13,12 +13,12 @@ import numpy as np
 from flax import nnx
 
 from zaya_jax.config import RUNTIME_MODEL_FIELDS
-from zaya_jax.convert.export_check import check_schema, verify_export
-from zaya_jax.convert.hf_config import hf_config_from_model
-from zaya_jax.convert.hf_load import model_from_tensors
-from zaya_jax.convert.hf_names import ENTRIES
-from zaya_jax.convert.quantized_export import quantization_config, quantized_tensors
-from zaya_jax.convert.safetensors_io import write_sharded
+from zaya_jax.checkpoints.export_check import check_schema, verify_export
+from zaya_jax.checkpoints.hf_config import hf_config_from_model
+from zaya_jax.checkpoints.hf_load import model_from_tensors
+from zaya_jax.checkpoints.hf_names import ENTRIES
+from zaya_jax.checkpoints.quantized_export import quantization_config, quantized_tensors
+from zaya_jax.checkpoints.safetensors_io import write_sharded
 from zaya_jax.errors import UserError
 from zaya_jax.model.zaya import ZayaLM
 
@@ -60,13 +60,13 @@ def save_hf(model: ZayaLM, directory: str | os.PathLike, schema: str | None = No
 
     schema: "native" (transformers names) or "original" (Zyphra's ZAYA1-base names); by default
     it follows the model's layout. The written files are read back and must compute the same
-    model (zaya_jax.convert.export_check); otherwise nothing is written and ExportMismatch says
+    model (zaya_jax.checkpoints.export_check); otherwise nothing is written and ExportMismatch says
     why. The directory appears whole or not at all (written to a temporary sibling, checked,
     then renamed); an existing non-empty directory is refused. extra_files: {file name: text}
     written beside them (the tokenizer files, zaya_jax.convert.hf_tokenizer). report: called with
     one line saying what the read-back check compared and found (the convert CLI prints it).
     quantize: None, "fp8" or "mxfp4": written as transformers' quantizers write them, with their
-    quantization_config (zaya_jax.convert.quantized_export; fp8 in `block` x `block` blocks, native
+    quantization_config (zaya_jax.checkpoints.quantized_export; fp8 in `block` x `block` blocks, native
     schema only); the read-back check then compares the quantized files, read as quantized, with the
     model holding the written weights' dequantized values.
     """
