@@ -66,6 +66,7 @@ def main(argv):
     distributed.initialize()
     from flax import nnx
 
+    from zaya_jax.model.vision.vl import build_model
     from zaya_jax.parallel.mesh import make_mesh
     from zaya_jax.train.checkpoint import checkpoint_dir, model_target, read_config, restore_model
     from zaya_jax.train.data import eval_batches, phase_at_step, phases_of
@@ -74,7 +75,6 @@ def main(argv):
     from zaya_jax.train.objectives import make_objective
     from zaya_jax.train.settings import settings_from_config
     from zaya_jax.train.state import ModelParts, to_shardings
-    from zaya_jax.vision.model import build_model
     from zaya_jax.train.step import jit_eval_step
 
     if _CONFIG.value is None and _HF.value:

@@ -122,7 +122,7 @@ def load_checkpoint(checkpoint: str, step: int | None, tokenizer_path: str | Non
     from zaya_jax.train.carried_tokenizer import checkpoint_tokenizer
     from zaya_jax.train.checkpoint import load_checkpoint_model
 
-    from zaya_jax.vision.model import ZayaVL
+    from zaya_jax.model.vision.vl import ZayaVL
     model, step = load_checkpoint_model(checkpoint, step)
     if isinstance(model, ZayaVL) and not vision:
         raise UserError(f"--checkpoint {checkpoint} holds a vision-language model: this command answers text "
@@ -166,7 +166,7 @@ def score_vision_run(checkpoint: str, step: int, model, tokenizer, template: cha
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from zaya_jax.vision.model import ZayaVL
+    from zaya_jax.model.vision.vl import ZayaVL
     f = flags.FLAGS
     start = time.perf_counter()
     template = run_template(f.checkpoint, f.chat_template)

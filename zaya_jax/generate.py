@@ -30,7 +30,7 @@ chat_template.end_of_turn_ids).
 text, in the order given; with --chat, at the start of the user's message; --messages holds them
 as {"type": "image"} content parts (TRL's format) and --prompt_ids as one image_token_id each,
 expanded to its placeholders as transformers' processor does. The images are resized and cut by
-Qwen2-VL's processor (zaya_jax.vision.processor): within the run's vision.min_pixels and
+Qwen2-VL's processor (zaya_jax.data.vision.processor): within the run's vision.min_pixels and
 max_pixels for a checkpoint (those its images were prepared with), as DIR/preprocessor_config.json
 says for --hf. Each image gets one stderr line (its size -> the resized size, its patch grid, its
 image tokens); a side below patch_size x merge_size pixels is refused, naming the file, and so is
@@ -51,6 +51,8 @@ import numpy as np
 from absl import app, flags
 
 from zaya_jax import cli
+from zaya_jax.data.vision.processor import ImageProcessor, read_image
+from zaya_jax.data.vision.prompts import expand_placeholders
 from zaya_jax.errors import UserError
 from zaya_jax.data.chat_template import IMAGE
 from zaya_jax.infer.chat import chat_template_for, read_messages
@@ -60,9 +62,7 @@ from zaya_jax.infer import loading
 from zaya_jax.infer.loading import tokenizer_for
 from zaya_jax.convert.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
 from zaya_jax.infer.quantize import MODES
-from zaya_jax.vision.model import ZayaVL
-from zaya_jax.vision.processor import ImageProcessor, read_image
-from zaya_jax.vision.prompts import expand_placeholders
+from zaya_jax.model.vision.vl import ZayaVL
 
 _HF = flags.DEFINE_string("hf", None, "HF ZAYA checkpoint directory (config.json + safetensors).")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training run WORKDIR, its checkpoints/ directory, or a "

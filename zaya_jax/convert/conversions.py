@@ -75,7 +75,7 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
     native, which transformers loads, refused (UserError) when it would change what the model computes.
     quantize "fp8" / "mxfp4": its weights as transformers' quantizers write them (save_hf's quantize, block)."""
     import zaya_jax
-    from zaya_jax.vision.model import ZayaVL
+    from zaya_jax.model.vision.vl import ZayaVL
     if quantize is not None and schema == "original":
         raise UserError(f"--quantize {quantize} --schema original: quantized checkpoints are written with "
                         "transformers' names only: drop --schema")

@@ -1,5 +1,5 @@
 """transformers' ZAYA1-VL checkpoints (`Zaya1VLForConditionalGeneration`, model_type "zaya1_vl"):
-config and tensor names, onto zaya_jax.vision.model.ZayaVL.
+config and tensor names, onto zaya_jax.model.vision.vl.ZayaVL.
 
 config.json holds `text_config` (a ZAYA text config plus `vision_lora`, `vision_lora_rank_attn`,
 `vision_lora_rank_mlp`), `vision_config` (Qwen2.5-VL's vision tower) and the image token ids.
@@ -35,10 +35,10 @@ from zaya_jax.convert.hf_names import Entry, _Builder, _SWAP, _swiglu_split, nat
 from zaya_jax.convert.hf_vision_names import vision_entries
 from zaya_jax.convert.quantized_export import quantization_config, quantized_tensors
 from zaya_jax.convert.safetensors_io import TensorReader, write_sharded
-from zaya_jax.vision.config import VisionConfig
-from zaya_jax.vision.layout import patch_layout
-from zaya_jax.vision.model import ZAYA1_VL_IDS, ImageBatch, ImageTokenIds, ZayaVL
-from zaya_jax.vision.processor import ImageProcessor
+from zaya_jax.data.vision.processor import ImageProcessor
+from zaya_jax.model.vision.config import VisionConfig
+from zaya_jax.model.vision.layout import patch_layout
+from zaya_jax.model.vision.vl import ZAYA1_VL_IDS, ImageBatch, ImageTokenIds, ZayaVL
 
 TEXT_PREFIX, VISION_PREFIX = "model.language_model.", "model.visual."
 

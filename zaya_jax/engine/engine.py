@@ -51,6 +51,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from zaya_jax.data.vision.processor import ImageProcessor, image_span
 from zaya_jax.engine.images import fill_test_image, image_inputs, prefill_with_images, vision_split
 from zaya_jax.engine.params import SamplingParams
 from zaya_jax.engine.placement import place, place_params, row_buckets
@@ -59,9 +60,8 @@ from zaya_jax.engine.step import STOP_IDS, Decoded, Picked, RowSampling, engine_
 from zaya_jax.errors import UserError
 from zaya_jax.infer.cache import empty_state
 from zaya_jax.infer.generate import new_token_room, text_model
+from zaya_jax.model.vision.vl import ImageBatch, ZayaVL
 from zaya_jax.model.zaya import ZayaLM
-from zaya_jax.vision.model import ImageBatch, ZayaVL
-from zaya_jax.vision.processor import ImageProcessor, image_span
 
 
 class TokenEvent(NamedTuple):
@@ -154,7 +154,7 @@ class Engine:
         to on_token(id, event). ValueError, before anything runs, for bad params or a prompt that
         does not fit: prompt + max_tokens - 1 positions must fit cache_size (the last token is
         never fed). images (a ZayaVL's engine only): uint8 [H, W(, C)] arrays or Pillow images in
-        the order of the prompt's image spans (zaya_jax.vision.prompts.expand_placeholders); their
+        the order of the prompt's image spans (zaya_jax.data.vision.prompts.expand_placeholders); their
         placeholders must number their tokens, and a prompt without images holds none (ValueError)."""
         cfg = self.config
         params.validate(cfg.vocab_size, self.max_top_logprobs)

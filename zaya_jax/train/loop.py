@@ -51,8 +51,8 @@ from zaya_jax.train.start_checks import (RESUME_FIX, ResumePoint, check_data_sta
 from zaya_jax.train.program import abstract_batch, build_program, check_mesh_divides_model, image_shape
 from zaya_jax.train.state import (ModelParts, TrainState, initial_state, merged, with_shardings,
                                   without_vision_lora)
+from zaya_jax.model.vision.vl import build_model
 from zaya_jax.train.workdir_lock import WorkdirLock
-from zaya_jax.vision.model import build_model
 
 
 class Trainer:

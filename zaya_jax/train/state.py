@@ -18,11 +18,11 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from zaya_jax.data.vision.image_rows import IMAGE_KEYS
 from zaya_jax.model.params import BalancingBias
+from zaya_jax.model.vision.vl import ZayaVL
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.parallel.rules import state_shardings, with_zero1_axes
-from zaya_jax.vision.image_rows import IMAGE_KEYS
-from zaya_jax.vision.model import ZayaVL
 
 BIASES_PATH = ("layers", "moe", "router", "balancing_biases")
 

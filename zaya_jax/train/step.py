@@ -42,6 +42,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from zaya_jax.data.vision.image_rows import IMAGE_KEYS
+from zaya_jax.model.vision.vl import ImageBatch
 from zaya_jax.model.zaya import tied_logits
 from zaya_jax.parallel.context import current_mesh_shape
 from zaya_jax.parallel.gradient_reduce import GradientReduce, summed_over_data
@@ -51,8 +53,6 @@ from zaya_jax.train.loss import chunked_token_nll, weighted_nll_sum
 from zaya_jax.train.objectives import TokenObjective, zero_sums
 from zaya_jax.train.optimizer import applied_updates, path_name
 from zaya_jax.train.state import ModelParts, TrainState
-from zaya_jax.vision.image_rows import IMAGE_KEYS
-from zaya_jax.vision.model import ImageBatch
 
 
 def batch_hidden(parts: ModelParts, params: dict, biases: jax.Array, batch: dict, rope_theta: float):

@@ -22,10 +22,10 @@ import numpy as np
 
 from zaya_jax.data.chat_template import IMAGE, ChatTemplate, ConversationError, encode_conversation
 from zaya_jax.data.records import ImageChatDocument
+from zaya_jax.data.vision.processor import ImageProcessor, read_image
+from zaya_jax.data.vision.prompts import expand_placeholders
 from zaya_jax.errors import UserError
-from zaya_jax.vision.model import ImageTokenIds
-from zaya_jax.vision.processor import ImageProcessor, read_image
-from zaya_jax.vision.prompts import expand_placeholders
+from zaya_jax.model.vision.vl import ImageTokenIds
 
 
 def flatten_content(messages: Sequence[dict]) -> tuple[list[dict], int]:

@@ -6,7 +6,7 @@
   resize (bicubic, Pillow) to h x w, each a multiple of f, keeping the
     aspect ratio, with h * w within [min_pixels, max_pixels] (`smart_resize`)
   scale to [0, 1], normalise per channel with CLIP's mean and std
-  patches of patch_size^2 pixels, block-major over merge_size^2 blocks (zaya_jax.vision.layout's
+  patches of patch_size^2 pixels, block-major over merge_size^2 blocks (zaya_jax.model.vision.layout's
     order), each flattened channel x frame x row x column  -> [h*w / patch^2, F], grid (1, h/p, w/p)
 In the text, an image is `vision_start`, one `image` placeholder per merged token, `vision_end`
 (`image_span`).
@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from zaya_jax.errors import UserError
-from zaya_jax.vision.config import VisionConfig
+from zaya_jax.model.vision.config import VisionConfig
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

@@ -25,10 +25,10 @@ import numpy as np
 from flax import nnx
 
 from zaya_jax.config import ModelConfig
+from zaya_jax.data.vision.processor import ImageProcessor
 from zaya_jax.model.accounting import model_summary
-from zaya_jax.vision.config import VisionConfig
-from zaya_jax.vision.processor import ImageProcessor
-from zaya_jax.vision.tower import VisionTower
+from zaya_jax.model.vision.config import VisionConfig
+from zaya_jax.model.vision.tower import VisionTower
 
 _TOWER_GROUPS = (("vision patch embedding", "patch_kernel"), ("vision blocks", "blocks"),
                  ("vision merger (projector)", "merger"))
