@@ -293,9 +293,8 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
     import zaya_jax
     from tests.test_infer_cli import run_main
     from tests.train_helpers import REPO
-    from zaya_jax.config_files import image_processor
     from zaya_jax.convert.hf_vl import load_vl_hf
-    from zaya_jax.data.vision.processor import ImageProcessor
+    from zaya_jax.data.vision.processor import ImageProcessor, image_processor
     from zaya_jax.data.vision.prompts import expand_placeholders
     from zaya_jax.errors import UserError
     from zaya_jax.evaluate_tasks import load_checkpoint as load_for_tasks
@@ -362,8 +361,8 @@ def test_the_export_answers_held_out_digits_as_the_checkpoint(run, exported, tmp
     from PIL import Image
 
     from tests.test_infer_cli import run_main
-    from zaya_jax.config_files import image_processor
     from zaya_jax.convert.hf_vl import load_vl_hf, load_vl_processor
+    from zaya_jax.data.vision.processor import image_processor
     from zaya_jax.data.vision.prompts import expand_placeholders, prompt_image_batch
     from zaya_jax.train.checkpoint import checkpoint_dir, load_checkpoint_model, read_config
 

@@ -75,12 +75,12 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
     native, which transformers loads, refused (UserError) when it would change what the model computes.
     quantize "fp8" / "mxfp4": its weights as transformers' quantizers write them (save_hf's quantize, block)."""
     import zaya_jax
-    from zaya_jax.model.vision.vl import ZayaVL
+    from zaya_jax.model.vision.vl import is_vision_language
     if quantize is not None and schema == "original":
         raise UserError(f"--quantize {quantize} --schema original: quantized checkpoints are written with "
                         "transformers' names only: drop --schema")
     model, loaded_step = load_checkpoint_model(checkpoint, step, dtype="float32")
-    if isinstance(model, ZayaVL):
+    if is_vision_language(model):
         return vl_to_hf(checkpoint, loaded_step, model, out_dir, schema, tokenizer_path, quantize, block)
     if schema is None:
         problem = schema_problem(model, "native")
@@ -104,8 +104,8 @@ def vl_to_hf(checkpoint: str, step: int | None, model, out_dir: str, schema: str
     """A vision-language run's checkpoint as a zaya1_vl HF directory (its native names only), with the
     image processor its run prepared its images with (the config's vision.min_pixels / max_pixels);
     quantize: its text model's weights as save_vl_hf writes them."""
-    from zaya_jax.config_files import image_processor
     from zaya_jax.convert.hf_vl import save_vl_hf
+    from zaya_jax.data.vision.processor import image_processor
     from zaya_jax.train.checkpoint import checkpoint_dir, read_config
     if schema not in (None, "native"):
         raise UserError(f"--schema {schema}: --checkpoint {checkpoint} holds a vision-language model, which exports "

@@ -33,7 +33,7 @@ from zaya_jax.engine.prefix_cache import RESTORE_JIT, SNAPSHOT_JIT, restore_fn, 
 from zaya_jax.engine.step import CHUNK_JIT, DECODE_JIT, chunk_fn, decode_fn
 from zaya_jax.infer.cache import DecodeState
 from zaya_jax.infer.quantize import QuantizedArray, QuantizedWeight
-from zaya_jax.model.vision.vl import ZayaVL
+from zaya_jax.model.vision.vl import text_model
 from zaya_jax.parallel.context import active_axes
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
 from zaya_jax.parallel.rules import RULES, check_axes_divide, state_specs
@@ -62,7 +62,7 @@ def check_mesh(model: nnx.Module, shape: dict[str, int], slots: int, where: str 
         raise ConfigError(f"{where}: slots={slots} does not split over {' x '.join(f'{a}={shape[a]}' for a in batch)}"
                           f" = {rows}, the axes the MoE splits an engine step's rows over\nfix: slots a multiple "
                           f"of {rows}, e.g. {-(-slots // rows) * rows}")
-    check_platform_support(shape, (model.text if isinstance(model, ZayaVL) else model).config.expert_parallel)
+    check_platform_support(shape, text_model(model).config.expert_parallel)
 
 
 def row_buckets(slots: int, mesh: Mesh | None) -> tuple[int, ...]:

@@ -35,7 +35,8 @@ from zaya_jax.errors import UserError
 from zaya_jax.infer.cache import DecodeState
 from zaya_jax.infer.decode import decode_step, prefill
 from zaya_jax.infer.sampling import Sampler, sample
-from zaya_jax.model.vision.vl import ImageBatch, ZayaVL, check_placeholders, place_image_tokens
+from zaya_jax.model.vision.vl import (ImageBatch, ZayaVL, check_placeholders, is_vision_language, place_image_tokens,
+                                      text_model)
 from zaya_jax.model.zaya import ZayaLM
 
 PROMPT_BUCKET = 16
@@ -80,10 +81,6 @@ def pad_prompts(prompt_ids, lengths: Sequence[int] | None, pad_id: int, vocab_si
     for i, r in enumerate(rows):
         ids[i, :len(r)] = r
     return ids, np.asarray(lengths, np.int32)
-
-
-def text_model(model: ZayaLM | ZayaVL) -> ZayaLM:
-    return model.text if isinstance(model, ZayaVL) else model
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
@@ -207,7 +204,7 @@ def prompt_images(model: ZayaLM | ZayaVL, ids: np.ndarray, images: Sequence[Sequ
                   processor: ImageProcessor | None = None) -> ImageBatch | None:
     """Each prompt's images as one padded ImageBatch row (None without images), after checking that
     each prompt's placeholders number its images' tokens."""
-    image_id = model.ids.image if isinstance(model, ZayaVL) else None
+    image_id = model.ids.image if is_vision_language(model) else None
     if images is None:
         if image_id is not None and (ids == image_id).any():
             raise UserError(f"the prompts hold image placeholders (token {image_id}) but no images were given")

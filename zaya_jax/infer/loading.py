@@ -121,7 +121,7 @@ def model_image_processor(*, checkpoint: str | None = None, hf: str | None = Non
             return None
         from zaya_jax.convert.hf_vl import load_vl_processor
         return load_vl_processor(hf)
-    from zaya_jax.config_files import image_processor
+    from zaya_jax.data.vision.processor import image_processor
     from zaya_jax.train.checkpoint import checkpoint_dir, read_config
     config = read_config(checkpoint_dir(checkpoint), step)
     return image_processor(config) if "vision" in config else None
