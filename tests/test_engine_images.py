@@ -16,8 +16,8 @@ import zaya_jax
 from tests.test_engine_serving import compilations, drain, submit
 from tests.test_vision_generate import PROCESSOR, WIDTH, whole_model_logits
 from tests.vision_fixtures import IDS, TEXT, random_vl_model
+from zaya_jax.data.vision.prompts import expand_placeholders
 from zaya_jax.engine import Engine, SamplingParams
-from zaya_jax.vision.prompts import expand_placeholders
 
 SLOTS, CACHE, CHUNK, NEW = 3, 40, 8, 6
 

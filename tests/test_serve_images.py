@@ -90,7 +90,7 @@ def test_chats_with_images_beside_text_equal_generate_alone(server, client, chec
     model's (tower and text model, no cache) over prompt + tokens."""
     import zaya_jax
     from zaya_jax.data.tokenizer import Tokenizer
-    from zaya_jax.vision.processor import ImageProcessor
+    from zaya_jax.data.vision.processor import ImageProcessor
     tokenizer = Tokenizer(str(checkpoint.parent / "tokenizer.json"), bos_id=2, eos_id=1, pad_id=0)
     processor = ImageProcessor.for_tower(VISION, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
 

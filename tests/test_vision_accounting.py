@@ -1,4 +1,4 @@
-"""ZAYA1-VL in the planner (zaya_jax.vision.accounting): ZAYA1-VL-8B's parameters are the report's
+"""ZAYA1-VL in the planner (zaya_jax.model.vision.accounting): ZAYA1-VL-8B's parameters are the report's
 9.2B without the embedding, 1.4B active; the tower's count is transformers' Qwen2.5-VL tower's
 (built on the meta device from ZAYA1-VL-8B's vision config), the LoRA's is the reference's shapes';
 the tower's forward FLOPs are XLA's cost analysis of the compiled tower; the planner CLI prints
@@ -17,11 +17,11 @@ from flax import nnx
 
 from zaya_jax.config import ConfigError
 from zaya_jax.config_files import load_config_file, model_config, vision_config
+from zaya_jax.model.vision.accounting import tower_forward_flops, vl_model_summary
+from zaya_jax.model.vision.config import VisionConfig
+from zaya_jax.model.vision.layout import patch_layout
+from zaya_jax.model.vision.tower import VisionTower
 from zaya_jax.train.settings import settings_from_config
-from zaya_jax.vision.accounting import tower_forward_flops, vl_model_summary
-from zaya_jax.vision.config import VisionConfig
-from zaya_jax.vision.layout import patch_layout
-from zaya_jax.vision.tower import VisionTower
 
 CONFIG = "configs/zaya1_vl_8b.py"
 

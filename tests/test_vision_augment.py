@@ -1,4 +1,4 @@
-"""Training-image augmentation (zaya_jax.vision.augment, train.augment_*): each image a training lane
+"""Training-image augmentation (zaya_jax.data.vision.augment, train.augment_*): each image a training lane
 draws is moved, resized and its contrast changed as drawn from the seed of that draw; the rows keep
 their tokens, masks and packing; held-out rows keep the stored images; the demo has it on. And the
 held-out variants it is measured on (demo_images.digit_variant): each digit moved by one or two
@@ -13,10 +13,10 @@ from zaya_jax.config_files import load_config_file
 from zaya_jax.data import packing
 from zaya_jax.data.lanes import LaneStream
 from zaya_jax.data.records import ImageChatDocument
+from zaya_jax.data.vision.augment import ImageAugment
+from zaya_jax.data.vision.image_rows import ImageChatRows
 from zaya_jax.train.data import eval_batches, image_rows, open_training_data
 from zaya_jax.train.settings import settings_from_config
-from zaya_jax.vision.augment import ImageAugment
-from zaya_jax.vision.image_rows import ImageChatRows
 
 AUGMENT = dict(augment_shift=0.15, augment_scale=0.25, augment_contrast=0.3)
 SEQ = 64
@@ -128,7 +128,7 @@ def test_the_vl_demo_trains_with_augmentation_that_covers_the_heldout_variants()
 
 
 def test_the_heldout_variants_move_each_digit_one_pixel_or_draw_it_at_another_size():
-    from zaya_jax.vision.demo_images import digit_conversations, digit_variant
+    from zaya_jax.data.vision.demo_images import digit_conversations, digit_variant
     heldout = digit_conversations("heldout")[:9]
     moved = digit_variant(heldout, "shifted")
     directions = [(-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1), (-1, -1)]  # digit i: i % 8
@@ -149,7 +149,7 @@ def test_the_heldout_variants_move_each_digit_one_pixel_or_draw_it_at_another_si
 
 
 def _variant_images(variant: str, images: list[np.ndarray]) -> list[np.ndarray]:
-    from zaya_jax.vision.demo_images import digit_conversations, digit_variant
+    from zaya_jax.data.vision.demo_images import digit_conversations, digit_variant
     heldout = digit_conversations("heldout")[:len(images)]
     drawn = digit_variant([{**c, "images": [image]} for c, image in zip(heldout, images)], variant)
     assert [c["messages"] for c in drawn] == [c["messages"] for c in heldout]

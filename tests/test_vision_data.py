@@ -1,5 +1,5 @@
 """Image+text training data: conversations with images in TRL's format -> image_chat documents
-(records round trip) -> rows packed whole (zaya_jax.vision.image_rows.ImageChatRows): every
+(records round trip) -> rows packed whole (zaya_jax.data.vision.image_rows.ImageChatRows): every
 conversation and its images in one row, within both the row's positions and its patches, and each
 row's patches the processor's cut of its images in the order of their placeholders. The rows are
 what ZayaVL takes: each packed conversation's logits equal its logits alone (placement order,
@@ -15,12 +15,12 @@ from zaya_jax.data import packing, records
 from zaya_jax.data.chat_template import PLAIN, ChatTemplate, ConversationError
 from zaya_jax.data.lanes import SequentialStream
 from zaya_jax.data.tokenizer import Tokenizer
-from zaya_jax.vision.chat import encode_image_chat
-from zaya_jax.vision.demo_images import QUESTION, digit_conversations
-from zaya_jax.vision.image_rows import IMAGE_KEYS, ImageChatRows
-from zaya_jax.vision.layout import patch_row
-from zaya_jax.vision.model import ImageBatch
-from zaya_jax.vision.processor import ImageProcessor
+from zaya_jax.data.vision.chat import encode_image_chat
+from zaya_jax.data.vision.demo_images import QUESTION, digit_conversations
+from zaya_jax.data.vision.image_rows import IMAGE_KEYS, ImageChatRows
+from zaya_jax.data.vision.processor import ImageProcessor
+from zaya_jax.model.vision.layout import patch_row
+from zaya_jax.model.vision.vl import ImageBatch
 
 WORDS = ["User:", "Which", "digit", "is", "this?", "Assistant:", *"0123456789", "and"]
 PROCESSOR = ImageProcessor.for_tower(VISION, min_pixels=256, max_pixels=1024)  # a digit: 16x16 pixels, 16 patches

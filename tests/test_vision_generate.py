@@ -17,14 +17,14 @@ from flax import nnx
 
 import zaya_jax
 from tests.vision_fixtures import IDS, TEXT, VISION, random_vl_model
+from zaya_jax.data.vision.processor import ImageProcessor
+from zaya_jax.data.vision.prompts import expand_placeholders, prompt_image_batch
 from zaya_jax.errors import UserError
 from zaya_jax.infer.decode import prefill
 from zaya_jax.infer.generate import generate
+from zaya_jax.model.vision.layout import patch_layout
+from zaya_jax.model.vision.vl import ImageBatch, place_image_tokens
 from zaya_jax.parallel.mesh import make_mesh
-from zaya_jax.vision.layout import patch_layout
-from zaya_jax.vision.model import ImageBatch, place_image_tokens
-from zaya_jax.vision.processor import ImageProcessor
-from zaya_jax.vision.prompts import expand_placeholders, prompt_image_batch
 
 PROCESSOR = ImageProcessor.for_tower(VISION, min_pixels=64, max_pixels=16 * 32)
 NEW = 5

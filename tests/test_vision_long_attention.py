@@ -17,13 +17,13 @@ from flax import nnx
 
 import zaya_jax
 from tests.vision_fixtures import IDS, TEXT, VISION, random_vl_model
+from zaya_jax.data.vision.processor import ImageProcessor
+from zaya_jax.data.vision.prompts import expand_placeholders
 from zaya_jax.infer.decode import prefill
 from zaya_jax.model import kernels
 from zaya_jax.model.attention_core import query_block_size, xla_attention
-from zaya_jax.vision.layout import patch_layout
-from zaya_jax.vision.model import ImageBatch, place_image_tokens
-from zaya_jax.vision.processor import ImageProcessor
-from zaya_jax.vision.prompts import expand_placeholders
+from zaya_jax.model.vision.layout import patch_layout
+from zaya_jax.model.vision.vl import ImageBatch, place_image_tokens
 
 PROCESSOR = ImageProcessor.for_tower(VISION, min_pixels=64, max_pixels=40 * 40)
 SEQ, FIRST_DOC, NEW, WIDTH = 140, 100, 3, 144   # WIDTH: the reference forwards' padded length

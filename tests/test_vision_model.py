@@ -25,8 +25,8 @@ from flax import nnx
 from tests.hf_reference import TINY_HF, jax_from_hf, make_hf_model, make_hf_vision_tower
 from zaya_jax.checkpoints.hf_load import _lookup
 from zaya_jax.checkpoints.hf_vl import vl_entries, vl_model_from_tensors
-from zaya_jax.vision.layout import patch_layout
-from zaya_jax.vision.model import ImageBatch
+from zaya_jax.model.vision.layout import patch_layout
+from zaya_jax.model.vision.vl import ImageBatch
 
 pytestmark = pytest.mark.torch_reference
 

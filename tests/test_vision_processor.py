@@ -14,9 +14,9 @@ from tests.vision_fixtures import VISION
 from zaya_jax.checkpoints.hf_config import HFCheckpointError
 from zaya_jax.checkpoints.hf_image_processor import image_processor_from_config, preprocessor_config, read_image_processor
 from zaya_jax.errors import UserError
-from zaya_jax.vision.config import VisionConfig
-from zaya_jax.vision.layout import patch_layout
-from zaya_jax.vision.processor import ImageProcessor, image_span, smart_resize
+from zaya_jax.model.vision.config import VisionConfig
+from zaya_jax.model.vision.image_size import smart_resize
+from zaya_jax.model.vision.layout import patch_layout
 
 SIZES = dict(min_pixels=56 * 56, max_pixels=28 * 28 * 16)
 SHAPES = [(30, 40), (300, 200), (57, 250), (56, 84)]   # up, down, odd aspect, already multiples of 28

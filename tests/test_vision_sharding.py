@@ -9,11 +9,11 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tests.vision_fixtures import IDS, VISION, random_vl_model
+from zaya_jax.data.vision.processor import image_span
+from zaya_jax.model.vision.layout import patch_layout
+from zaya_jax.model.vision.vl import ImageBatch
 from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.parallel.rules import batch_spec, state_shardings
-from zaya_jax.vision.layout import patch_layout
-from zaya_jax.vision.model import ImageBatch
-from zaya_jax.vision.processor import image_span
 
 B, S, GRID = 4, 16, (1, 4, 4)
 

@@ -15,8 +15,8 @@ from flax import nnx
 from tests.hf_reference import make_hf_vision_tower
 from zaya_jax.checkpoints.hf_load import _lookup, vision_tower_from_tensors
 from zaya_jax.checkpoints.hf_vision_names import vision_entries
-from zaya_jax.vision.config import VisionConfig
-from zaya_jax.vision.layout import patch_layout
+from zaya_jax.model.vision.config import VisionConfig
+from zaya_jax.model.vision.layout import patch_layout
 
 pytestmark = pytest.mark.torch_reference
 

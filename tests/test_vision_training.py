@@ -30,6 +30,7 @@ from tests.vision_fixtures import IDS, TEXT, VISION
 from zaya_jax.config import ConfigError
 from zaya_jax.config_files import load_config_file, vision_section
 from zaya_jax.data import prepare
+from zaya_jax.model.vision.vl import ZayaVL
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.train import balancing
 from zaya_jax.checkpoints.orbax_checkpoint import config_json, save_model
@@ -41,7 +42,6 @@ from zaya_jax.train.settings import settings_from_config
 from zaya_jax.checkpoints.model_parts import ModelParts
 from zaya_jax.train.state import initial_state
 from zaya_jax.train.step import train_step
-from zaya_jax.vision.model import ZayaVL
 
 STEPS, SEQ, BATCH, CAPACITY = 3, 64, 8, 48  # a row: 3 conversations (their 48 patches), 36 of 64 positions
 TEXT_ONLY = dataclasses.replace(TEXT, vision_lora_rank_attn=0, vision_lora_rank_mlp=0)
@@ -149,8 +149,8 @@ def _one_device(config, params, biases, steps):
 
 def _grad_norms(parts: ModelParts, params, biases, batch) -> tuple[float, float]:
     """(the global norm of the mean loss's gradient over the trained parameters, over all of them)."""
+    from zaya_jax.model.vision.vl import ImageBatch
     from zaya_jax.train.optimizer import path_name
-    from zaya_jax.vision.model import ImageBatch
     images = ImageBatch(*(jnp.asarray(batch[k]) for k in ("patches", "patch_positions", "image_segments",
                                                           "window_segments")))
 
@@ -167,7 +167,7 @@ def _grad_norms(parts: ModelParts, params, biases, batch) -> tuple[float, float]
 
 def _numpy_loss(model: ZayaVL, batch, patches=None) -> float:
     """The masked mean nll of `batch` from ZayaVL's logits (the tower on the batch's patches)."""
-    from zaya_jax.vision.model import ImageBatch
+    from zaya_jax.model.vision.vl import ImageBatch
     images = ImageBatch(jnp.asarray(batch["patches"] if patches is None else patches),
                         jnp.asarray(batch["patch_positions"]), jnp.asarray(batch["image_segments"]),
                         jnp.asarray(batch["window_segments"]))
@@ -294,13 +294,13 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
     import zaya_jax
     from tests.test_infer_cli import run_main
     from tests.train_helpers import REPO
-    from zaya_jax.config_files import image_processor
+    from zaya_jax.data.vision.processor import image_processor
     from zaya_jax.checkpoints.hf_vl import load_vl_hf
     from zaya_jax.errors import UserError
     from zaya_jax.evaluate_tasks import load_checkpoint as load_for_tasks
     from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model, read_config
-    from zaya_jax.vision.processor import ImageProcessor
-    from zaya_jax.vision.prompts import expand_placeholders
+    from zaya_jax.data.vision.processor import ImageProcessor
+    from zaya_jax.data.vision.prompts import expand_placeholders
 
     config, _, _, _, _, text_dir, run_dir = run
     image = _digit_documents(1)[0][2][0][:8:, :8]                       # an 8x8 image, resized to 16x16
@@ -363,10 +363,10 @@ def test_the_export_answers_held_out_digits_as_the_checkpoint(run, exported, tmp
     from PIL import Image
 
     from tests.test_infer_cli import run_main
-    from zaya_jax.config_files import image_processor
+    from zaya_jax.data.vision.processor import image_processor
     from zaya_jax.checkpoints.hf_vl import load_vl_hf, load_vl_processor
     from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, load_checkpoint_model, read_config
-    from zaya_jax.vision.prompts import expand_placeholders, prompt_image_batch
+    from zaya_jax.data.vision.prompts import expand_placeholders, prompt_image_batch
 
     hf_dir, told = exported
     assert "the image processor's grids, image tokens and patches on 3 probe images" in told
@@ -413,9 +413,9 @@ def test_evaluate_tasks_scores_the_run_on_plain_shifted_and_rescaled_digits(run,
     from zaya_jax.data.chat_template import PLAIN, ChatTemplate
     from zaya_jax.data.tokenizer import Tokenizer
     from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model
-    from zaya_jax.vision.demo_images import digit_conversations, digit_variant
+    from zaya_jax.data.vision.demo_images import digit_conversations, digit_variant
     from zaya_jax.vision.digit_accuracy import digit_accuracy
-    from zaya_jax.vision.processor import ImageProcessor
+    from zaya_jax.data.vision.processor import ImageProcessor
 
     run_dir = run[-1]
     tokenizer = _word_tokenizer(tmp_path / "tokenizer.json")

@@ -5,8 +5,8 @@ import numpy as np
 from flax import nnx
 
 from zaya_jax.config import ModelConfig
-from zaya_jax.vision.config import VisionConfig
-from zaya_jax.vision.model import ImageTokenIds, ZayaVL
+from zaya_jax.model.vision.config import VisionConfig
+from zaya_jax.model.vision.vl import ImageTokenIds, ZayaVL
 
 TEXT = ModelConfig(vocab_size=96, hidden_size=32, num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=8,
                    num_experts=4, moe_intermediate_size=16, router_hidden_size=8, layout="native",

@@ -85,13 +85,13 @@ def vision_section(**values) -> ml_collections.ConfigDict:
     """A config's `vision` section (a ZAYA1-VL model): every VisionConfig field, the image token ids
     and the image processor's resize bounds (PROCESSOR_FIELDS: what generation resizes a given image
     to), their defaults (ZAYA1-VL-8B's, Qwen2-VL's processor) unless given in `values`."""
-    from zaya_jax.vision.config import VisionConfig
-    from zaya_jax.vision.model import ZAYA1_VL_IDS
-    from zaya_jax.vision.processor import ImageProcessor
+    from zaya_jax.model.vision.config import VisionConfig
+    from zaya_jax.model.vision.image_size import MAX_PIXELS, MIN_PIXELS
+    from zaya_jax.model.vision.vl import ZAYA1_VL_IDS
     defaults = {f.name: f.default for f in dataclasses.fields(VisionConfig) if f.name != "dtype"}
     defaults["fullatt_block_indexes"] = list(defaults["fullatt_block_indexes"])
     defaults |= dict(zip(VISION_ID_FIELDS, ZAYA1_VL_IDS))
-    defaults |= {name: getattr(ImageProcessor, name) for name in PROCESSOR_FIELDS}
+    defaults |= dict(zip(PROCESSOR_FIELDS, (MIN_PIXELS, MAX_PIXELS)))
     unknown = sorted(set(values) - set(defaults))
     if unknown:
         raise ConfigError(f"vision.{unknown[0]}: unknown field (known fields: {', '.join(sorted(defaults))})")
@@ -102,21 +102,13 @@ VISION_ID_FIELDS = ("image_token_id", "vision_start_token_id", "vision_end_token
 PROCESSOR_FIELDS = ("min_pixels", "max_pixels")
 
 
-def image_processor(config: ml_collections.ConfigDict):
-    """The ImageProcessor of a config's `vision` section: its tower's patches, its resize bounds."""
-    from zaya_jax.vision.processor import ImageProcessor
-    tower, _ = vision_config(config)
-    return ImageProcessor.for_tower(tower, **{k: int(config.vision[k]) for k in PROCESSOR_FIELDS
-                                              if k in config.vision})
-
-
 def vision_config(config: ml_collections.ConfigDict):
     """-> (VisionConfig, ImageTokenIds) of a config's `vision` section, or None without one; the
     tower computes in the model's dtype."""
     if "vision" not in config:
         return None
-    from zaya_jax.vision.config import VisionConfig
-    from zaya_jax.vision.model import ImageTokenIds
+    from zaya_jax.model.vision.config import VisionConfig
+    from zaya_jax.model.vision.vl import ImageTokenIds
     values = {k: v for k, v in config.vision.items() if k not in PROCESSOR_FIELDS}
     ids = ImageTokenIds(*(int(values.pop(name)) for name in VISION_ID_FIELDS if name in values))
     try:

@@ -47,7 +47,7 @@ from zaya_jax.train.objectives import make_objective
 from zaya_jax.train.settings import settings_from_config
 from zaya_jax.train.start_checks import load_hf_matching
 from zaya_jax.train.step import jit_eval_step
-from zaya_jax.vision.model import build_model
+from zaya_jax.model.vision.vl import build_model
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (default: the checkpoint's own).")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Orbax checkpoint (WORKDIR, WORKDIR/checkpoints, to_orbax).")

@@ -75,7 +75,8 @@ def generate_completions(model, tokenizer, prompts: list[np.ndarray], max_new_to
 
     Batches are filled up to `batch_size` with the last prompt, so every batch of one prompt
     width reuses one compiled program."""
-    from zaya_jax.infer.generate import generate, stop_tokens, text_model
+    from zaya_jax.infer.generate import generate, stop_tokens
+    from zaya_jax.model.vision.vl import text_model
     stops = stop_tokens(text_model(model).config.eos_token_id, stop_ids)
     texts = []
     def filled(rows: list) -> list:  # a short last batch repeats its last row
@@ -122,13 +123,13 @@ def load_checkpoint(checkpoint: str, step: int | None, tokenizer_path: str | Non
     from zaya_jax.checkpoints.carried_tokenizer import checkpoint_tokenizer
     from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model
 
-    from zaya_jax.vision.model import ZayaVL
+    from zaya_jax.model.vision.vl import is_vision_language, text_model
     model, step = load_checkpoint_model(checkpoint, step)
-    if isinstance(model, ZayaVL) and not vision:
+    if is_vision_language(model) and not vision:
         raise UserError(f"--checkpoint {checkpoint} holds a vision-language model: this command answers text "
                         f"questions with a text model (python -m zaya_jax.evaluate_tasks --checkpoint {checkpoint} "
                         "scores it on the held-out digits)")
-    cfg = model.config if not isinstance(model, ZayaVL) else model.text.config
+    cfg = text_model(model).config
     path, told = checkpoint_tokenizer(checkpoint, step, tokenizer_path)
     print(told, file=sys.stderr)
     tokenizer = Tokenizer(path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
@@ -156,7 +157,7 @@ def score_vision_run(checkpoint: str, step: int, model, tokenizer, template: cha
                      max_new_tokens: int = MAX_NEW_TOKENS, batch_size: int = BATCH_SIZE) -> dict:
     """A vision-language run's ZayaVL scored on the held-out digits (vision.digit_accuracy.score_digits),
     images resized as the run's config says."""
-    from zaya_jax.config_files import image_processor
+    from zaya_jax.data.vision.processor import image_processor
     from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, read_config
     from zaya_jax.vision.digit_accuracy import score_digits
     processor = image_processor(read_config(checkpoint_dir(checkpoint), step))
@@ -166,12 +167,12 @@ def score_vision_run(checkpoint: str, step: int, model, tokenizer, template: cha
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from zaya_jax.vision.model import ZayaVL
+    from zaya_jax.model.vision.vl import is_vision_language
     f = flags.FLAGS
     start = time.perf_counter()
     template = run_template(f.checkpoint, f.chat_template)
     model, step, tokenizer = load_checkpoint(f.checkpoint, f.step, f.tokenizer, vision=True)
-    if isinstance(model, ZayaVL):
+    if is_vision_language(model):
         result = score_vision_run(f.checkpoint, step, model, tokenizer, template, max_new_tokens=f.max_new_tokens,
                                   batch_size=f.batch_size)
         asked = f"{result['questions']} digits x {len(result['variants'])} variants"

@@ -30,7 +30,7 @@ chat_template.end_of_turn_ids).
 text, in the order given; with --chat, at the start of the user's message; --messages holds them
 as {"type": "image"} content parts (TRL's format) and --prompt_ids as one image_token_id each,
 expanded to its placeholders as transformers' processor does. The images are resized and cut by
-Qwen2-VL's processor (zaya_jax.vision.processor): within the run's vision.min_pixels and
+Qwen2-VL's processor (zaya_jax.data.vision.processor): within the run's vision.min_pixels and
 max_pixels for a checkpoint (those its images were prepared with), as DIR/preprocessor_config.json
 says for --hf. Each image gets one stderr line (its size -> the resized size, its patch grid, its
 image tokens); a side below patch_size x merge_size pixels is refused, naming the file, and so is
@@ -51,18 +51,20 @@ import numpy as np
 from absl import app, flags
 
 from zaya_jax import cli
+from zaya_jax.data.vision.processor import ImageProcessor, read_image
+from zaya_jax.data.vision.prompts import expand_placeholders
 from zaya_jax.errors import UserError
 from zaya_jax.data.chat_template import IMAGE
 from zaya_jax.infer.chat import chat_template_for, read_messages
-from zaya_jax.infer.generate import generate, new_token_room, stop_tokens, text_model
+from zaya_jax.infer.generate import generate, new_token_room, stop_tokens
 from zaya_jax.engine.batch import generate as package_generate  # what zaya_jax.generate runs, slots included
 from zaya_jax.infer import loading
 from zaya_jax.infer.loading import tokenizer_for
 from zaya_jax.checkpoints.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
 from zaya_jax.checkpoints.quantize import MODES
-from zaya_jax.vision.model import ZayaVL
-from zaya_jax.vision.processor import ImageProcessor, read_image
-from zaya_jax.vision.prompts import expand_placeholders
+from zaya_jax.model.vision.vl import ZayaVL
+from zaya_jax.data.vision.processor import ImageProcessor, read_image
+from zaya_jax.data.vision.prompts import expand_placeholders
 
 _HF = flags.DEFINE_string("hf", None, "HF ZAYA checkpoint directory (config.json + safetensors).")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training run WORKDIR, its checkpoints/ directory, or a "
@@ -237,7 +239,7 @@ def main(argv: list[str]) -> None:
         template = chat_template_for(checkpoint=_CHECKPOINT.value, hf=_HF.value, override=_CHAT_TEMPLATE.value)
     start = time.perf_counter()
     model = load_model()
-    if isinstance(model, ZayaVL) and not images:
+    if is_vision_language(model) and not images:
         print("note: a vision-language model with no --image: it answers from the text alone (give --image FILE "
               "to show it one)", file=sys.stderr)
     cfg = text_model(model).config
@@ -247,7 +249,7 @@ def main(argv: list[str]) -> None:
         from zaya_jax.data.tokenizer import Tokenizer
         chat_tokenizer = Tokenizer(path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
         ids = encode_prompt(template, chat_tokenizer, messages,
-                            model.ids.image if isinstance(model, ZayaVL) else None).tolist()
+                            model.ids.image if is_vision_language(model) else None).tolist()
         end_of_turn = end_of_turn_ids(template, chat_tokenizer)
     elif _PROMPT.value is not None:
         ids = ([] if _NO_BOS.value else [cfg.bos_token_id]) + tokenizer.encode(_PROMPT.value,

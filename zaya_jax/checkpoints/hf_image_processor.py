@@ -1,6 +1,6 @@
 """A zaya1_vl directory's image processor: `preprocessor_config.json`, as transformers' Qwen2-VL
 image processor (`Qwen2VLImageProcessor`, which ZAYA1-VL's `Zaya1VLProcessor` holds) saves and
-reads it, <-> zaya_jax.vision.processor.ImageProcessor.
+reads it, <-> zaya_jax.data.vision.processor.ImageProcessor.
 
   preprocessor_config(processor)           -> the JSON dict to write
   read_image_processor(dir, vision, report) -> ImageProcessor (no file: transformers' default
@@ -27,8 +27,8 @@ import numpy as np
 
 from zaya_jax.checkpoints.export_check import ExportMismatch
 from zaya_jax.checkpoints.hf_config import HFCheckpointError
-from zaya_jax.vision.config import VisionConfig
-from zaya_jax.vision.processor import CLIP_MEAN, CLIP_STD, ImageProcessor
+from zaya_jax.model.vision.config import VisionConfig
+from zaya_jax.data.vision.processor import CLIP_MEAN, CLIP_STD, ImageProcessor
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 IMAGE_PROCESSOR_TYPES = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorPil", "Qwen2VLImageProcessorFast")

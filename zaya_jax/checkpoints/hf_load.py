@@ -18,9 +18,9 @@ from zaya_jax.checkpoints.hf_vision_names import vision_entries
 from zaya_jax.checkpoints.safetensors_io import TensorReader
 from zaya_jax.checkpoints.quantize import BlockScaledArray
 from zaya_jax.model.build import abstract_model
+from zaya_jax.model.vision.config import VisionConfig
+from zaya_jax.model.vision.tower import VisionTower
 from zaya_jax.model.zaya import ZayaLM
-from zaya_jax.vision.config import VisionConfig
-from zaya_jax.vision.tower import VisionTower
 
 
 def read_hf_config(directory: str | os.PathLike) -> dict:

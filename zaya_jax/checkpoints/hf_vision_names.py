@@ -1,12 +1,12 @@
 """Where every vision-tower parameter lives in an HF checkpoint: transformers'
 `Qwen2_5_VisionTransformerPretrainedModel` names (`visual.*` in Qwen2.5-VL, `model.visual.*` in
-ZAYA1-VL), under a prefix. Paths are relative to zaya_jax.vision.tower.VisionTower; the blocks are
+ZAYA1-VL), under a prefix. Paths are relative to zaya_jax.model.vision.tower.VisionTower; the blocks are
 stacked with a leading block axis, so a block's tensor fills index (i,)."""
 
 from __future__ import annotations
 
 from zaya_jax.checkpoints.hf_names import Entry, _Builder, _linear, _linear_in
-from zaya_jax.vision.config import VisionConfig
+from zaya_jax.model.vision.config import VisionConfig
 
 _T = (lambda w: (w.T,), lambda x: x.T)
 

@@ -1,5 +1,5 @@
 """transformers' ZAYA1-VL checkpoints (`Zaya1VLForConditionalGeneration`, model_type "zaya1_vl"):
-config and tensor names, onto zaya_jax.vision.model.ZayaVL.
+config and tensor names, onto zaya_jax.model.vision.vl.ZayaVL.
 
 config.json holds `text_config` (a ZAYA text config plus `vision_lora`, `vision_lora_rank_attn`,
 `vision_lora_rank_mlp`), `vision_config` (Qwen2.5-VL's vision tower) and the image token ids.
@@ -35,10 +35,10 @@ from zaya_jax.checkpoints.hf_names import _SWAP, Entry, _Builder, _swiglu_split,
 from zaya_jax.checkpoints.hf_vision_names import vision_entries
 from zaya_jax.checkpoints.quantized_export import quantization_config, quantized_tensors
 from zaya_jax.checkpoints.safetensors_io import TensorReader, write_sharded
-from zaya_jax.vision.config import VisionConfig
-from zaya_jax.vision.layout import patch_layout
-from zaya_jax.vision.model import ZAYA1_VL_IDS, ImageBatch, ImageTokenIds, ZayaVL
-from zaya_jax.vision.processor import ImageProcessor
+from zaya_jax.model.vision.config import VisionConfig
+from zaya_jax.model.vision.layout import patch_layout
+from zaya_jax.model.vision.vl import ZAYA1_VL_IDS, ImageBatch, ImageTokenIds, ZayaVL
+from zaya_jax.data.vision.processor import ImageProcessor
 
 TEXT_PREFIX, VISION_PREFIX = "model.language_model.", "model.visual."
 

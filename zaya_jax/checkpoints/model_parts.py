@@ -15,15 +15,15 @@ from jax.sharding import Mesh, PartitionSpec as P
 from zaya_jax.model.params import BalancingBias
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.parallel.rules import state_shardings
-from zaya_jax.vision.image_rows import IMAGE_KEYS
-from zaya_jax.vision.model import ZayaVL
+from zaya_jax.data.vision.image_rows import IMAGE_KEYS
+from zaya_jax.model.vision.vl import ZayaVL, is_vision_language
 
 BIASES_PATH = ("layers", "moe", "router", "balancing_biases")
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")  # each [B, S]
 
 
 def _biases_path(model: ZayaLM | ZayaVL) -> tuple[str, ...]:
-    return ("text", *BIASES_PATH) if isinstance(model, ZayaVL) else BIASES_PATH
+    return ("text", *BIASES_PATH) if is_vision_language(model) else BIASES_PATH
 
 
 class ModelParts:
@@ -35,7 +35,7 @@ class ModelParts:
     def __init__(self, model: ZayaLM | ZayaVL):
         self.graphdef, self.params_state, self.biases_state = nnx.split(model, nnx.Param, BalancingBias)
         self.biases_path = _biases_path(model)
-        vision = isinstance(model, ZayaVL)
+        vision = is_vision_language(model)
         self.config = model.text.config if vision else model.config
         self.image_id = model.ids.image if vision else None
         self.batch_keys = BATCH_KEYS + IMAGE_KEYS if vision else BATCH_KEYS

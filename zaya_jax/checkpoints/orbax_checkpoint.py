@@ -57,7 +57,7 @@ from zaya_jax.config_files import model_config, vision_config
 from zaya_jax.errors import UserError
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.parallel.rules import with_shardings
-from zaya_jax.vision.model import ZayaVL, build_model
+from zaya_jax.model.vision.vl import ZayaVL, build_model
 
 # Replicated arrays are written by one replica. Orbax's default (replica-parallel writes) compiles
 # a slicing program per device and array shape at the first save: about 0.5 s per parameter

@@ -21,7 +21,7 @@ from zaya_jax.convert.hf_tokenizer import tokenizer_files
 from zaya_jax.data.tokenizer import Tokenizer
 from zaya_jax.errors import UserError
 from zaya_jax.infer.chat import checkpoint_chat_template
-from zaya_jax.vision.model import ZayaVL
+from zaya_jax.model.vision.vl import ZayaVL
 
 
 def to_orbax(hf_dir: str, out_dir: str, dtype: str = "float32", mxfp4_block_axis: str | None = None) -> str:
@@ -78,7 +78,7 @@ def to_hf(checkpoint: str, out_dir: str, step: int | None = None, schema: str | 
         raise UserError(f"--quantize {quantize} --schema original: quantized checkpoints are written with "
                         "transformers' names only: drop --schema")
     model, loaded_step = load_checkpoint_model(checkpoint, step, dtype="float32")
-    if isinstance(model, ZayaVL):
+    if is_vision_language(model):
         return vl_to_hf(checkpoint, loaded_step, model, out_dir, schema, tokenizer_path, quantize, block)
     if schema is None:
         problem = schema_problem(model, "native")

@@ -38,7 +38,7 @@ from zaya_jax.errors import UserError
 
 ROLES = ("system", "user", "assistant")
 # Unicode noncharacters, reserved for a program's internal use: never in real text.
-# IMAGE stands for an image in a message's text (zaya_jax.vision.chat puts it there).
+# IMAGE stands for an image in a message's text (zaya_jax.data.vision.chat puts it there).
 BOS, EOS, OPEN, CLOSE, IMAGE = "\ufdd0", "\ufdd1", "\ufdd2", "\ufdd3", "\ufdd4"
 _SENTINELS = BOS + EOS + OPEN + CLOSE
 _SPECIAL_SPLIT = re.compile(f"([{BOS}{EOS}{IMAGE}])")
@@ -300,7 +300,7 @@ def check_messages(messages, *, name: str = "messages", needs_assistant: bool = 
 def encode_conversation(template: ChatTemplate, tokenizer, messages: Messages, image_id: int | None = None
                         ) -> tuple[np.ndarray, np.ndarray]:
     """A training conversation: (ids int32 [n], mask uint8 [n]); mask 1 on assistant tokens; each
-    IMAGE in a message's text one `image_id` (zaya_jax.vision.chat)."""
+    IMAGE in a message's text one `image_id` (zaya_jax.data.vision.chat)."""
     check_messages(messages)
     ids, mask = tokenize_spans(tokenizer, template.spans(messages), image_id)
     if not mask.any():

@@ -1,5 +1,5 @@
 """The demo's post-training sources, `demo:chat` and `demo:preference` (and the vision-language
-demo's `demo:digits`, zaya_jax.vision.demo_source): built offline on first use.
+demo's `demo:digits`, zaya_jax.data.vision.demo_source): built offline on first use.
 
   chat        SFT conversations (a user question, the assistant's correct answer) of the
               generated instruction tasks (instruction_tasks.py), prepared with kind "chat"
@@ -30,7 +30,7 @@ from zaya_jax.data import chat_template, curriculum, demo_corpus, instruction_ta
 
 BUILD_VERSION = 2
 SOURCES = {"chat": "chat", "preference": "preference"}  # source name -> prepared dataset kind
-VISION_SOURCES = ("digits",)  # image_chat sources (zaya_jax.vision.demo_source)
+VISION_SOURCES = ("digits",)  # image_chat sources (zaya_jax.data.vision.demo_source)
 ALL_SOURCES = (*demo_corpus.SOURCES, *SOURCES, *VISION_SOURCES)  # every name `demo:<name>` may take
 HELDOUT_PER_KIND = 100
 TRAIN_PER_HELDOUT = 19  # training tasks per held-out one
@@ -87,7 +87,7 @@ def source_paths(names: set[str], demo_settings: dict) -> dict[str, pathlib.Path
     if names & set(SOURCES):
         paths.update(build_posttrain_sources(**demo_settings))
     if "digits" in names:
-        from zaya_jax.vision.demo_source import build_digit_source
+        from zaya_jax.data.vision.demo_source import build_digit_source
         paths["digits"] = build_digit_source(**demo_settings)
     return {name: paths[name] for name in names}
 

@@ -20,7 +20,7 @@ vision-language format (`messages` whose contents may hold {"type": "image"} par
 the image files, relative to the input file's directory, in the order of those parts) as ids
 with each image's span, the mask, and the images resized by the processor of --vision_config (a
 config file with a vision section: the tower's patches, image token ids and min/max pixels;
-zaya_jax.vision.chat). The chat template (zaya_jax/data/chat_template.py) is --chat_template,
+zaya_jax.data.vision.chat). The chat template (zaya_jax/data/chat_template.py) is --chat_template,
 else the `chat_template` of the tokenizer_config.json beside --tokenizer.
 
 Output directory:
@@ -141,7 +141,7 @@ def _record_encoder(task: ShardTask, tok: Tokenizer, path: str) -> tuple[readers
     values become a document."""
     template = _load_template(task.template_path)
     if task.kind == "image_chat":
-        from zaya_jax.vision.chat import image_chat_encoder
+        from zaya_jax.data.vision.chat import image_chat_encoder
         return ({task.text_field: (list,), "images": (list,)},
                 image_chat_encoder(template, tok, task.vision_config_path, os.path.dirname(path), task.text_field))
     if task.kind == "chat":
@@ -297,7 +297,7 @@ def prepare_dataset(inputs: str | Sequence[str], fmt: str, tokenizer_path: str, 
         raise ValueError(f"--kind must be one of {records.KINDS}, got {kind!r}")
     vision = None
     if kind == "image_chat":
-        from zaya_jax.vision.chat import vision_section_of
+        from zaya_jax.data.vision.chat import vision_section_of
         vision = vision_section_of(vision_config)
     elif vision_config is not None:
         raise UserError(f"--vision_config sizes the images of --kind image_chat; --kind {kind} has none")

@@ -17,11 +17,12 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from zaya_jax.data.vision.processor import ImageProcessor
 from zaya_jax.engine.engine import Engine, Finished
 from zaya_jax.engine.params import SamplingParams
 from zaya_jax.infer.generate import generate as static_generate
-from zaya_jax.infer.generate import pad_prompts, text_model
-from zaya_jax.vision.processor import ImageProcessor
+from zaya_jax.infer.generate import pad_prompts
+from zaya_jax.model.vision.vl import text_model
 
 
 def row_seed(seed: int, row: int) -> int:

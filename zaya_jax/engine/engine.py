@@ -51,6 +51,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from zaya_jax.data.vision.processor import ImageProcessor, image_span
 from zaya_jax.engine.images import fill_test_image, image_inputs, prefill_with_images, vision_split
 from zaya_jax.engine.params import SamplingParams
 from zaya_jax.engine.placement import place, place_params, row_buckets
@@ -58,10 +59,9 @@ from zaya_jax.engine.prefix_cache import PrefixCache, block_keys, bucketed, rest
 from zaya_jax.engine.step import STOP_IDS, Decoded, Picked, RowSampling, engine_chunk, engine_decode
 from zaya_jax.errors import UserError
 from zaya_jax.infer.cache import empty_state
-from zaya_jax.infer.generate import new_token_room, text_model
+from zaya_jax.infer.generate import new_token_room
+from zaya_jax.model.vision.vl import ImageBatch, ZayaVL, is_vision_language, text_model
 from zaya_jax.model.zaya import ZayaLM
-from zaya_jax.vision.model import ImageBatch, ZayaVL
-from zaya_jax.vision.processor import ImageProcessor, image_span
 
 
 class TokenEvent(NamedTuple):
@@ -112,7 +112,7 @@ class Engine:
         next token, wait for N x C tokens of prefill."""
         self.config = text_model(model).config
         self._graphdef, self._params = nnx.split(text_model(model))
-        self._vl = model if isinstance(model, ZayaVL) else None
+        self._vl = model if is_vision_language(model) else None
         self.image_ids = None if self._vl is None else model.ids  # ImageTokenIds, None for a text model
         self.image_processor = None if self._vl is None else (
             image_processor or ImageProcessor.for_tower(model.vision.config))
@@ -154,7 +154,7 @@ class Engine:
         to on_token(id, event). ValueError, before anything runs, for bad params or a prompt that
         does not fit: prompt + max_tokens - 1 positions must fit cache_size (the last token is
         never fed). images (a ZayaVL's engine only): uint8 [H, W(, C)] arrays or Pillow images in
-        the order of the prompt's image spans (zaya_jax.vision.prompts.expand_placeholders); their
+        the order of the prompt's image spans (zaya_jax.data.vision.prompts.expand_placeholders); their
         placeholders must number their tokens, and a prompt without images holds none (ValueError)."""
         cfg = self.config
         params.validate(cfg.vocab_size, self.max_top_logprobs)
@@ -216,7 +216,7 @@ class Engine:
         (RuntimeError otherwise: a running response would mix two models' tokens). The prefix
         cache is emptied (its entries hold the old weights' keys and values)."""
         graphdef, params = nnx.split(text_model(model))
-        if graphdef != self._graphdef or isinstance(model, ZayaVL) != (self._vl is not None) or (
+        if graphdef != self._graphdef or is_vision_language(model) != (self._vl is not None) or (
                 self._vl is not None and nnx.graphdef(model) != self._vision[0]):
             raise ValueError("set_weights needs a model of the engine's architecture (an equal graph: same config "
                              "and layers); build a new Engine for another model")

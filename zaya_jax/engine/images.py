@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from zaya_jax.data.vision.processor import ImageProcessor
 from zaya_jax.engine.step import Picked, RowSampling, pick
 from zaya_jax.infer.cache import DecodeState
 from zaya_jax.infer.decode import prefill
 from zaya_jax.infer.generate import pad_prompts, prompt_images
-from zaya_jax.vision.model import ImageBatch, ZayaVL, place_image_tokens
-from zaya_jax.vision.processor import ImageProcessor
+from zaya_jax.model.vision.vl import ImageBatch, ZayaVL, place_image_tokens
 
 
 def image_inputs(model: ZayaVL, prompt: np.ndarray, images: Sequence | None, processor: ImageProcessor,

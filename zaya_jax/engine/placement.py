@@ -36,7 +36,6 @@ from zaya_jax.checkpoints.quantize import QuantizedArray, QuantizedWeight
 from zaya_jax.parallel.context import active_axes
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
 from zaya_jax.parallel.rules import RULES, check_axes_divide, state_specs
-from zaya_jax.vision.model import ZayaVL
 
 
 def mesh_text(shape: dict[str, int]) -> str:
@@ -62,7 +61,7 @@ def check_mesh(model: nnx.Module, shape: dict[str, int], slots: int, where: str 
         raise ConfigError(f"{where}: slots={slots} does not split over {' x '.join(f'{a}={shape[a]}' for a in batch)}"
                           f" = {rows}, the axes the MoE splits an engine step's rows over\nfix: slots a multiple "
                           f"of {rows}, e.g. {-(-slots // rows) * rows}")
-    check_platform_support(shape, (model.text if isinstance(model, ZayaVL) else model).config.expert_parallel)
+    check_platform_support(shape, text_model(model).config.expert_parallel)
 
 
 def row_buckets(slots: int, mesh: Mesh | None) -> tuple[int, ...]:

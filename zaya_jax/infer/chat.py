@@ -51,7 +51,7 @@ def chat_template_for(*, checkpoint: str | None = None, hf: str | None = None,
 def read_messages(text: str | None = None, messages_file: str | None = None) -> list[dict]:
     """`text` as one user message, or the JSON list of {role, content} messages in `messages_file`
     (system, user and earlier assistant turns; a content may be a list of text and image parts,
-    which come back as one string with chat_template.IMAGE for each image: zaya_jax.vision.chat);
+    which come back as one string with chat_template.IMAGE for each image: zaya_jax.data.vision.chat);
     UserError naming the file and the problem."""
     if text is not None:
         return [{"role": "user", "content": text}]
@@ -63,7 +63,7 @@ def read_messages(text: str | None = None, messages_file: str | None = None) -> 
     except json.JSONDecodeError as e:
         raise UserError(f"--messages {messages_file}: not valid JSON ({e})") from None
     try:
-        from zaya_jax.vision.chat import flatten_content
+        from zaya_jax.data.vision.chat import flatten_content
         messages = flatten_content(messages)[0] if isinstance(messages, list) else messages
         check_messages(messages, needs_assistant=False)
     except UserError as e:

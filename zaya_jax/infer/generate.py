@@ -7,8 +7,8 @@ PROMPT_BUCKET so that similar prompts reuse the compiled programs.
 
     new = zaya_jax.generate(model, [[2, 17, 5], [2, 9]], max_new_tokens=32)   # [2, 32] int32
 
-A ZAYA1-VL model (zaya_jax.vision.model.ZayaVL) takes `images`, each prompt's images in the order
-of its placeholders: the prefill runs the vision tower and places its tokens (zaya_jax.vision.prompts
+A ZAYA1-VL model (zaya_jax.model.vision.vl.ZayaVL) takes `images`, each prompt's images in the order
+of its placeholders: the prefill runs the vision tower and places its tokens (zaya_jax.data.vision.prompts
 builds the padded patch rows), then the text model decodes from the cache as without images.
 
 With `mesh` (a mesh with a `data` axis), the rows, their caches and their new tokens are split
@@ -29,14 +29,15 @@ import numpy as np
 from flax import nnx
 from jax.experimental import io_callback
 
+from zaya_jax.data.vision.processor import ImageProcessor
+from zaya_jax.data.vision.prompts import prompt_image_batch
 from zaya_jax.errors import UserError
 from zaya_jax.infer.cache import DecodeState
 from zaya_jax.infer.decode import decode_step, prefill
 from zaya_jax.infer.sampling import Sampler, sample
+from zaya_jax.model.vision.vl import (ImageBatch, ZayaVL, check_placeholders, is_vision_language, place_image_tokens,
+                                      text_model)
 from zaya_jax.model.zaya import ZayaLM
-from zaya_jax.vision.model import ImageBatch, ZayaVL, check_placeholders, place_image_tokens
-from zaya_jax.vision.processor import ImageProcessor
-from zaya_jax.vision.prompts import prompt_image_batch
 
 PROMPT_BUCKET = 16
 _listeners: dict[int, Callable] = {}  # on_token hooks of running generate calls, by id
@@ -80,10 +81,6 @@ def pad_prompts(prompt_ids, lengths: Sequence[int] | None, pad_id: int, vocab_si
     for i, r in enumerate(rows):
         ids[i, :len(r)] = r
     return ids, np.asarray(lengths, np.int32)
-
-
-def text_model(model: ZayaLM | ZayaVL) -> ZayaLM:
-    return model.text if isinstance(model, ZayaVL) else model
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
@@ -167,8 +164,8 @@ def generate(model: ZayaLM | ZayaVL, prompt_ids, max_new_tokens: int, *, tempera
     mesh: split the B rows over its `data` axis (B must divide by its size), weights replicated.
     images: for a ZayaVL, per prompt a list of its images (uint8 [H, W(, C)] arrays or Pillow
       images; the list may be empty), in the order of its placeholders; the prompt holds each
-      image's expanded span (zaya_jax.vision.prompts.expand_placeholders). The images' patches are
-      padded to a multiple of zaya_jax.vision.prompts.PATCH_BUCKET. image_processor: how they are
+      image's expanded span (zaya_jax.data.vision.prompts.expand_placeholders). The images' patches are
+      padded to a multiple of zaya_jax.data.vision.prompts.PATCH_BUCKET. image_processor: how they are
       resized and cut (default: ImageProcessor.for_tower(model.vision.config), Qwen2-VL's sizes).
     """
     cfg = text_model(model).config
@@ -207,7 +204,7 @@ def prompt_images(model: ZayaLM | ZayaVL, ids: np.ndarray, images: Sequence[Sequ
                   processor: ImageProcessor | None = None) -> ImageBatch | None:
     """Each prompt's images as one padded ImageBatch row (None without images), after checking that
     each prompt's placeholders number its images' tokens."""
-    image_id = model.ids.image if isinstance(model, ZayaVL) else None
+    image_id = model.ids.image if is_vision_language(model) else None
     if images is None:
         if image_id is not None and (ids == image_id).any():
             raise UserError(f"the prompts hold image placeholders (token {image_id}) but no images were given")

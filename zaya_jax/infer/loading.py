@@ -21,7 +21,7 @@ from zaya_jax.checkpoints.hf_load import read_hf_config
 from zaya_jax.checkpoints.hf_vl import load_vl_hf, load_vl_processor
 from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, load_checkpoint_model, read_config
 from zaya_jax.checkpoints.quantize import quantize_model
-from zaya_jax.config_files import image_processor
+from zaya_jax.data.vision.processor import image_processor
 from zaya_jax.errors import UserError
 from zaya_jax.model.zaya import ZayaLM
 

@@ -210,7 +210,7 @@ class ZayaLM(nnx.Module):
         0..S-1, or restart per document when segment_ids are given. rope_theta overrides the
         config's full-layer base (curriculum phases change it; sliding layers keep theirs).
         image_tokens: ZAYA1-VL's (image_mask [B,S] bool, features [B,S,D]): the embedding at each
-        image position is replaced by its feature (zaya_jax.vision.model places them), those
+        image position is replaced by its feature (zaya_jax.model.vision.vl places them), those
         positions see each other both ways and the vision LoRA acts there.
         """
         cfg = self.config

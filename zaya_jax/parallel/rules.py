@@ -33,7 +33,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "router": (),
     "router_classes": (),
     "layers": (),
-    # the vision tower (zaya_jax.vision.tower): width like embed, heads and MLP like the text model's
+    # the vision tower (zaya_jax.model.vision.tower): width like embed, heads and MLP like the text model's
     "vision_embed": ("fsdp",),
     "vision_heads": ("tensor",),
     "vision_mlp": ("tensor",),

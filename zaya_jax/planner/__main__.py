@@ -48,11 +48,11 @@ from zaya_jax.planner.serve_plan import RESERVE_FRACTION, SERVE_ASSUMPTIONS, pla
 from zaya_jax.planner.mesh_search import VISION_CONTEXT, mesh_name, search
 from zaya_jax.planner.phase_plan import (config_phases, grpo_step_fields, phase_mesh, phase_shape, plan_phase,
                                          run_time)
+from zaya_jax.model.vision.accounting import vl_model_summary
 from zaya_jax.parallel.rules import check_axes_divide
 from zaya_jax.planner.step_plan import GIB, StepShape, parameter_memory, parameter_states, plan
 from zaya_jax.planner.step_time import OVERLAP_ASSUMPTIONS
 from zaya_jax.train.settings import settings_from_config
-from zaya_jax.vision.accounting import vl_model_summary
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).")
 _JSON = flags.DEFINE_bool("json", False, "Print machine-readable JSON.")

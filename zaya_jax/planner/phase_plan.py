@@ -14,13 +14,13 @@ import math
 from zaya_jax.config import ModelConfig
 from zaya_jax.data.curriculum import PhaseInfo
 from zaya_jax.hardware import HardwareProfile
+from zaya_jax.model.vision.accounting import tower_forward_flops
 from zaya_jax.parallel.mesh import phase_mesh_sizes, resolve_mesh_shape
 from zaya_jax.planner.step_plan import StepShape, _parameters, plan
 from zaya_jax.planner.step_time import predict
 from zaya_jax.train.data import phases_of
 from zaya_jax.train.metrics import flops_per_token
 from zaya_jax.train.settings import settings_from_config
-from zaya_jax.vision.accounting import tower_forward_flops
 
 
 def config_phases(config) -> tuple[PhaseInfo, ...]:

@@ -36,6 +36,8 @@ from zaya_jax.config import ModelConfig
 from zaya_jax.model.attention_core import query_block_size
 from zaya_jax.model.build import abstract_model
 from zaya_jax.model.moe_dispatch import capacity_per_expert
+from zaya_jax.model.vision.accounting import tower_parameter_state
+from zaya_jax.model.vision.config import VisionConfig
 from zaya_jax.parallel.gradient_reduce import summed_by_hand
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
 from zaya_jax.parallel.rules import state_specs, with_zero1_axes, zero1_axes
@@ -43,8 +45,6 @@ from zaya_jax.planner.step_flops import expert_backend
 from zaya_jax.planner.tower_plan import tower_activation_memory
 from zaya_jax.train.objectives import fuses_loss_head
 from zaya_jax.train.optimizer import MUON_MATRICES, TEXT_PREFIX, text_weight
-from zaya_jax.vision.accounting import tower_parameter_state
-from zaya_jax.vision.config import VisionConfig
 
 GIB = 2**30
 

@@ -7,7 +7,7 @@ Shapes: R rows per device and micro-batch, P = train.patch_capacity patches per 
 on [R, P, F] and attends all P patches of a row under the window or image mask), d width, n heads,
 i MLP width, M patches merged per token, O the text width; heads and MLP split over `tensor`
 (rules: vision_heads, vision_mlp). The blocks run in a scan under the text model's remat policy
-(zaya_jax.vision.tower); the patch embedding and the merger run outside it.
+(zaya_jax.model.vision.tower); the patch embedding and the merger run outside it.
 
 Numbers one block keeps per patch for the backward pass (estimate):
   full                                the block input d
@@ -18,7 +18,7 @@ Numbers one block keeps per patch for the backward pass (estimate):
                                         residual
 plus, once, the patch embedding output d and the merger's norm, fc1, GELU (d each) and output O/M.
 
-FLOPs per row: zaya_jax.vision.accounting.tower_forward_flops_by_part, with passes: the patch
+FLOPs per row: zaya_jax.model.vision.accounting.tower_forward_flops_by_part, with passes: the patch
 embedding 2 (forward, weight gradient: the patches need none), the blocks' weight matmuls and the
 merger 3, plus 1 for the blocks under `full` remat, the attention scores 3 plus 1 where the policy
 recomputes them (every policy but `none` and `dots`: they are batched dot_generals).
@@ -26,8 +26,8 @@ recomputes them (every policy but `none` and `dots`: they are batched dot_genera
 
 from __future__ import annotations
 
-from zaya_jax.vision.accounting import tower_forward_flops_by_part
-from zaya_jax.vision.config import VisionConfig
+from zaya_jax.model.vision.accounting import tower_forward_flops_by_part
+from zaya_jax.model.vision.config import VisionConfig
 
 
 def saved_numbers_per_patch_per_block(v: VisionConfig, remat: str, patches: int, tensor: int) -> float:

@@ -16,7 +16,7 @@ MIN_IMAGE_BYTES = 16 << 20  # images may come larger than the processor keeps (r
 
 def default_max_request_bytes(cache_size: int, image_processor=None) -> int:
     """The default of --max_request_bytes for a context of `cache_size` tokens: 64 bytes a token (at
-    least 1 MiB) for a text model; for a vision-language one (image_processor, zaya_jax.vision.
+    least 1 MiB) for a text model; for a vision-language one (image_processor, zaya_jax.data.vision.
     processor.ImageProcessor) the base64 of an RGB image filling the context, 4 bytes a pixel and
     (patch_size x merge_size)^2 pixels a token, at least 16 MiB."""
     if image_processor is None:

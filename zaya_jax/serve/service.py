@@ -115,8 +115,8 @@ class Service:
             raise APIError(400, f"model {self.served.name} has no chat template: use /v1/completions, or start the "
                            "server with --chat_template FILE", "messages")
         from zaya_jax.data.chat_template import IMAGE, encode_prompt
+        from zaya_jax.data.vision.prompts import expand_placeholders
         from zaya_jax.errors import UserError
-        from zaya_jax.vision.prompts import expand_placeholders
         messages, images, image_ids = [], [], self.engine.image_ids
         for i, m in enumerate(request.messages):
             if isinstance(m.content, str):
@@ -149,8 +149,8 @@ class Service:
         """messages[i].content[j]'s image_url -> an RGB Pillow image; a 400 naming the part for a URL that
         is not a base64 data: URL (nothing is fetched from the network), bytes that are no image, or an
         image below the processor's minimum side."""
+        from zaya_jax.data.vision.processor import read_image
         from zaya_jax.errors import UserError
-        from zaya_jax.vision.processor import read_image
         where, param = f"messages[{i}].content[{j}]", f"messages.{i}.content.{j}"
         header, comma, payload = url.partition(",")
         if not (header.startswith("data:") and header.endswith(";base64") and comma):

@@ -21,7 +21,7 @@ A GRPO run (train.objective='grpo') samples its batches from the policy itself
 generation (GRPOBatches.evaluate), not held-out batches.
 
 A vision-language run (a vision section) reads image_chat sources: its rows (and batches) also
-hold the images' patches (vision.image_rows.ImageChatRows of the tower and train.patch_capacity),
+hold the images' patches (data.vision.image_rows.ImageChatRows of the tower and train.patch_capacity),
 the training rows' images augmented by train.augment_* (vision/augment.py), the held-out ones not.
 """
 
@@ -175,8 +175,8 @@ def image_rows(settings: Settings):
     train section says), or None for a text model."""
     if settings.vision is None:
         return None
-    from zaya_jax.vision.augment import ImageAugment
-    from zaya_jax.vision.image_rows import ImageChatRows
+    from zaya_jax.data.vision.augment import ImageAugment
+    from zaya_jax.data.vision.image_rows import ImageChatRows
     t = settings.train
     return ImageChatRows(settings.vision[0], t.patch_capacity,
                          ImageAugment(t.augment_shift, t.augment_scale, t.augment_contrast))
@@ -218,7 +218,7 @@ def check_data_kind(objective: str, kind: str, sources: list[str], close=lambda:
                "chat": "python -m zaya_jax.data.prepare --kind chat",
                "preference": "python -m zaya_jax.data.prepare --kind preference",
                "image_chat": "zaya_jax.data.prepare.write_tokenized(..., kind='image_chat') of "
-                             "zaya_jax.vision.chat.encode_image_chat's documents (docs/vision.md)"}[wanted]
+                             "zaya_jax.data.vision.chat.encode_image_chat's documents (docs/vision.md)"}[wanted]
         objective_for = {v: k for k, v in DATA_KIND.items()}.get(kind) if wanted != "image_chat" else None
         reader = "a vision-language run" if wanted == "image_chat" else f"train.objective={objective!r}"
         raise ConfigError(f"{reader} reads {wanted} data, but data.sources "

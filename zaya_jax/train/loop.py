@@ -55,7 +55,6 @@ from zaya_jax.train.start_checks import (RESUME_FIX, ResumePoint, check_data_sta
 from zaya_jax.train.program import abstract_batch, build_program, check_mesh_divides_model, image_shape
 from zaya_jax.train.state import TrainState, initial_state, merged, without_vision_lora
 from zaya_jax.train.workdir_lock import WorkdirLock
-from zaya_jax.vision.model import build_model
 
 
 class Trainer:

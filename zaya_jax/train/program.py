@@ -16,7 +16,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from zaya_jax.vision.model import build_model
+from zaya_jax.model.vision.vl import build_model
 from zaya_jax.parallel.gradient_reduce import GradientReduce, check_mesh, summed_by_hand
 from zaya_jax.parallel.rules import check_axes_divide
 from zaya_jax.train import balancing

@@ -17,11 +17,11 @@ below, and every error names the offending `section.field`):
               with a vision section: patch_capacity (image patches per packed row, a multiple of
               the tower's merge unit), freeze_text (train the tower, its merger and the vision
               LoRA only: the text model's weights and balancing biases stay as they started) and
-              the training images' augmentation (zaya_jax.vision.augment, 0 = off): augment_shift
+              the training images' augmentation (zaya_jax.data.vision.augment, 0 = off): augment_shift
               (the largest move, a fraction of the side, < 0.5), augment_scale (the largest
               relative change of size, < 1), augment_contrast (of contrast, < 1)
   vision      a ZAYA1-VL model's tower and image token ids (config_files.vision_section): the run
-              trains zaya_jax.vision.model.ZayaVL on image_chat data (train.objective='sft';
+              trains zaya_jax.model.vision.vl.ZayaVL on image_chat data (train.objective='sft';
               docs/vision.md)
   dpo         beta (the KL strength), label_smoothing (in [0, 0.5): the assumed fraction of flipped
               preference labels, TRL's robust/cDPO loss), rpo_alpha (>= 0: adds alpha times the chosen
@@ -75,11 +75,11 @@ import ml_collections
 
 from zaya_jax.config import ConfigError, ModelConfig
 from zaya_jax.config_files import model_config, vision_config
+from zaya_jax.data.vision.augment import LIMITS as AUGMENT_LIMITS
 from zaya_jax.parallel.gradient_reduce import GRADIENT_REDUCE_DTYPES
 from zaya_jax.parallel.mesh import MESH_AXES, PLATFORMS
 from zaya_jax.train.grpo_loss import LOSS_TYPES, SCALE_REWARDS
 from zaya_jax.train.objectives import OBJECTIVES
-from zaya_jax.vision.augment import LIMITS as AUGMENT_LIMITS
 
 
 @dataclasses.dataclass(frozen=True)

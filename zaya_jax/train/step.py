@@ -42,6 +42,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from zaya_jax.data.vision.image_rows import IMAGE_KEYS
+from zaya_jax.model.vision.vl import ImageBatch
 from zaya_jax.model.zaya import tied_logits
 from zaya_jax.parallel.context import current_mesh_shape
 from zaya_jax.parallel.gradient_reduce import GradientReduce, summed_over_data
@@ -52,8 +54,8 @@ from zaya_jax.train.objectives import TokenObjective, zero_sums
 from zaya_jax.train.optimizer import applied_updates, path_name
 from zaya_jax.checkpoints.model_parts import ModelParts
 from zaya_jax.train.state import TrainState
-from zaya_jax.vision.image_rows import IMAGE_KEYS
-from zaya_jax.vision.model import ImageBatch
+from zaya_jax.data.vision.image_rows import IMAGE_KEYS
+from zaya_jax.model.vision.vl import ImageBatch
 
 
 def batch_hidden(parts: ModelParts, params: dict, biases: jax.Array, batch: dict, rope_theta: float):

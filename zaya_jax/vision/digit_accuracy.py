@@ -22,12 +22,12 @@ from typing import Sequence
 import numpy as np
 
 from zaya_jax.data.chat_template import ChatTemplate, encode_prompt
+from zaya_jax.data.vision.chat import flatten_content
+from zaya_jax.data.vision.demo_images import VARIANTS, digit_conversations, digit_variant
+from zaya_jax.data.vision.processor import ImageProcessor
+from zaya_jax.data.vision.prompts import expand_placeholders
 from zaya_jax.evaluate_tasks import BATCH_SIZE, MAX_NEW_TOKENS, generate_completions
-from zaya_jax.vision.chat import flatten_content
-from zaya_jax.vision.demo_images import VARIANTS, digit_conversations, digit_variant
-from zaya_jax.vision.model import ZayaVL
-from zaya_jax.vision.processor import ImageProcessor
-from zaya_jax.vision.prompts import expand_placeholders
+from zaya_jax.model.vision.vl import ZayaVL
 
 
 def digit_prompts(template: ChatTemplate, tokenizer, processor: ImageProcessor, model: ZayaVL,

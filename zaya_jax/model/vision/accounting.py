@@ -26,9 +26,9 @@ from flax import nnx
 
 from zaya_jax.config import ModelConfig
 from zaya_jax.model.accounting import model_summary
-from zaya_jax.vision.config import VisionConfig
-from zaya_jax.vision.processor import ImageProcessor
-from zaya_jax.vision.tower import VisionTower
+from zaya_jax.model.vision.config import VisionConfig
+from zaya_jax.model.vision.image_size import MAX_PIXELS, MIN_PIXELS, smart_resize
+from zaya_jax.model.vision.tower import VisionTower
 
 _TOWER_GROUPS = (("vision patch embedding", "patch_kernel"), ("vision blocks", "blocks"),
                  ("vision merger (projector)", "merger"))
@@ -77,7 +77,7 @@ def vl_model_summary(text: ModelConfig, vision: VisionConfig, image_size: tuple[
     for key in ("params_total", "params_non_embedding", "params_active_non_embedding", "params_active_total"):
         summary[key] += n
     summary["breakdown"] = {**summary["breakdown"], **tower}
-    h, w = ImageProcessor.for_tower(vision).size(*image_size)
+    h, w = smart_resize(*image_size, vision.patch_size * vision.spatial_merge_size, MIN_PIXELS, MAX_PIXELS)
     patches = (h // vision.patch_size) * (w // vision.patch_size)
     summary["vision"] = {"params": n, "param_bytes_fp32": 4 * n,
                          "image": {"pixels": list(image_size), "resized_to": [h, w], "patches": patches,

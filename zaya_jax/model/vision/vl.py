@@ -6,8 +6,10 @@
   logits = ZayaLM(input_ids, image_tokens=(placeholders, placed))   [B,S,V]
     (at the placeholders: the vision LoRA acts and attention is bidirectional among them;
      everywhere else the text model's computation, exactly)
-An example's placeholders must number its images' tokens (zaya_jax.vision.layout's
+An example's placeholders must number its images' tokens (zaya_jax.model.vision.layout's
 tokens_per_image); `check_placeholders` says which example does not, on the host.
+Text or vision-language is told apart in one place: `build_model` builds one of them from the
+config, `is_vision_language(model)` says which it is, `text_model(model)` is its text decoder.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from flax import nnx
 from zaya_jax.config import ModelConfig
 from zaya_jax.errors import UserError
 from zaya_jax.model.moe import MoEStats
+from zaya_jax.model.vision.config import VisionConfig
+from zaya_jax.model.vision.tower import VisionTower
 from zaya_jax.model.zaya import ZayaLM
-from zaya_jax.vision.config import VisionConfig
-from zaya_jax.vision.tower import VisionTower
 
 
 class ImageTokenIds(NamedTuple):
@@ -38,7 +40,7 @@ ZAYA1_VL_IDS = ImageTokenIds(262147, 255999, 256000)
 
 
 class ImageBatch(NamedTuple):
-    """Each example's image patches, padded to P (zaya_jax.vision.layout, batched)."""
+    """Each example's image patches, padded to P (zaya_jax.model.vision.layout, batched)."""
     patches: jax.Array          # [B,P,F]
     positions: jax.Array        # [B,P,2]
     image_segments: jax.Array   # [B,P]
@@ -60,13 +62,24 @@ def check_placeholders(input_ids: np.ndarray, tokens_per_example: Sequence[int],
     for b, (have, want) in enumerate(zip(counts, tokens_per_example)):
         if have != want:
             raise UserError(f"example {b}: {have} image placeholders (token {image_id}) for {want} image tokens; "
-                            "expand each image to its tokens with zaya_jax.vision.processor")
+                            "expand each image to its tokens with the image processor (data.vision.processor)")
 
 
 def build_model(text: ModelConfig, vision: tuple[VisionConfig, ImageTokenIds] | None, *,
                 rngs: nnx.Rngs) -> "ZayaLM | ZayaVL":
     """The model of a text config and an optional (tower, image token ids): a ZayaLM, or the ZayaVL around it."""
     return ZayaLM(text, rngs=rngs) if vision is None else ZayaVL(text, *vision, rngs=rngs)
+
+
+def is_vision_language(model: "ZayaLM | ZayaVL") -> bool:
+    """Whether `model` takes images (a ZayaVL: a tower, image token ids, the text model as .text);
+    the one test of text vs vision-language that every caller makes."""
+    return isinstance(model, ZayaVL)
+
+
+def text_model(model: "ZayaLM | ZayaVL") -> ZayaLM:
+    """The text decoder of `model`: a ZayaVL's .text, a ZayaLM itself."""
+    return model.text if is_vision_language(model) else model
 
 
 class ZayaVL(nnx.Module):

@@ -8,7 +8,7 @@ target would be). A row is packing.make_row's [L] arrays over the conversations'
 its images' patches, made here from the stored pixels by the vision processor (normalise, cut):
 
   patches          float32 [P, F]   the row's images' patches in order, then zeros
-  patch_positions  int32   [P, 2]   zaya_jax.vision.layout's, group 0 on padding
+  patch_positions  int32   [P, 2]   zaya_jax.model.vision.layout's, group 0 on padding
   image_segments   int32   [P]
   window_segments  int32   [P]
 with P = patch_capacity; batched [B, P, ...], they are the ImageBatch ZayaVL takes.
@@ -24,10 +24,10 @@ import numpy as np
 
 from zaya_jax.data import packing
 from zaya_jax.data.records import ImageChatDocument
-from zaya_jax.vision.augment import ImageAugment
-from zaya_jax.vision.config import VisionConfig
-from zaya_jax.vision.layout import patch_row
-from zaya_jax.vision.processor import ImageProcessor
+from zaya_jax.data.vision.augment import ImageAugment
+from zaya_jax.data.vision.processor import ImageProcessor
+from zaya_jax.model.vision.config import VisionConfig
+from zaya_jax.model.vision.layout import patch_row
 
 IMAGE_KEYS = ("patches", "patch_positions", "image_segments", "window_segments")
 

@@ -19,7 +19,7 @@ size or fainter (digit i is the i-th conversation; black comes in where the fram
   "contrast_60"           its contrast at CONTRAST_60 = 0.6 (augment.with_contrast: each pixel
                           m + 0.6 (pixel - m), m the digit's mean grey level rounded; then rounded)
 
-  python -m zaya_jax.vision.demo_images --out digit.png [--index 0] [--variant shifted]
+  python -m zaya_jax.data.vision.demo_images --out digit.png [--index 0] [--variant shifted]
 writes a held-out digit as a PNG (what `zaya_jax.generate --image` reads) and prints its label.
 """
 
@@ -30,8 +30,8 @@ import numpy as np
 from absl import app, flags
 
 from zaya_jax import cli
+from zaya_jax.data.vision.augment import with_contrast
 from zaya_jax.errors import UserError
-from zaya_jax.vision.augment import with_contrast
 
 QUESTION = "Which digit is this?"
 HELDOUT_SHARE = 0.2

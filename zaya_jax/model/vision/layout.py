@@ -26,7 +26,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from zaya_jax.config import ConfigError
-from zaya_jax.vision.config import VisionConfig
+from zaya_jax.model.vision.config import VisionConfig
 
 
 class PatchLayout(NamedTuple):
@@ -43,7 +43,7 @@ def check_grid(grid_thw: Sequence[Sequence[int]], cfg: VisionConfig) -> list[tup
         if len(g) != 3 or min(g) <= 0 or g[1] % m or g[2] % m:
             raise ConfigError(f"image {i}: grid (frames, height, width) = {g} must be positive with height and "
                               f"width in patches multiples of spatial_merge_size ({m}); resize the image to "
-                              f"multiples of {m * cfg.patch_size} pixels (zaya_jax.vision.processor does)")
+                              f"multiples of {m * cfg.patch_size} pixels (the image processor, data.vision.processor, does)")
     return grids
 
 

@@ -1,7 +1,7 @@
 """The Qwen2.5-VL vision transformer, as ZAYA1-VL uses it (transformers'
 `Qwen2_5_VisionTransformerPretrainedModel`).
 
-Shapes: B examples, P patches per example (zaya_jax.vision.layout pads each example's images to P),
+Shapes: B examples, P patches per example (zaya_jax.model.vision.layout pads each example's images to P),
 F = patch_dim (channels x frames x patch x patch), D width, N heads, H = D / N, I MLP width,
 M = m*m patches merged into one text token, O = out_hidden_size (the text model's width).
 
@@ -26,9 +26,9 @@ from flax import nnx
 
 from zaya_jax.model.norms import RMSNorm
 from zaya_jax.model.params import constant, normal, param
+from zaya_jax.model.vision.config import VisionConfig
+from zaya_jax.model.vision.layout import PatchLayout
 from zaya_jax.model.zaya import REMAT_POLICIES
-from zaya_jax.vision.config import VisionConfig
-from zaya_jax.vision.layout import PatchLayout
 
 
 def rotary_angles(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:

@@ -14,10 +14,10 @@ from typing import Sequence
 
 import numpy as np
 
+from zaya_jax.data.vision.processor import ImageProcessor, image_span
 from zaya_jax.errors import UserError
-from zaya_jax.vision.layout import patch_row
-from zaya_jax.vision.model import ImageBatch, ImageTokenIds, ZayaVL
-from zaya_jax.vision.processor import ImageProcessor, image_span
+from zaya_jax.model.vision.layout import patch_row
+from zaya_jax.model.vision.vl import ImageBatch, ImageTokenIds, ZayaVL
 
 PATCH_BUCKET = 64
 

@@ -18,10 +18,10 @@ import os
 import pathlib
 
 from zaya_jax.data import chat_template, demo_corpus, prepare, records, tokenizer
-from zaya_jax.vision.chat import encode_image_chat
-from zaya_jax.vision.demo_images import HELDOUT_SHARE, digit_conversations
-from zaya_jax.vision.model import ImageTokenIds
-from zaya_jax.vision.processor import ImageProcessor
+from zaya_jax.data.vision.chat import encode_image_chat
+from zaya_jax.data.vision.demo_images import HELDOUT_SHARE, digit_conversations
+from zaya_jax.data.vision.processor import ImageProcessor
+from zaya_jax.model.vision.vl import ImageTokenIds
 
 BUILD_VERSION = 2
 DEMO_IMAGE_IDS = ImageTokenIds(image=4093, vision_start=4094, vision_end=4095)

@@ -6,7 +6,7 @@
   resize (bicubic, Pillow) to h x w, each a multiple of f, keeping the
     aspect ratio, with h * w within [min_pixels, max_pixels] (`smart_resize`)
   scale to [0, 1], normalise per channel with CLIP's mean and std
-  patches of patch_size^2 pixels, block-major over merge_size^2 blocks (zaya_jax.vision.layout's
+  patches of patch_size^2 pixels, block-major over merge_size^2 blocks (zaya_jax.model.vision.layout's
     order), each flattened channel x frame x row x column  -> [h*w / patch^2, F], grid (1, h/p, w/p)
 In the text, an image is `vision_start`, one `image` placeholder per merged token, `vision_end`
 (`image_span`).
@@ -15,37 +15,19 @@ In the text, an image is `vision_start`, one `image` placeholder per merged toke
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
+import ml_collections
 import numpy as np
 from PIL import Image
 
+from zaya_jax.config_files import PROCESSOR_FIELDS, vision_config
 from zaya_jax.errors import UserError
-from zaya_jax.vision.config import VisionConfig
+from zaya_jax.model.vision.config import VisionConfig
+from zaya_jax.model.vision.image_size import MAX_PIXELS, MIN_PIXELS, smart_resize
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-
-
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """The size an image is resized to: both sides multiples of `factor`, the area within
-    [min_pixels, max_pixels], the aspect ratio kept as closely as that allows. An image with a
-    side below `factor` pixels (less than one merged token's side) is refused."""
-    if height < factor or width < factor:
-        raise UserError(f"an image of {height}x{width} pixels is below the processor's minimum: each side must be "
-                        f"at least {factor} pixels (patch_size x merge_size); give a larger image")
-    if max(height, width) / min(height, width) > 200:
-        raise UserError(f"an image of {height}x{width} pixels: its aspect ratio must be below 200")
-    h, w = round(height / factor) * factor, round(width / factor) * factor
-    if h * w > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h = max(factor, math.floor(height / beta / factor) * factor)
-        w = max(factor, math.floor(width / beta / factor) * factor)
-    elif h * w < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
-    return h, w
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +35,8 @@ class ImageProcessor:
     patch_size: int = 14
     merge_size: int = 2
     temporal_patch_size: int = 1
-    min_pixels: int = 56 * 56
-    max_pixels: int = 28 * 28 * 1280
+    min_pixels: int = MIN_PIXELS
+    max_pixels: int = MAX_PIXELS
 
     @classmethod
     def for_tower(cls, cfg: VisionConfig, **sizes) -> "ImageProcessor":
@@ -111,6 +93,14 @@ class ImageProcessor:
         """Several images -> their patches concatenated [sum N, F] and their grids."""
         done = [self(image) for image in images]
         return np.concatenate([d[0] for d in done]), [d[1] for d in done]
+
+
+def image_processor(config: ml_collections.ConfigDict) -> ImageProcessor:
+    """The ImageProcessor of a config's `vision` section (config_files.vision_section): its tower's
+    patches, its resize bounds."""
+    tower, _ = vision_config(config)
+    return ImageProcessor.for_tower(tower, **{k: int(config.vision[k]) for k in PROCESSOR_FIELDS
+                                              if k in config.vision})
 
 
 def image_span(grid: Sequence[int], image_id: int, start_id: int, end_id: int, merge_size: int = 2) -> list[int]:

@@ -20,12 +20,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from zaya_jax.config_files import load_config_file, vision_config
 from zaya_jax.data.chat_template import IMAGE, ChatTemplate, ConversationError, encode_conversation
 from zaya_jax.data.records import ImageChatDocument
+from zaya_jax.data.vision.processor import ImageProcessor, image_processor, read_image
+from zaya_jax.data.vision.prompts import expand_placeholders
 from zaya_jax.errors import UserError
-from zaya_jax.vision.model import ImageTokenIds
-from zaya_jax.vision.processor import ImageProcessor, read_image
-from zaya_jax.vision.prompts import expand_placeholders
+from zaya_jax.model.vision.vl import ImageTokenIds
 
 
 def flatten_content(messages: Sequence[dict]) -> tuple[list[dict], int]:
@@ -69,7 +70,6 @@ def encode_image_chat(template: ChatTemplate, tokenizer, messages: Sequence[dict
 def vision_section_of(config_path: str | None) -> dict:
     """The vision section of the config file `config_path` as plain values (what a prepared image_chat
     source is sized by); UserError naming the flag when there is no file or no section."""
-    from zaya_jax.config_files import load_config_file
     if config_path is None:
         raise UserError("--kind image_chat needs --vision_config FILE: a config file with a vision section (the run's, "
                         "e.g. configs/demo_vl.py), whose tower, image token ids and min/max pixels size the images")
@@ -88,7 +88,6 @@ def image_chat_encoder(template: ChatTemplate, tokenizer, config_path: str, base
     """A record {messages_field: messages, "images": [file paths relative to base_dir]} -> the
     image_chat record (ids, mask, resized images); an image file it cannot read is a ConversationError
     naming it."""
-    from zaya_jax.config_files import image_processor, load_config_file, vision_config
     config = load_config_file(config_path)
     processor, (_, token_ids) = image_processor(config), vision_config(config)
 
