@@ -13,6 +13,7 @@ import pytest
 from tests.vision_fixtures import VISION
 from zaya_jax.checkpoints.hf_config import HFCheckpointError
 from zaya_jax.checkpoints.hf_image_processor import image_processor_from_config, preprocessor_config, read_image_processor
+from zaya_jax.data.vision.processor import ImageProcessor, image_span
 from zaya_jax.errors import UserError
 from zaya_jax.model.vision.config import VisionConfig
 from zaya_jax.model.vision.image_size import smart_resize

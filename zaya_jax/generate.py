@@ -62,9 +62,7 @@ from zaya_jax.infer import loading
 from zaya_jax.infer.loading import tokenizer_for
 from zaya_jax.checkpoints.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
 from zaya_jax.checkpoints.quantize import MODES
-from zaya_jax.model.vision.vl import ZayaVL
-from zaya_jax.data.vision.processor import ImageProcessor, read_image
-from zaya_jax.data.vision.prompts import expand_placeholders
+from zaya_jax.model.vision.vl import ZayaVL, is_vision_language, text_model
 
 _HF = flags.DEFINE_string("hf", None, "HF ZAYA checkpoint directory (config.json + safetensors).")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training run WORKDIR, its checkpoints/ directory, or a "

@@ -16,12 +16,13 @@ from zaya_jax.checkpoints.hf_vl import load_vl_hf, load_vl_processor, save_vl_hf
 from zaya_jax.checkpoints.model_parts import ModelParts
 from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, load_checkpoint_model, read_config, save_model
 from zaya_jax.checkpoints.quantize import dequantize_model
-from zaya_jax.config_files import PROCESSOR_FIELDS, VISION_ID_FIELDS, image_processor, vision_section
+from zaya_jax.config_files import PROCESSOR_FIELDS, VISION_ID_FIELDS, vision_section
 from zaya_jax.convert.hf_tokenizer import tokenizer_files
 from zaya_jax.data.tokenizer import Tokenizer
 from zaya_jax.errors import UserError
 from zaya_jax.infer.chat import checkpoint_chat_template
-from zaya_jax.model.vision.vl import ZayaVL
+from zaya_jax.data.vision.processor import image_processor
+from zaya_jax.model.vision.vl import is_vision_language
 
 
 def to_orbax(hf_dir: str, out_dir: str, dtype: str = "float32", mxfp4_block_axis: str | None = None) -> str:

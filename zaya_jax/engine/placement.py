@@ -33,6 +33,7 @@ from zaya_jax.engine.prefix_cache import RESTORE_JIT, SNAPSHOT_JIT, restore_fn, 
 from zaya_jax.engine.step import CHUNK_JIT, DECODE_JIT, chunk_fn, decode_fn
 from zaya_jax.infer.cache import DecodeState
 from zaya_jax.checkpoints.quantize import QuantizedArray, QuantizedWeight
+from zaya_jax.model.vision.vl import text_model
 from zaya_jax.parallel.context import active_axes
 from zaya_jax.parallel.mesh import MESH_AXES, check_platform_support
 from zaya_jax.parallel.rules import RULES, check_axes_divide, state_specs

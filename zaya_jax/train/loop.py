@@ -37,6 +37,7 @@ from zaya_jax.checkpoints.model_parts import ModelParts
 from zaya_jax.checkpoints.orbax_checkpoint import config_json, read_config, restore_model
 from zaya_jax.config import VISION_LORA_FIELDS, ConfigError
 from zaya_jax.errors import UserError
+from zaya_jax.model.vision.vl import build_model
 from zaya_jax.model.zaya import ZayaLM
 from zaya_jax.parallel import distributed
 from zaya_jax.parallel.mesh import check_declared_platform, check_platform_support, make_mesh

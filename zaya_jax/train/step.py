@@ -54,8 +54,6 @@ from zaya_jax.train.objectives import TokenObjective, zero_sums
 from zaya_jax.train.optimizer import applied_updates, path_name
 from zaya_jax.checkpoints.model_parts import ModelParts
 from zaya_jax.train.state import TrainState
-from zaya_jax.data.vision.image_rows import IMAGE_KEYS
-from zaya_jax.model.vision.vl import ImageBatch
 
 
 def batch_hidden(parts: ModelParts, params: dict, biases: jax.Array, batch: dict, rope_theta: float):
