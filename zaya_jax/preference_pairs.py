@@ -29,10 +29,12 @@ import time
 
 from absl import app, flags
 
-from zaya_jax import cli, evaluate_tasks
+from zaya_jax import cli
 from zaya_jax.data import chat_template, demo_posttrain, instruction_tasks, prepare
 from zaya_jax.errors import UserError
-from zaya_jax.evaluate_tasks import answer_tasks, define_answering_flags, load_checkpoint, run_template
+from zaya_jax.evaluation import answering
+from zaya_jax.evaluation.answering import define_answering_flags, load_checkpoint, run_template
+from zaya_jax.evaluation.tasks import answer_tasks
 
 MADE_FROM = "pairs_made_from.json"
 
@@ -42,7 +44,7 @@ def define_flags() -> None:
     define_answering_flags(per_kind=demo_posttrain.task_counts()[0],
                            per_kind_help="Training questions of each kind (default: all those demo:chat holds).",
                            batch_size=250)
-    flags.adopt_module_key_flags(evaluate_tasks)  # --help lists them as this command's own
+    flags.adopt_module_key_flags(answering)  # --help lists them as this command's own
     flags.DEFINE_string("output", None, "Directory to create: pairs.jsonl and the prepared dataset.", required=True)
     flags.DEFINE_bool("near_miss_for_correct", True,
                       "Also a pair for each question answered right, rejected = its near miss.")
@@ -87,7 +89,7 @@ def write_pairs(output: str, records: list[dict], *, tokenizer_path: str, templa
 
 
 def template_file(checkpoint: str, path: str | None) -> chat_template.ChatTemplate:
-    """evaluate_tasks.run_template; a template the run recorded must still be in its file, from
+    """answering.run_template; a template the run recorded must still be in its file, from
     which the pairs are prepared (UserError naming it and the fix otherwise)."""
     template = run_template(checkpoint, path)
     if path is not None:

@@ -108,7 +108,7 @@ def load_served():
     from zaya_jax.data.chat_template import end_of_turn_ids
     from zaya_jax.data.tokenizer import Tokenizer
     from zaya_jax.infer.chat import chat_template_for
-    from zaya_jax.infer.generate import text_model
+    from zaya_jax.infer.static_loop import text_model
     from zaya_jax.infer.loading import load_model, model_image_processor, tokenizer_for
     from zaya_jax.serve.service import ServedModel
     source = _CHECKPOINT.value or _HF.value
@@ -209,7 +209,7 @@ def main(argv: list[str]) -> None:
     check_flags()
     import uvicorn
     from zaya_jax.engine.engine import Engine
-    from zaya_jax.infer.generate import text_model
+    from zaya_jax.infer.static_loop import text_model
     from zaya_jax.serve.metrics import ServerMetrics
     from zaya_jax.serve.service import Service
     sock = listening_socket(_HOST.value, _PORT.value)  # a taken port is named before the weights load
