@@ -1,4 +1,4 @@
-"""Generation speed of configs/bench_small.py: zaya_jax.generate against HF transformers'
+"""Generation speed of configs/bench_small.py: the static loop (generate_static) against HF transformers'
 ZayaForCausalLM.generate (PyTorch, its ZAYA cache) on the same CPU, same weights, greedy, timed
 alternately. Prints JSON.
 
@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from benchmarks.common import matmul_peak_gflops, wall_time  # noqa: E402
 from benchmarks.hf_pair import bench_small, same_weights_pair  # noqa: E402
-from zaya_jax.infer import generate  # noqa: E402
+from zaya_jax.infer import generate_static  # noqa: E402
 from zaya_jax.model.accounting import model_summary  # noqa: E402
 
 
@@ -65,7 +65,7 @@ def measure(model, hf, vocab_size: int, batch: int, prompt_len: int, n: int, rep
     mask = torch.ones_like(prompts_t)
 
     def ours(new):
-        return generate(model, prompts, new, stop_at_eos=False)
+        return generate_static(model, prompts, new, stop_at_eos=False)
 
     def theirs(new):
         with torch.no_grad():

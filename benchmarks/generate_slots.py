@@ -1,4 +1,4 @@
-"""Where `zaya_jax.generate(..., slots=N)` (the serving engine's continuous batching) helps: an
+"""Where `zaya_jax.engine.generate(..., slots=N)` (the serving engine's continuous batching) helps: an
 offline batch of many prompts whose completions stop at different lengths, against the static
 loop run as evaluate_tasks runs it (batches of N prompts, each decoding until its last row stops),
 on the same prompts, weights and stop ids, timed in one process. Prints JSON.
@@ -32,13 +32,13 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import median_time, stack  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
-from zaya_jax import generate  # noqa: E402
+from zaya_jax.engine import generate  # noqa: E402
 from zaya_jax.model.build import create_model  # noqa: E402
 
 
 def static_batches(model, prompts, max_new: int, slots: int, stops, seed: int) -> np.ndarray:
     """The static loop in batches of `slots` prompts (a short last batch filled with its last row,
-    as evaluate_tasks.generate_completions does, so every batch reuses one compiled program)."""
+    as evaluation.answering.generate_completions does, so every batch reuses one compiled program)."""
     out = []
     for start in range(0, len(prompts), slots):
         batch = prompts[start:start + slots]

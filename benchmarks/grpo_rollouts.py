@@ -1,5 +1,5 @@
 """The GRPO demo's sampling: the serving engine (grpo_rollout.sample_groups, what GRPO samples
-with) against static batching (zaya_jax.generate, what GRPO sampled with before), on the same
+with) against static batching (zaya_jax.infer.generate_static, what GRPO sampled with before), on the same
 prompts, G, weights and seed, timed in one process. Prints JSON.
 
   python benchmarks/grpo_rollouts.py [--checkpoint runs/demo_sft] [--slots 64,512] [--repeats 2]
@@ -10,7 +10,7 @@ generation 0 at train.seed 0: its 64 prompts x 8 completions (512 rows) of up to
 temperature 1, stops at eos and the template's end of turn, the prompts' column 48. Both on the
 trainer's mesh (make_mesh(mesh section): one device on a CPU without fake devices).
 
-- static: one generate call over the 512 rows (the rows padded to its prompt bucket, decoding
+- static: one generate_static call over the 512 rows (the rows padded to its prompt bucket, decoding
   until every row has stopped or 8 tokens), as GRPO called it.
 - engine: grpo_rollout.sample_groups on an engine of S slots (--slots; a slot count the trainer
   would clamp to 512 rows is run as 512), built and warmed by one call first, then its weights set
@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 from benchmarks.common import stack  # noqa: E402
 from zaya_jax.config_files import load_config_file  # noqa: E402
 from zaya_jax.data.sources import tokenizer_path  # noqa: E402
-from zaya_jax.infer.generate import generate, stop_tokens  # noqa: E402
+from zaya_jax.infer.static_loop import generate_static, stop_tokens  # noqa: E402
 from zaya_jax.parallel.mesh import make_mesh  # noqa: E402
 from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model  # noqa: E402
 from zaya_jax.train.grpo_batches import open_grpo_data  # noqa: E402
@@ -81,7 +81,7 @@ def main():
     stops = set(stop_tokens(settings.model.eos_token_id, stop_ids))
 
     def static():
-        return np.asarray(generate(model, rows, g.max_completion_length, mesh=mesh, **options))
+        return np.asarray(generate_static(model, rows, g.max_completion_length, mesh=mesh, **options))
 
     tokens, static_first, static_s = timed(static, args.repeats)
     static_lengths = [next((t + 1 for t, x in enumerate(r) if x in stops), len(r)) for r in tokens.tolist()]

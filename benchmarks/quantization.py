@@ -32,7 +32,7 @@ from benchmarks.common import median_time  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
 from zaya_jax.data.demo_corpus import prose_documents  # noqa: E402
 from zaya_jax.data.tokenizer import train_bpe  # noqa: E402
-from zaya_jax.infer import QuantizedArray, generate, param_bytes, quantize_model  # noqa: E402
+from zaya_jax.infer import QuantizedArray, generate_static, param_bytes, quantize_model  # noqa: E402
 from zaya_jax.model.build import create_model  # noqa: E402
 
 HELD_OUT_SCENES = 40
@@ -72,7 +72,7 @@ def weight_error(model, quantized) -> dict:
 def time_generation(model, prompt: np.ndarray, n: int, repeats: int) -> tuple[float, float]:
     """-> (prefill seconds, decode tokens/s) of greedy generation after `prompt` [1, P]."""
     def run(new):
-        return generate(model, prompt, new, stop_at_eos=False)
+        return generate_static(model, prompt, new, stop_at_eos=False)
 
     run(1), run(n)  # compile
     prefill = median_time(lambda: run(1), repeats, warmup=0)

@@ -12,7 +12,7 @@ the FP8 / MXFP4 weights stay quantized, dequantized inside the computation) and 
 bfloat16; "bf16" is the float export so computed. Held-out loss: the SFT config's held-out batches
 (zaya_jax.train.data.eval_batches: the assistant tokens of held-out chats), mean nll over the
 supervised tokens. Exact-match accuracy: evaluate_tasks' 500 held-out questions answered by greedy
-generation (zaya_jax.evaluate_tasks.answer_tasks, score), with the run's chat template. Also the
+generation (zaya_jax.evaluation.tasks.answer_tasks, score), with the run's chat template. Also the
 bytes of the weights (quantized ones: values and scales; every float one as bf16) and the load average: the
 2 CPU cores may be shared. The stack is recorded: the demo data, and so every figure, differs
 between Python 3.11 and 3.12 (quantized_checkpoints_cpu_py311.json / _py312.json).
@@ -39,7 +39,8 @@ from benchmarks.posttrain_demo import run, sft_run  # noqa: E402
 from zaya_jax.config_files import load_config_file  # noqa: E402
 from zaya_jax.data import instruction_tasks  # noqa: E402
 from zaya_jax.data.tokenizer import Tokenizer  # noqa: E402
-from zaya_jax.evaluate_tasks import BATCH_SIZE, MAX_NEW_TOKENS, answer_tasks, run_template, score  # noqa: E402
+from zaya_jax.evaluation.answering import BATCH_SIZE, MAX_NEW_TOKENS, run_template  # noqa: E402
+from zaya_jax.evaluation.tasks import answer_tasks, score  # noqa: E402
 from zaya_jax.infer import load_hf  # noqa: E402
 from zaya_jax.checkpoints.quantize import QuantizedWeight  # noqa: E402
 from zaya_jax.train.data import eval_batches  # noqa: E402

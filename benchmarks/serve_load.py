@@ -1,5 +1,5 @@
 """Serving under load on one CPU: the engine (continuous batching) against static batching with
-zaya_jax.generate and with HF transformers' ZayaForCausalLM.generate, on the same requests,
+zaya_jax.infer.generate_static and with HF transformers' ZayaForCausalLM.generate, on the same requests,
 timed in one process. Prints JSON.
 
   python benchmarks/serve_load.py [--requests 32] [--rates 1,3,12,48] [--slots 8] [--chunk 64] [--no-hf]
@@ -25,7 +25,7 @@ Each rate is served three times, one server after the other:
   after putting the token in the request's events queue (the queue's Finished ends the wait).
 - static: requests in arrival order in batches of up to N: a batch starts when the previous one
   has finished, with every request that has arrived by then (at most N; if none has, at the next
-  arrival). One zaya_jax.generate call per batch, its on_token hook timestamping each column. The
+  arrival). One generate_static call per batch, its on_token hook timestamping each column. The
   batch is padded to N rows (one-token dummy rows); generate pads the prompts to its own bucket
   (PROMPT_BUCKET = 16, so 16 widths up to 256) and every call generates max_new_tokens = 96, the
   longest a request may ask, as a static server configured with that maximum does (a request's
@@ -97,8 +97,7 @@ from zaya_jax.engine import Engine, Finished, SamplingParams  # noqa: E402
 from zaya_jax.engine.step import STOP_IDS, RowSampling, engine_chunk, engine_decode, pick  # noqa: E402
 from zaya_jax.infer.cache import empty_state  # noqa: E402
 from zaya_jax.infer.decode import extend  # noqa: E402
-from zaya_jax.infer import generate  # noqa: E402
-from zaya_jax.infer.generate import PROMPT_BUCKET  # noqa: E402
+from zaya_jax.infer.static_loop import PROMPT_BUCKET, generate_static  # noqa: E402
 from zaya_jax.model.zaya import ZayaLM  # noqa: E402
 
 PROMPT_LENS, OUTPUT_LENS = (16, 256), (16, 96)
@@ -189,7 +188,7 @@ def serve_static(requests, arrive: np.ndarray, slots: int, run_batch) -> tuple[l
 
 
 def jax_static_batch(model: ZayaLM, slots: int):
-    """-> run_batch for serve_static with zaya_jax.generate (N rows, OUTPUT_LENS[1] new tokens)."""
+    """-> run_batch for serve_static with generate_static (N rows, OUTPUT_LENS[1] new tokens)."""
     cfg = model.config
 
     def run(batch, stamp):
@@ -199,7 +198,7 @@ def jax_static_batch(model: ZayaLM, slots: int):
         lengths = np.ones(slots, np.int32)
         for row, (prompt, _) in enumerate(batch):
             ids[row, :prompt.size], lengths[row] = prompt, prompt.size
-        generate(model, ids, OUTPUT_LENS[1], lengths=lengths, stop_at_eos=False,
+        generate_static(model, ids, OUTPUT_LENS[1], lengths=lengths, stop_at_eos=False,
                  on_token=lambda step, _: stamp(int(step)))
     return run
 

@@ -7,7 +7,7 @@ Trains configs/demo_vl.py as a user would (`python -m zaya_jax.train`, in its ow
 the pretraining demo's run (--pretrained, or trains configs/demo.py first) once per seed
 (`--config.train.seed`: the tower's initialisation, the data order and the training images'
 augmentation), then scores each run as `python -m zaya_jax.evaluate_tasks --checkpoint RUN` does
-(evaluate_tasks.score_vision_run: the 359 held-out digits by greedy generation as they are, moved
+(evaluation.digit_accuracy.score_vision_run: the 359 held-out digits by greedy generation as they are, moved
 by one pixel and by two along each axis, drawn at another size and at 6 of 8 pixels, at 60% contrast,
 and with every image black; chance is 10%), and compares
 each run's text model with the one it started from: their weights, and their held-out loss on the
@@ -86,7 +86,8 @@ def main():
     seeds = [int(s) for s in args.seeds.split(",") if s]
     load_start = os.getloadavg()[0]
     from zaya_jax.data import build_eval_batches, demo_data_config
-    from zaya_jax.evaluate_tasks import MAX_NEW_TOKENS, load_checkpoint, run_template, score_vision_run
+    from zaya_jax.evaluation.answering import MAX_NEW_TOKENS, load_checkpoint, run_template
+    from zaya_jax.evaluation.digit_accuracy import score_vision_run
     from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model
     runs = []
     with tempfile.TemporaryDirectory() as tmp:

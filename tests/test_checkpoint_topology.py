@@ -87,7 +87,7 @@ def test_generate_on_one_device_matches_the_eight_device_process(run8):
     out = _run_one_device("-m", "zaya_jax.generate", "--checkpoint", run8, "--prompt-ids",
                           ",".join(map(str, PROMPT)), "--max-new-tokens", NEW_TOKENS, "--ignore-eos")
     model = load_checkpoint(run8)  # this process: 8 devices
-    expected = zaya_jax.infer.generate(model, [PROMPT], NEW_TOKENS, stop_at_eos=False,
+    expected = zaya_jax.infer.generate_static(model, [PROMPT], NEW_TOKENS, stop_at_eos=False,
                                        on_token=lambda *_: None)[0].tolist()
     assert [int(x) for x in out.split()] == expected
 

@@ -250,7 +250,7 @@ def test_every_reader_keeps_the_tokenizer_the_run_trained_with_when_its_file_cha
     from zaya_jax.convert.conversions import export_tokenizer
     from zaya_jax.data.tokenizer import file_sha256
     from zaya_jax.errors import UserError
-    from zaya_jax.evaluate_tasks import load_checkpoint
+    from zaya_jax.evaluation.answering import load_checkpoint
     from zaya_jax.harness.loading import load_tokenizer
     workdir, _ = demo_run
     carried = workdir / "checkpoints" / "4" / "tokenizer" / "tokenizer.json"

@@ -6,10 +6,10 @@ import jax
 import numpy as np
 import pytest
 
-import zaya_jax
 
 from tests.model_fixtures import random_tiny_model
 from zaya_jax.infer.decode import Rows, decode_step, extend, extend_rows, prefill
+from zaya_jax.engine import generate
 
 WINDOW = 6
 MIXED = dict(layer_types=("hybrid_sliding", "hybrid"), sliding_window=WINDOW, sliding_rope_theta=500.0)
@@ -71,7 +71,7 @@ def test_chunks_of_every_size_across_the_window_match_the_full_forward(model, se
         logits, state = step(model, state, tokens[-1])
         tokens.append(np.asarray(jax.numpy.argmax(logits, -1)))
     for b in range(2):
-        expected = zaya_jax.generate(model, [sequences[b, :at[b]].tolist()], GREEDY, stop_at_eos=False)[0]
+        expected = generate(model, [sequences[b, :at[b]].tolist()], GREEDY, stop_at_eos=False)[0]
         np.testing.assert_array_equal(np.stack(tokens, 1)[b], expected, err_msg=f"row {b}")
 
 

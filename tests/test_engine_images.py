@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import zaya_jax
 from tests.test_engine_serving import compilations, drain, submit
 from tests.test_vision_generate import PROCESSOR, WIDTH, whole_model_logits
 from tests.vision_fixtures import IDS, TEXT, random_vl_model
 from zaya_jax.data.vision.prompts import expand_placeholders
 from zaya_jax.engine import Engine, SamplingParams
+from zaya_jax.engine import generate
 
 SLOTS, CACHE, CHUNK, NEW = 3, 40, 8, 6
 
@@ -84,7 +84,7 @@ def test_image_and_text_requests_together_equal_each_alone(model, requests):
     answers = []
     for (prompt, images), q in zip(requests, queues):
         finished, events = drain(q)
-        alone = zaya_jax.generate(model, [prompt], NEW, images=[images] if images else None,
+        alone = generate(model, [prompt], NEW, images=[images] if images else None,
                                   image_processor=PROCESSOR)[0].tolist()
         n = len(finished.tokens)
         assert finished.tokens == alone[:n] and (n == NEW or finished.tokens[-1] == TEXT.eos_token_id)

@@ -12,6 +12,7 @@ from tests.test_engine_serving import MIXED, drain, submit
 from zaya_jax.engine import Engine, SamplingParams
 from zaya_jax.infer import quantize_model
 from zaya_jax.checkpoints.quantize import BlockScaledArray, QuantizedArray, dequantize_model
+from zaya_jax.engine import generate
 
 LENGTHS = [3, 12, 7]
 
@@ -27,7 +28,7 @@ def assert_engine_equals_generate_alone(model) -> None:
         engine.step()
     for prompt, events in zip(prompts, queues):
         finished, _ = drain(events)
-        alone = zaya_jax.generate(model, [prompt], 6)[0].tolist()
+        alone = generate(model, [prompt], 6)[0].tolist()
         assert finished.tokens == alone[:len(finished.tokens)] and len(finished.tokens) >= 1
 
 
@@ -47,5 +48,5 @@ def test_a_quantized_checkpoint_is_served_and_generated_from_its_quantized_weigh
     assert isinstance(model.layers.moe.gate.get_value(), BlockScaledArray)
     assert_engine_equals_generate_alone(model)
     prompts = np.random.default_rng(3).integers(3, model.config.vocab_size, (2, 9))
-    np.testing.assert_array_equal(zaya_jax.generate(model, prompts, 8), zaya_jax.generate(dequantize_model(model),
+    np.testing.assert_array_equal(generate(model, prompts, 8), generate(dequantize_model(model),
                                                                                            prompts, 8))

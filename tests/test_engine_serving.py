@@ -10,11 +10,11 @@ import jax
 import numpy as np
 import pytest
 
-import zaya_jax
 from tests.model_fixtures import random_tiny_model
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.engine import Engine, Finished, SamplingParams
 from zaya_jax.engine.prefix_cache import entry_bytes
+from zaya_jax.engine import generate
 
 WINDOW = 6
 MIXED = dict(layer_types=("hybrid_sliding", "hybrid"), sliding_window=WINDOW, sliding_rope_theta=500.0)
@@ -94,7 +94,7 @@ def test_mixed_load_equals_each_request_alone(model, prompts, forward):
     batches = [[(p, greedy()) for p in prompts[:4]], [], [(prompts[4], greedy())], [(prompts[5], greedy())]]
     done = run(engine, batches)
     for prompt, (finished, events) in zip(prompts, done):
-        alone = zaya_jax.generate(model, [prompt], MAX_TOKENS)[0].tolist()
+        alone = generate(model, [prompt], MAX_TOKENS)[0].tolist()
         n = len(finished.tokens)
         assert finished.tokens == alone[:n] and (n == MAX_TOKENS or finished.tokens[-1] == model.config.eos_token_id)
         assert finished.reason == ("length" if n == MAX_TOKENS else "stop")
@@ -234,7 +234,7 @@ def test_a_prefill_budget_caps_each_steps_prompt_tokens_and_changes_no_response(
     engine._chunk = recording
     done = run(engine, [[(p, greedy()) for p in prompts[:4]], [], [(prompts[4], greedy())], [(prompts[5], greedy())]])
     for prompt, (finished, _) in zip(prompts, done):
-        assert finished.tokens == zaya_jax.generate(model, [prompt], MAX_TOKENS)[0].tolist()[:len(finished.tokens)]
+        assert finished.tokens == generate(model, [prompt], MAX_TOKENS)[0].tolist()[:len(finished.tokens)]
     assert max(map(sum, counts)) == budget  # spent, never exceeded
     # step 1: the first prompt's 3 tokens and the second's first 2; then the second's 5 up to its block's end
     assert sorted(counts[0], reverse=True)[:3] == [3, 2, 0][:len(counts[0])] and 5 in counts[1]
@@ -332,7 +332,7 @@ def test_prefill_shares_go_by_admission_not_slot_and_end_on_block_boundaries(mod
     assert (engine.stats()["prefix_hits"] > 0) == bool(cache)
     for (prompt, params), q in zip(requests, queues):
         finished, _ = drain(q)
-        alone = zaya_jax.generate(model, [prompt], params.max_tokens)[0].tolist()
+        alone = generate(model, [prompt], params.max_tokens)[0].tolist()
         assert finished.tokens == alone[:len(finished.tokens)]
 
 
@@ -362,7 +362,7 @@ def test_cancel_frees_the_slot_at_once_and_nothing_leaks(model, prompts):
     assert 0 < len(results[first].tokens) < 20
     # the third request took the cancelled one's slot mid-flight, and is what it is alone
     for i, prompt in ((second, prompts[1]), (third, prompts[5])):
-        alone = zaya_jax.generate(model, [prompt], MAX_TOKENS)[0].tolist()
+        alone = generate(model, [prompt], MAX_TOKENS)[0].tolist()
         assert results[i].tokens == alone[:len(results[i].tokens)]
     stats = engine.stats()
     assert (stats["running"], stats["waiting"], stats["free_slots"]) == (0, 0, 2)

@@ -2,7 +2,7 @@
 engine, laid out as train rows. The layout is checked by hand on a small case; on a model, each
 row's teacher-forced logits equal those of its prompt and completion alone (left padding,
 positions and segments give it the context generation gave it) and pick each greedy token at its
-target column, and greedy rows are the static generator's (zaya_jax.infer.generate). Sampled rows:
+target column, and greedy rows are the static generator's (zaya_jax.infer.static_loop). Sampled rows:
 each is what the static generator samples for that prompt alone with the row's documented seed
 (SeedSequence([seed, row])), whatever the slot count (fewer slots than rows: rows wait and take the
 slots others leave), a group's samples differ, and the same seed gives the same rollout (what an
@@ -15,7 +15,7 @@ import pytest
 
 from tests.model_fixtures import random_tiny_model, tiny_model
 from tests.test_engine_serving import compilations
-from zaya_jax.infer.generate import generate
+from zaya_jax.infer.static_loop import generate_static
 from zaya_jax.train.grpo_rollout import completion_rows, rollout_engine, row_seed, sample_groups
 
 PROMPTS, G, T, STOP = [[2, 17, 5, 33], [2, 9], [2, 40, 41]], 4, 6, 5  # 12 rows; STOP ends some completions early
@@ -36,7 +36,7 @@ def test_greedy_rows_reproduce_the_generation():
     prompts = PROMPTS[:2]
     greedy = sample_groups(rollout_engine(model, 4, 4, 5), prompts, 2, 5, temperature=0.0)
     assert greedy.prompt_width == 4 and greedy.completions.shape == (4, 5)
-    want = generate(model, prompts, 5)
+    want = generate_static(model, prompts, 5)
     np.testing.assert_array_equal(greedy.completions, np.repeat(want, 2, axis=0))
     rows = greedy.rows
     logits = np.asarray(model(jnp.asarray(rows["inputs"]), segment_ids=jnp.asarray(rows["segment_ids"]),
@@ -62,7 +62,7 @@ def sampled():
 def test_each_sampled_row_is_its_prompt_sampled_alone_with_the_rows_seed(sampled):
     model, rollout = sampled
     rows = [p for p in PROMPTS for _ in range(G)]
-    alone = np.concatenate([generate(model, [p], T, temperature=1.0, seed=row_seed(7, i), stop_ids=(STOP,))
+    alone = np.concatenate([generate_static(model, [p], T, temperature=1.0, seed=row_seed(7, i), stop_ids=(STOP,))
                             for i, p in enumerate(rows)])
     np.testing.assert_array_equal(rollout.completions, alone)
     stops = {STOP, model.config.eos_token_id}

@@ -29,7 +29,7 @@ from zaya_jax.config_files import load_config_file
 from zaya_jax.data import chat_template, instruction_tasks
 from zaya_jax.data.sources import tokenizer_path
 from zaya_jax.data.tokenizer import Tokenizer
-from zaya_jax.evaluate_tasks import answer_tasks
+from zaya_jax.evaluation.tasks import answer_tasks
 from zaya_jax.model.build import create_model
 from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model

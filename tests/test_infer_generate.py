@@ -4,10 +4,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import zaya_jax
 from tests.hf_reference import jax_from_hf, make_hf_model
-from zaya_jax.infer.generate import pad_prompts
+from zaya_jax.infer.static_loop import pad_prompts
 from zaya_jax.infer.sampling import Sampler, filter_logits
+from zaya_jax.engine import generate
 
 NEW = 8
 PROMPTS = [[5, 6, 7, 8, 9], [40, 3, 77], [11, 12, 13, 14, 15, 16, 17]]
@@ -31,7 +31,7 @@ def test_greedy_matches_transformers_generate(hf_model, model):
     with torch.no_grad():
         hf_out = hf_model.generate(torch.as_tensor(prompts), attention_mask=torch.ones(prompts.shape, dtype=torch.long),
                                    max_new_tokens=NEW, do_sample=False).numpy()[:, prompts.shape[1]:]
-    ours = zaya_jax.generate(model, prompts, NEW)
+    ours = generate(model, prompts, NEW)
     assert ours.shape == (3, NEW)
     # transformers stops once every row has emitted eos; we return max_new_tokens columns, padded.
     np.testing.assert_array_equal(ours[:, :hf_out.shape[1]], hf_out)
@@ -39,9 +39,9 @@ def test_greedy_matches_transformers_generate(hf_model, model):
 
 @pytest.mark.torch_reference
 def test_prompts_of_different_lengths_generate_as_they_do_alone(model):
-    together = zaya_jax.generate(model, PROMPTS, NEW)
+    together = generate(model, PROMPTS, NEW)
     for row, prompt in zip(together, PROMPTS, strict=True):
-        np.testing.assert_array_equal(row, zaya_jax.generate(model, [prompt], NEW)[0])
+        np.testing.assert_array_equal(row, generate(model, [prompt], NEW)[0])
 
 
 def test_padded_array_with_lengths_equals_list_of_lists():
@@ -56,10 +56,10 @@ def test_padded_array_with_lengths_equals_list_of_lists():
 
 @pytest.mark.torch_reference
 def test_sampling_is_seeded_and_top_k_1_is_greedy(model):
-    sample = lambda **kw: zaya_jax.generate(model, PROMPTS, NEW, temperature=1.5, **kw)  # noqa: E731
+    sample = lambda **kw: generate(model, PROMPTS, NEW, temperature=1.5, **kw)  # noqa: E731
     np.testing.assert_array_equal(sample(seed=1), sample(seed=1))
     assert not np.array_equal(sample(seed=1), sample(seed=2))
-    np.testing.assert_array_equal(sample(seed=4, top_k=1), zaya_jax.generate(model, PROMPTS, NEW))
+    np.testing.assert_array_equal(sample(seed=4, top_k=1), generate(model, PROMPTS, NEW))
 
 
 def test_top_k_and_top_p_keep_the_right_tokens():
@@ -74,37 +74,37 @@ def test_top_k_and_top_p_keep_the_right_tokens():
 
 @pytest.mark.torch_reference
 def test_eos_stops_a_sequence_and_pads_the_rest(hf_model, model):
-    eos = int(zaya_jax.generate(model, PROMPTS, NEW)[0, 0])
+    eos = int(generate(model, PROMPTS, NEW)[0, 0])
     stopping = jax_from_hf(hf_model, eos_token_id=eos)
-    out = zaya_jax.generate(stopping, PROMPTS, NEW)
+    out = generate(stopping, PROMPTS, NEW)
     np.testing.assert_array_equal(out[0], [eos] + [stopping.config.pad_token_id] * (NEW - 1))
     for row in out[1:]:  # the others stop right after their first eos, if any
         hit = np.flatnonzero(row == eos)
         if hit.size:
             assert (row[hit[0] + 1:] == stopping.config.pad_token_id).all()
-    free = zaya_jax.generate(stopping, PROMPTS, NEW, stop_at_eos=False)
-    np.testing.assert_array_equal(free, zaya_jax.generate(model, PROMPTS, NEW))
+    free = generate(stopping, PROMPTS, NEW, stop_at_eos=False)
+    np.testing.assert_array_equal(free, generate(model, PROMPTS, NEW))
 
 
 @pytest.mark.torch_reference
 def test_stop_ids_end_a_sequence_as_eos_does(model):
-    free = zaya_jax.generate(model, PROMPTS, NEW)
+    free = generate(model, PROMPTS, NEW)
     first = int(free[0, 0])
     assert first != model.config.eos_token_id and (free[0, 1:] != model.config.pad_token_id).any()  # runs on freely
-    out = zaya_jax.generate(model, PROMPTS, NEW, stop_ids=[first])
+    out = generate(model, PROMPTS, NEW, stop_ids=[first])
     np.testing.assert_array_equal(out[0], [first] + [model.config.pad_token_id] * (NEW - 1))
     for row, unstopped in zip(out, free):  # every row is the free run up to its first stop id
         hit = np.flatnonzero(unstopped == first)
         end = hit[0] + 1 if hit.size else NEW
         np.testing.assert_array_equal(row[:end], unstopped[:end])
         assert (row[end:] == model.config.pad_token_id).all()
-    np.testing.assert_array_equal(zaya_jax.generate(model, PROMPTS, NEW, stop_ids=[first], stop_at_eos=False), free)
+    np.testing.assert_array_equal(generate(model, PROMPTS, NEW, stop_ids=[first], stop_at_eos=False), free)
 
 
 @pytest.mark.torch_reference
 def test_on_token_streams_every_column_in_order(model):
     seen = []
-    out = zaya_jax.generate(model, PROMPTS, NEW, on_token=lambda step, tokens: seen.append((int(step), list(tokens))))
+    out = generate(model, PROMPTS, NEW, on_token=lambda step, tokens: seen.append((int(step), list(tokens))))
     assert [s for s, _ in seen] == list(range(NEW))
     np.testing.assert_array_equal(np.array([t for _, t in seen]).T, out)
 
@@ -121,7 +121,7 @@ def test_on_token_streams_every_column_in_order(model):
 def test_bad_arguments_fail_clearly(model, kwargs, message):
     kwargs = {"max_new_tokens": 4, **kwargs}
     with pytest.raises(ValueError, match=message):
-        zaya_jax.generate(model, **kwargs)
+        generate(model, **kwargs)
 
 
 def test_generation_split_over_a_data_mesh_gives_one_devices_tokens(monkeypatch):
@@ -132,7 +132,7 @@ def test_generation_split_over_a_data_mesh_gives_one_devices_tokens(monkeypatch)
     from tests.model_fixtures import tiny_model
     from zaya_jax.parallel.mesh import make_mesh
 
-    generate_module = importlib.import_module("zaya_jax.infer.generate")  # the module, not the function
+    generate_module = importlib.import_module("zaya_jax.infer.static_loop")
 
     model = tiny_model()
     prompts = [[5, 6, 7, 8, 9], [40, 3, 17], [11, 12, 13, 14, 15, 16, 17], [2, 9]]
@@ -144,8 +144,8 @@ def test_generation_split_over_a_data_mesh_gives_one_devices_tokens(monkeypatch)
         return decode(graphdef, params, state, logits, *args, **kwargs)
     monkeypatch.setattr(generate_module, "_decode", recording_decode)
     for sampling in ({}, {"temperature": 1.5, "top_k": 20, "seed": 3}):
-        alone = zaya_jax.generate(model, prompts, NEW, **sampling)
-        np.testing.assert_array_equal(zaya_jax.generate(model, prompts, NEW, mesh=mesh, **sampling), alone)
+        alone = generate(model, prompts, NEW, **sampling)
+        np.testing.assert_array_equal(generate(model, prompts, NEW, mesh=mesh, **sampling), alone)
     assert placements == [(1, True), (4, False)] * 2  # the split run's rows really sat on 4 devices
     with pytest.raises(ValueError, match="multiple of 4 prompts"):
-        zaya_jax.generate(model, prompts[:3], NEW, mesh=mesh)
+        generate(model, prompts[:3], NEW, mesh=mesh)

@@ -5,12 +5,12 @@ import jax
 import numpy as np
 import pytest
 
-import zaya_jax
 from tests.hf_reference import jax_from_hf, make_hf_model
 from tests.model_fixtures import tiny_model
 from tests.test_infer_decode import _decode_logits
 from zaya_jax.infer import cache_numbers_per_token, state_shapes
 from zaya_jax.infer.cache import cache_bytes
+from zaya_jax.engine import generate
 
 WINDOW = 6
 MIXED = dict(layer_types=("hybrid_sliding", "hybrid"), sliding_window=WINDOW, sliding_rope_theta=500.0)
@@ -50,10 +50,10 @@ def test_greedy_generation_past_the_window_equals_transformers():
                        layer_types=["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid"])
     model = jax_from_hf(hf)
     prompts = [list(np.random.default_rng(1).integers(3, 97, n)) for n in (5, 12)]
-    ours = zaya_jax.generate(model, prompts, 30, stop_at_eos=False)
+    ours = generate(model, prompts, 30, stop_at_eos=False)
     for prompt, tokens in zip(prompts, ours):
         with torch.no_grad():
             out = hf.generate(torch.as_tensor([prompt]), max_new_tokens=30, min_new_tokens=30, do_sample=False)
         np.testing.assert_array_equal(tokens, out[0, len(prompt):].numpy())
-    unwindowed = zaya_jax.generate(jax_from_hf(hf, sliding_window=64), prompts, 30, stop_at_eos=False)
+    unwindowed = generate(jax_from_hf(hf, sliding_window=64), prompts, 30, stop_at_eos=False)
     assert (unwindowed != ours).any()  # the window acts on these tokens

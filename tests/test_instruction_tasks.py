@@ -8,7 +8,7 @@ import re
 import pytest
 
 from zaya_jax.data import instruction_tasks
-from zaya_jax.evaluate_tasks import score
+from zaya_jax.evaluation.tasks import score
 
 
 def _run_question(task):

@@ -15,7 +15,7 @@ from tests.train_helpers import REPO
 from zaya_jax.data import chat_template, demo_posttrain, instruction_tasks
 from zaya_jax.data.sources import heldout_count, open_sources, tokenizer_path
 from zaya_jax.data.tokenizer import Tokenizer
-from zaya_jax.preference_pairs import onpolicy_records, write_pairs
+from zaya_jax.evaluation.onpolicy_pairs import onpolicy_records, write_pairs
 
 DEMO = {"cache_dir": "", "max_docs": 40, "vocab_size": 4096, "seed": 0}
 TINY_MODEL = ["--config.model.hidden_size=32", "--config.model.num_layers=1", "--config.model.num_q_heads=4",

@@ -197,8 +197,8 @@ def test_export_of_a_run_without_a_tokenizer_says_so(tmp_path):
 
 def test_task_answering_renders_with_the_recorded_template(pipeline, tmp_path, monkeypatch):
     from zaya_jax.data.chat_template import PLAIN
-    from zaya_jax.evaluate_tasks import run_template
-    from zaya_jax.preference_pairs import template_file
+    from zaya_jax.evaluation.answering import run_template
+    from zaya_jax.evaluation.onpolicy_pairs import template_file
     assert run_template(str(pipeline["dpo"]), None).source == CHATML
     assert template_file(str(pipeline["dpo"]), None).path == str(pipeline["tokenizer"] / "tokenizer_config.json")
     assert run_template(str(pipeline["dpo"]), PLAIN).path == PLAIN  # --chat_template overrides

@@ -20,6 +20,7 @@ from zaya_jax.config_files import model_config, model_section
 from zaya_jax.model.layer_types import layer_kinds
 from zaya_jax.model.rope import rope_cos_sin
 from zaya_jax.checkpoints.orbax_checkpoint import config_json
+from zaya_jax.engine import generate
 
 R, THETA, M, O = 8, 100.0, 16, 8
 
@@ -160,12 +161,11 @@ def test_dynamic_lifts_the_generation_limit():
 
 
 def test_generation_goes_past_max_position_embeddings_only_with_dynamic():
-    import zaya_jax
     from tests.model_fixtures import tiny_model
 
     prompt = [[3, 4, 5, 6]]
     with pytest.raises(ValueError, match="max_position_embeddings=8"):
-        zaya_jax.generate(tiny_model(max_position_embeddings=8), prompt, 10)
+        generate(tiny_model(max_position_embeddings=8), prompt, 10)
     dynamic = tiny_model(max_position_embeddings=8, rope_scaling=RopeScaling(**SCALINGS["dynamic"]))
-    tokens = zaya_jax.generate(dynamic, prompt, 10, stop_at_eos=False)
+    tokens = generate(dynamic, prompt, 10, stop_at_eos=False)
     assert tokens.shape == (1, 10)

@@ -23,6 +23,7 @@ from flax import nnx
 
 from tests.harness_fixtures import TEXTS, TINY_LM
 from tests.train_helpers import REPO, cli_env
+from zaya_jax.engine import generate
 
 pytestmark = pytest.mark.xdist_group("serve")
 
@@ -84,13 +85,12 @@ def client(server):
 def reference(checkpoint):
     """ids, max_tokens, stop ids -> (the tokens generate gives that request alone, up to its stop,
     their log-probabilities under the full forward over prompt + tokens)."""
-    import zaya_jax
     from zaya_jax.infer.loading import load_checkpoint
     model = load_checkpoint(str(checkpoint))
     forward = nnx.jit(lambda m, ids: jax.nn.log_softmax(m(ids), axis=-1))
 
     def run(ids, max_tokens, stop_ids=()):
-        new = zaya_jax.generate(model, [ids], max_tokens, stop_ids=stop_ids)[0].tolist()
+        new = generate(model, [ids], max_tokens, stop_ids=stop_ids)[0].tolist()
         stops = {MODEL.eos_token_id, *stop_ids}
         end = next((i + 1 for i, t in enumerate(new) if t in stops), len(new))
         new = new[:end]
@@ -297,9 +297,9 @@ def test_n_counts_against_the_queue_on_an_idle_server(server, client):
 def test_generate_and_the_server_allow_the_same_most_new_tokens(client, checkpoint, tokenizer):
     """prompt + new - 1 <= context (the last new token is never fed back): a 4-token prompt in the
     160-token context may ask for 157 new tokens from the server, `python -m zaya_jax.generate` and
-    generate() alike (the same 157 tokens), and 158 is refused by all three. The CLI ends its
+    generate_static() alike (the same 157 tokens), and 158 is refused by all three. The CLI ends its
     output with one newline."""
-    from zaya_jax.infer.generate import generate
+    from zaya_jax.infer.static_loop import generate_static
     from zaya_jax.infer.loading import load_checkpoint
     ids = prompt_ids(4, 6)
     most = CONTEXT - len(ids) + 1
@@ -322,7 +322,7 @@ def test_generate_and_the_server_allow_the_same_most_new_tokens(client, checkpoi
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
     assert f"ask for at most {most}" in refused.stderr
     with pytest.raises(ValueError, match="exceeds model.max_position_embeddings=160"):
-        generate(load_checkpoint(str(checkpoint)), [ids], most + 1)
+        generate_static(load_checkpoint(str(checkpoint)), [ids], most + 1)
 
 
 def test_help_names_the_ready_line_the_server_prints(server):

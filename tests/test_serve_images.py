@@ -21,6 +21,7 @@ from PIL import Image
 from tests.test_serve import metric, started_server
 from tests.test_vision_generate import whole_model_logits
 from tests.vision_fixtures import IDS, TEXT, VISION, random_vl_model
+from zaya_jax.engine import generate
 
 pytestmark = pytest.mark.xdist_group("serve_images")
 
@@ -88,7 +89,6 @@ def test_chats_with_images_beside_text_equal_generate_alone(server, client, chec
     completion, sent at once into 2 slots, with nothing to compile after --warm_up_images 16x16: each one's tokens are generate's for its prompt (the
     chat template's, the image's span where its part was) and images alone, its logprobs the whole
     model's (tower and text model, no cache) over prompt + tokens."""
-    import zaya_jax
     from zaya_jax.data.tokenizer import Tokenizer
     from zaya_jax.data.vision.processor import ImageProcessor
     tokenizer = Tokenizer(str(checkpoint.parent / "tokenizer.json"), bos_id=2, eos_id=1, pad_id=0)
@@ -107,7 +107,7 @@ def test_chats_with_images_beside_text_equal_generate_alone(server, client, chec
     for picture, answer in zip(PICTURES, chats):
         grid = processor(picture)[1]
         prompt = [2, 3, IDS.vision_start, *[IDS.image] * (grid[1] * grid[2] // 4), IDS.vision_end, 7, 8, 4]
-        want = zaya_jax.generate(model, [prompt], 5, images=[[picture]], image_processor=processor,
+        want = generate(model, [prompt], 5, images=[[picture]], image_processor=processor,
                                  stop_at_eos=False)[0].tolist()
         content = answer.choices[0].logprobs.content
         assert [t.token for t in content] == [tokenizer.decode([t], skip_special=False) for t in want]
@@ -116,7 +116,7 @@ def test_chats_with_images_beside_text_equal_generate_alone(server, client, chec
                  for k, t in enumerate(want)]
         np.testing.assert_allclose([t.logprob for t in content], whole, atol=2e-4)
     assert text.choices[0].text == tokenizer.decode(
-        zaya_jax.generate(model, [[2, 9, 10, 11]], 5, stop_at_eos=False)[0].tolist())
+        generate(model, [[2, 9, 10, 11]], 5, stop_at_eos=False)[0].tolist())
     assert metric(server, "zaya_compilations_total") == 0   # --warm_up_images 16x16: both images' bucket
 
 

@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import zaya_jax
 from tests.vision_fixtures import IDS, TEXT, VISION, random_vl_model
 from zaya_jax.data.vision.processor import ImageProcessor
 from zaya_jax.data.vision.prompts import expand_placeholders, prompt_image_batch
 from zaya_jax.errors import UserError
 from zaya_jax.infer.decode import prefill
-from zaya_jax.infer.generate import generate
+from zaya_jax.infer.static_loop import generate_static
+from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.model.vision.layout import patch_layout
 from zaya_jax.model.vision.vl import ImageBatch, place_image_tokens
-from zaya_jax.parallel.mesh import make_mesh
+from zaya_jax.engine import generate
 
 PROCESSOR = ImageProcessor.for_tower(VISION, min_pixels=64, max_pixels=16 * 32)
 NEW = 5
@@ -97,14 +97,14 @@ def test_the_prefill_with_images_equals_the_whole_model(case, moe_backend):
 
 def test_greedy_generation_with_images_equals_the_whole_models_argmax(case):
     model, pictures, prompts = case
-    new = zaya_jax.generate(model, prompts, NEW, images=pictures, image_processor=PROCESSOR, stop_at_eos=False)
+    new = generate(model, prompts, NEW, images=pictures, image_processor=PROCESSOR, stop_at_eos=False)
     for b, p in enumerate(prompts):
         sequence = list(p)
         for _ in range(NEW):
             sequence.append(int(whole_model_logits(model, sequence, pictures[b]).argmax()))
         assert new[b].tolist() == sequence[len(p):], b
     mesh = make_mesh({"data": 2}, jax.devices()[:2])
-    split = zaya_jax.generate(model, prompts, NEW, images=pictures, image_processor=PROCESSOR, stop_at_eos=False,
+    split = generate(model, prompts, NEW, images=pictures, image_processor=PROCESSOR, stop_at_eos=False,
                               mesh=mesh)
     np.testing.assert_array_equal(split, new)
 
@@ -112,13 +112,13 @@ def test_greedy_generation_with_images_equals_the_whole_models_argmax(case):
 def test_image_prompts_that_do_not_match_their_images_are_refused(case):
     model, pictures, prompts = case
     with pytest.raises(UserError, match="example 1: 4 image placeholders .* for 0 image tokens"):
-        zaya_jax.generate(model, prompts, 2, images=[pictures[0], []], image_processor=PROCESSOR)
+        generate(model, prompts, 2, images=[pictures[0], []], image_processor=PROCESSOR)
     with pytest.raises(UserError, match="hold image placeholders .* but no images"):
-        zaya_jax.generate(model, prompts, 2)
+        generate(model, prompts, 2)
     with pytest.raises(UserError, match="images: 1 lists for 2 prompts"):
-        zaya_jax.generate(model, prompts, 2, images=pictures[:1], image_processor=PROCESSOR)
+        generate(model, prompts, 2, images=pictures[:1], image_processor=PROCESSOR)
     with pytest.raises(UserError, match="need a vision-language model"):
-        zaya_jax.generate(model.text, [[2, 5]], 2, images=[[pictures[1][0]]])
+        generate(model.text, [[2, 5]], 2, images=[[pictures[1][0]]])
 
 
 def test_the_cli_generates_from_an_image_file_and_names_a_bad_one(case, tmp_path, capsys):
@@ -138,7 +138,7 @@ def test_the_cli_generates_from_an_image_file_and_names_a_bad_one(case, tmp_path
     assert grid == (1, 12, 18)
     assert f"[image {tmp_path / 'a.png'}: 16x24 -> 48x72 pixels, grid 1 x 12 x 18 patches, 54 image tokens]" in err
     prompt = expand_placeholders([2, 9, IDS.image, 7], [grid], IDS)
-    assert printed == [str(t) for t in zaya_jax.generate(model, [prompt], 4, images=[pictures[0][:1]],
+    assert printed == [str(t) for t in generate(model, [prompt], 4, images=[pictures[0][:1]],
                                                          stop_at_eos=False)[0]]
     (tmp_path / "b.png").write_bytes(b"not a png")
     with pytest.raises(UserError, match="--image .*b.png: cannot read it as an image"):
@@ -186,14 +186,14 @@ def test_the_cli_chats_about_an_image(case, tmp_path, capsys, monkeypatch):
     cli = sys.modules["zaya_jax.generate"]
     prompts = []
     monkeypatch.setattr(cli, "generate",
-                        lambda model, ids, *a, **k: prompts.append(ids) or generate(model, ids, *a, **k))
+                        lambda model, ids, *a, **k: prompts.append(ids) or generate_static(model, ids, *a, **k))
     run_main(["--hf", str(directory), "--image", str(tmp_path / "a.png"), "--chat", "w7 w8", "--tokenizer",
               str(tmp_path / "tokenizer.json"), "--chat_template", PLAIN, "--max_new_tokens", "4", "--ignore_eos"])
     printed = capsys.readouterr().out.strip()
     grid = ImageProcessor.for_tower(VISION)(pictures[1][0])[1]
     prompt = [2, 3, IDS.vision_start, *[IDS.image] * (grid[1] * grid[2] // 4), IDS.vision_end, 7, 8, 4]
     assert prompts == [[prompt]]
-    want = zaya_jax.generate(model, [prompt], 4, images=[pictures[1]], stop_at_eos=False)[0]
+    want = generate(model, [prompt], 4, images=[pictures[1]], stop_at_eos=False)[0]
     assert printed == tok.decode(want.tolist(), skip_special_tokens=True) and len(printed.split()) >= 2, printed
     (tmp_path / "chat.json").write_text(json.dumps([{"role": "user", "content": [
         {"type": "image"}, {"type": "text", "text": "w7 w8"}]}]))                  # TRL's content parts

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import zaya_jax
 from tests.vision_fixtures import IDS, TEXT, VISION, random_vl_model
 from zaya_jax.data.vision.processor import ImageProcessor
 from zaya_jax.data.vision.prompts import expand_placeholders
@@ -24,6 +23,7 @@ from zaya_jax.model import kernels
 from zaya_jax.model.attention_core import query_block_size, xla_attention
 from zaya_jax.model.vision.layout import patch_layout
 from zaya_jax.model.vision.vl import ImageBatch, place_image_tokens
+from zaya_jax.engine import generate
 
 PROCESSOR = ImageProcessor.for_tower(VISION, min_pixels=64, max_pixels=40 * 40)
 SEQ, FIRST_DOC, NEW, WIDTH = 140, 100, 3, 144   # WIDTH: the reference forwards' padded length
@@ -154,7 +154,7 @@ def test_prefill_and_generation_past_a_block_equal_dense_attention(case):
         return prefill(model.text, ids, jnp.asarray([SEQ]), WIDTH, image_tokens)[0][0]
     logits = prefill_logits(model, jnp.asarray([prompt]), image_batch(model, pictures))
     np.testing.assert_allclose(logits, dense_forward_logits(model, prompt, pictures), rtol=1e-5, atol=1e-5)
-    new = zaya_jax.generate(model, [prompt], NEW, images=[pictures], image_processor=PROCESSOR, stop_at_eos=False)
+    new = generate(model, [prompt], NEW, images=[pictures], image_processor=PROCESSOR, stop_at_eos=False)
     sequence = list(prompt)
     for _ in range(NEW):
         sequence.append(int(dense_forward_logits(model, sequence, pictures).argmax()))

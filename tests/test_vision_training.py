@@ -42,6 +42,7 @@ from zaya_jax.train.settings import settings_from_config
 from zaya_jax.checkpoints.model_parts import ModelParts
 from zaya_jax.train.state import initial_state
 from zaya_jax.train.step import train_step
+from zaya_jax.engine import generate
 
 STEPS, SEQ, BATCH, CAPACITY = 3, 64, 8, 48  # a row: 3 conversations (their 48 patches), 36 of 64 positions
 TEXT_ONLY = dataclasses.replace(TEXT, vision_lora_rank_attn=0, vision_lora_rank_mlp=0)
@@ -291,13 +292,12 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
     error naming the input."""
     from PIL import Image
 
-    import zaya_jax
     from tests.test_infer_cli import run_main
     from tests.train_helpers import REPO
     from zaya_jax.data.vision.processor import image_processor
     from zaya_jax.checkpoints.hf_vl import load_vl_hf
     from zaya_jax.errors import UserError
-    from zaya_jax.evaluate_tasks import load_checkpoint as load_for_tasks
+    from zaya_jax.evaluation.answering import load_checkpoint as load_for_tasks
     from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model, read_config
     from zaya_jax.data.vision.processor import ImageProcessor
     from zaya_jax.data.vision.prompts import expand_placeholders
@@ -312,7 +312,7 @@ def test_the_run_generates_with_images_exports_and_is_refused_where_it_cannot_go
     prompt = expand_placeholders([2, 5, IDS.image, 8], [(1, 4, 4)], IDS)
     assert prompt.count(IDS.image) == 4
     processor = ImageProcessor(4, 2, 1, min_pixels=256, max_pixels=256)
-    assert printed == [str(t) for t in zaya_jax.generate(model, [prompt], 3, images=[[image]], stop_at_eos=False,
+    assert printed == [str(t) for t in generate(model, [prompt], 3, images=[[image]], stop_at_eos=False,
                                                          image_processor=processor)[0]]
 
     hf_dir, _ = exported
@@ -414,7 +414,7 @@ def test_evaluate_tasks_scores_the_run_on_plain_shifted_and_rescaled_digits(run,
     from zaya_jax.data.tokenizer import Tokenizer
     from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model
     from zaya_jax.data.vision.demo_images import digit_conversations, digit_variant
-    from zaya_jax.vision.digit_accuracy import digit_accuracy
+    from zaya_jax.evaluation.digit_accuracy import digit_accuracy
     from zaya_jax.data.vision.processor import ImageProcessor
 
     run_dir = run[-1]

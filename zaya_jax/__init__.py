@@ -1,4 +1,7 @@
-"""zaya_jax: a JAX/Flax reimplementation of Zyphra's ZAYA1 and the system that trains it."""
+"""zaya_jax: a JAX/Flax reimplementation of Zyphra's ZAYA1 and the system that trains it.
+
+Generation is `from zaya_jax.engine import generate` (`zaya_jax.generate` is the CLI module,
+`python -m zaya_jax.generate`)."""
 
 from zaya_jax.config import ModelConfig
 
@@ -15,11 +18,4 @@ def save_hf(model, path, **options):
     return _save_hf(model, path, **options)
 
 
-def generate(model, prompt_ids, max_new_tokens, **options):
-    """New token ids after each prompt, [B, max_new_tokens]: one static batch (zaya_jax.infer.generate),
-    or with slots=N the serving engine's continuous batching (zaya_jax.engine.batch.generate)."""
-    from zaya_jax.engine.batch import generate as _generate
-    return _generate(model, prompt_ids, max_new_tokens, **options)
-
-
-__all__ = ["ModelConfig", "generate", "load_hf", "save_hf"]
+__all__ = ["ModelConfig", "load_hf", "save_hf"]

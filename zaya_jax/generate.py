@@ -37,15 +37,14 @@ image tokens); a side below patch_size x merge_size pixels is refused, naming th
 --image for a text model, both before the tokenizer, the chat template or the weights are read. A
 vision-language model given no --image says so in one line.
 
-`zaya_jax.generate` is also the generate function (zaya_jax/__init__.py); importing this module
-would shadow it with the module, so the module itself is made callable as that function.
+The tokens come from the library's generate (zaya_jax.engine.generate; its static loop, which
+streams them).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-import types
 
 import numpy as np
 from absl import app, flags
@@ -56,8 +55,8 @@ from zaya_jax.data.vision.prompts import expand_placeholders
 from zaya_jax.errors import UserError
 from zaya_jax.data.chat_template import IMAGE
 from zaya_jax.infer.chat import chat_template_for, read_messages
-from zaya_jax.infer.generate import generate, new_token_room, stop_tokens
-from zaya_jax.engine.batch import generate as package_generate  # what zaya_jax.generate runs, slots included
+from zaya_jax.engine import generate
+from zaya_jax.infer.static_loop import new_token_room, stop_tokens
 from zaya_jax.infer import loading
 from zaya_jax.infer.loading import tokenizer_for
 from zaya_jax.checkpoints.hf_quantized import BLOCK_AXES, BLOCK_AXIS_HELP
@@ -175,7 +174,7 @@ def with_image_spans(ids: list[int], model: ZayaVL, images: list, processor: Ima
 
 def check_lengths(ids: list[int], cfg, image_id: int | None = None) -> None:
     """The prompt's ids lie in the vocabulary, and it fits with --max_new_tokens in max_position_embeddings
-    (infer.generate.new_token_room, the server's rule) unless dynamic RoPE lifts that bound (a prompt
+    (infer.static_loop.new_token_room, the server's rule) unless dynamic RoPE lifts that bound (a prompt
     too long for it names its images' share, when it has images: `image_id`'s)."""
     outside = [i for i in ids if not 0 <= i < cfg.vocab_size]
     if outside:
@@ -267,13 +266,6 @@ def main(argv: list[str]) -> None:
     print(f"[loaded in {loaded - start:.1f}s; {len(stream.ids)} tokens in {done - loaded:.1f}s "
           f"(including compilation)]", file=sys.stderr)
 
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args, **kwargs):
-        return package_generate(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     cli.run(main)

@@ -16,6 +16,8 @@ run's tokenizer and the chat template), in the order of the questions, so a data
 `heldout_fraction` makes its trailing pairs a validation split of training questions. OUTPUT is
 built beside itself and renamed into place (whole or absent); OUTPUT/pairs_made_from.json
 records the checkpoint, its step and the counts.
+
+The command holds its flags; the pairs are zaya_jax.evaluation.onpolicy_pairs'.
 """
 
 from __future__ import annotations
@@ -23,18 +25,18 @@ from __future__ import annotations
 import collections
 import json
 import os
-import shutil
 import sys
 import time
 
 from absl import app, flags
 
-from zaya_jax import cli, evaluate_tasks
-from zaya_jax.data import chat_template, demo_posttrain, instruction_tasks, prepare
+from zaya_jax import cli
+from zaya_jax.data import demo_posttrain, instruction_tasks
 from zaya_jax.errors import UserError
-from zaya_jax.evaluate_tasks import answer_tasks, define_answering_flags, load_checkpoint, run_template
-
-MADE_FROM = "pairs_made_from.json"
+from zaya_jax.evaluation import answering
+from zaya_jax.evaluation.answering import define_answering_flags, load_checkpoint
+from zaya_jax.evaluation.onpolicy_pairs import onpolicy_records, template_file, write_pairs
+from zaya_jax.evaluation.tasks import answer_tasks
 
 
 def define_flags() -> None:
@@ -42,60 +44,10 @@ def define_flags() -> None:
     define_answering_flags(per_kind=demo_posttrain.task_counts()[0],
                            per_kind_help="Training questions of each kind (default: all those demo:chat holds).",
                            batch_size=250)
-    flags.adopt_module_key_flags(evaluate_tasks)  # --help lists them as this command's own
+    flags.adopt_module_key_flags(answering)  # --help lists them as this command's own
     flags.DEFINE_string("output", None, "Directory to create: pairs.jsonl and the prepared dataset.", required=True)
     flags.DEFINE_bool("near_miss_for_correct", True,
                       "Also a pair for each question answered right, rejected = its near miss.")
-
-
-def onpolicy_records(tasks: list[instruction_tasks.Task], completions: list[str],
-                     near_miss_for_correct: bool) -> list[dict]:
-    """Preference records in task order: a wrong (non-empty) completion is the rejected answer;
-    a right one gives the near miss instead if `near_miss_for_correct`, else no pair; a blank
-    completion (the turn ended at once, or only whitespace) none, as a chat turn has content."""
-    records = []
-    for task, completion in zip(tasks, completions, strict=True):
-        rejected = completion.strip()
-        if instruction_tasks.is_correct(task, completion):
-            if not near_miss_for_correct:
-                continue
-            rejected = task.wrong
-        if rejected:
-            records.append({"prompt": task.prompt_messages(),
-                            "chosen": [{"role": "assistant", "content": task.answer}],
-                            "rejected": [{"role": "assistant", "content": rejected}]})
-    return records
-
-
-def write_pairs(output: str, records: list[dict], *, tokenizer_path: str, template_path: str, ids: tuple,
-                made_from: dict) -> dict:
-    """OUTPUT/pairs.jsonl prepared as a preference dataset in OUTPUT (built in OUTPUT.tmp, then
-    renamed) -> its manifest."""
-    work = output.rstrip("/") + ".tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    raw = os.path.join(work, "pairs.jsonl")
-    with open(raw, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    bos, eos, pad = ids
-    manifest = prepare.prepare_dataset(raw, "jsonl", tokenizer_path, work, kind="preference",
-                                       chat_template=template_path, bos_id=bos, eos_id=eos, pad_id=pad,
-                                       progress=False)
-    prepare.write_json_atomic(os.path.join(work, MADE_FROM), made_from)
-    prepare.publish(work, output)
-    return manifest
-
-
-def template_file(checkpoint: str, path: str | None) -> chat_template.ChatTemplate:
-    """evaluate_tasks.run_template; a template the run recorded must still be in its file, from
-    which the pairs are prepared (UserError naming it and the fix otherwise)."""
-    template = run_template(checkpoint, path)
-    if path is not None:
-        return template
-    if not (os.path.isfile(template.path) and chat_template.ChatTemplate.load(template.path).sha256 == template.sha256):
-        raise UserError(f"--checkpoint {checkpoint}: the chat template it recorded, {template.path}, is gone or "
-                        "changed since; pass --chat_template FILE to prepare the pairs with")
-    return template
 
 
 def main(argv: list[str]) -> None:

@@ -1,12 +1,15 @@
-"""A whole list of prompts through the engine, run to the end on the calling thread.
+"""The library's `generate` (`from zaya_jax.engine import generate`), and a whole list of prompts
+through the engine, run to the end on the calling thread.
 
-Continuous batching for an offline batch (an evaluation set, GRPO's rollouts, `zaya_jax.generate`
-with `slots`): every prompt is submitted at once, the engine's `slots` rows take them in order,
-and a row that stops early (a stop id) takes the next waiting prompt at the next step instead of
-idling until the batch's longest completion is done, as the static loop's rows do.
+`generate` chooses: the static loop (zaya_jax.infer.static_loop.generate_static) by default, or with
+`slots` continuous batching for an offline batch (an evaluation set, GRPO's rollouts): every prompt
+is submitted at once, the engine's `slots` rows take them in order, and a row that stops early (a
+stop id) takes the next waiting prompt at the next step instead of idling until the batch's longest
+completion is done, as the static loop's rows do.
 
   tokens, lengths = run_to_end(engine, prompts, [SamplingParams(...) per prompt])
-  tokens = generate(model, prompts, max_new_tokens, slots=8)   # what zaya_jax.generate runs
+  tokens = generate(model, prompts, max_new_tokens)            # the static loop
+  tokens = generate(model, prompts, max_new_tokens, slots=8)   # an engine of 8 rows
 """
 
 from __future__ import annotations
@@ -20,8 +23,7 @@ import numpy as np
 from zaya_jax.data.vision.processor import ImageProcessor
 from zaya_jax.engine.engine import Engine, Finished
 from zaya_jax.engine.params import SamplingParams
-from zaya_jax.infer.generate import generate as static_generate
-from zaya_jax.infer.generate import pad_prompts
+from zaya_jax.infer.static_loop import generate_static, pad_prompts
 from zaya_jax.model.vision.vl import text_model
 
 
@@ -73,7 +75,7 @@ def generate_in_slots(model, prompt_ids, max_new_tokens: int, *, slots: int, chu
                       seed: int = 0, stop_at_eos: bool = True, stop_ids: Sequence[int] = (),
                       mesh: jax.sharding.Mesh | None = None, images: Sequence[Sequence] | None = None,
                       image_processor: ImageProcessor | None = None, on_token=None) -> np.ndarray:
-    """zaya_jax.generate's result (int32 [B, max_new_tokens], the stop token kept, pad_token_id
+    """generate's result (int32 [B, max_new_tokens], the stop token kept, pad_token_id
     after it) for `prompt_ids` (a list of token-id lists, or one flat list) from an engine of
     `slots` rows, each prompt prefilled `chunk` tokens a step (default: the longest prompt, one
     chunk). Greedy rows equal the static loop's; a sampled row draws with seed row_seed(seed, i),
@@ -99,11 +101,11 @@ def generate_in_slots(model, prompt_ids, max_new_tokens: int, *, slots: int, chu
 
 
 def generate(model, prompt_ids, max_new_tokens: int, *, slots: int | None = None, **options) -> np.ndarray:
-    """zaya_jax.generate: new token ids after each prompt, int32 [B, max_new_tokens]. slots=None: one
-    static batch (zaya_jax.infer.generate: every row decodes until the last one stops); slots=N:
+    """The library's generate: new token ids after each prompt, int32 [B, max_new_tokens]. slots=None:
+    one static batch (generate_static: every row decodes until the last one stops); slots=N:
     generate_in_slots, N engine rows each taking the next prompt as soon as its own stops, for many
     prompts whose completions end apart (greedy rows equal the static batch's; a sampled row i
     draws with seed row_seed(seed, i); no on_token, no padded-array `lengths`)."""
     if slots is None:
-        return static_generate(model, prompt_ids, max_new_tokens, **options)
+        return generate_static(model, prompt_ids, max_new_tokens, **options)
     return generate_in_slots(model, prompt_ids, max_new_tokens, slots=slots, **options)

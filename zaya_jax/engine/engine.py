@@ -59,7 +59,7 @@ from zaya_jax.engine.prefix_cache import PrefixCache, block_keys, bucketed, rest
 from zaya_jax.engine.step import STOP_IDS, Decoded, Picked, RowSampling, engine_chunk, engine_decode
 from zaya_jax.errors import UserError
 from zaya_jax.infer.cache import empty_state
-from zaya_jax.infer.generate import new_token_room
+from zaya_jax.infer.static_loop import new_token_room
 from zaya_jax.model.vision.vl import ImageBatch, ZayaVL, is_vision_language, text_model
 from zaya_jax.model.zaya import ZayaLM
 

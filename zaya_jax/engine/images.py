@@ -7,7 +7,7 @@ of PATCH_BUCKET), F patch features, K = max_top_logprobs, V vocab.
 
 Image positions attend to each other both ways and the vision LoRA acts on them, so an image is
 never cut across the engine's prefill chunks: `prefill_with_images` is generate's own prefill (the
-same padded ids and ImageBatch as `zaya_jax.generate` of that request alone builds), at batch 1,
+same padded ids and ImageBatch as `generate` of that request alone builds), at batch 1,
 written into row `slot` of the engine's donated [N,T] state; the request then decodes among the
 others as text (its image positions' keys and values are in the cache). One compilation per
 (S, P) bucket pair that requests use.
@@ -30,7 +30,7 @@ from zaya_jax.data.vision.processor import ImageProcessor
 from zaya_jax.engine.step import Picked, RowSampling, pick
 from zaya_jax.infer.cache import DecodeState
 from zaya_jax.infer.decode import prefill
-from zaya_jax.infer.generate import pad_prompts, prompt_images
+from zaya_jax.infer.static_loop import pad_prompts, prompt_images
 from zaya_jax.model.vision.vl import ImageBatch, ZayaVL, place_image_tokens
 
 

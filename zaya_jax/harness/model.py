@@ -22,7 +22,7 @@ to PROMPT_BUCKET so lengths share compiled programs, and only the positions a re
 through the output head (continuation_scores); causal attention, causal convolutions and a
 dropless MoE backend (a `capacity` config is switched to `auto`) make a row's scores independent
 of the padding after it and of the other rows. The batch, scored or generated, is data parallel
-over this process's local devices (a `data` mesh; weights replicated; zaya_jax.infer.generate's
+over this process's local devices (a `data` mesh; weights replicated; zaya_jax.infer.static_loop's
 `mesh`).
 """
 
@@ -43,10 +43,10 @@ from lm_eval.models.utils import (Collator, handle_stop_sequences, has_bos_prefi
                                   postprocess_generated_text)
 
 from zaya_jax.errors import UserError
-from zaya_jax.infer.generate import PROMPT_BUCKET, generate
+from zaya_jax.infer.static_loop import PROMPT_BUCKET, generate_static
 
 log = logging.getLogger(__name__)
-SAMPLING_KWARGS = ("do_sample", "temperature", "top_k", "top_p")  # what generate_until passes to zaya_jax.generate
+SAMPLING_KWARGS = ("do_sample", "temperature", "top_k", "top_p")  # what generate_until passes to generate_static
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -240,8 +240,8 @@ class ZayaHarnessLM(TemplateLM):
                 new = self.generate_in_slots(prompts, max_gen_toks, until, self.seed + number, sampling)
             else:
                 prompts += [prompts[-1]] * (self.batch_size - len(prompts))  # one compiled loop per prompt width
-                new = generate(self.replicated_model, prompts, max_gen_toks, seed=self.seed + number, mesh=self.mesh,
-                               **sampling)
+                new = generate_static(self.replicated_model, prompts, max_gen_toks, seed=self.seed + number,
+                                      mesh=self.mesh, **sampling)
             for context, row in zip(contexts, new, strict=False):
                 text = postprocess_generated_text(self.tok_decode(row.tolist()), until, None)
                 self.cache_hook.add_partial("generate_until", (context, all_kwargs[0]), text)
@@ -267,7 +267,7 @@ class ZayaHarnessLM(TemplateLM):
 
     @staticmethod
     def sampling(kwargs: dict) -> dict:
-        """normalize_gen_kwargs' output -> zaya_jax.generate's temperature / top_k / top_p (greedy
+        """normalize_gen_kwargs' output -> generate_static's temperature / top_k / top_p (greedy
         unless do_sample; do_sample at temperature 0 samples at 1, transformers' default)."""
         unknown = sorted(set(kwargs) - set(SAMPLING_KWARGS))
         if unknown:

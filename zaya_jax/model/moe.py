@@ -34,7 +34,7 @@ class MoEStats(NamedTuple):
 class Gathered(NamedTuple):
     """A MoE dispatch for a few tokens (a decode step): each token's expert weights gathered,
     no dispatch backend. rows(weight variable [E,...], expert [B,S], dtype) -> [B,S,...] as dtype
-    (zaya_jax.infer.quantize.rows gathers a quantized weight's integers before dequantizing)."""
+    (zaya_jax.checkpoints.quantize.rows gathers a quantized weight's integers before dequantizing)."""
     rows: Callable
 
 

@@ -108,8 +108,8 @@ def load_served():
     from zaya_jax.data.chat_template import end_of_turn_ids
     from zaya_jax.data.tokenizer import Tokenizer
     from zaya_jax.infer.chat import chat_template_for
-    from zaya_jax.infer.loading import load_model, model_image_processor, tokenizer_for
     from zaya_jax.model.vision.vl import text_model
+    from zaya_jax.infer.loading import load_model, model_image_processor, tokenizer_for
     from zaya_jax.serve.service import ServedModel
     source = _CHECKPOINT.value or _HF.value
     processor = model_image_processor(checkpoint=_CHECKPOINT.value, hf=_HF.value, step=_STEP.value)

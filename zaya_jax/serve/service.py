@@ -35,7 +35,7 @@ from typing import AsyncIterator, NamedTuple
 
 from zaya_jax.engine.engine import Engine, Finished, TokenEvent
 from zaya_jax.engine.params import SamplingParams
-from zaya_jax.infer.generate import new_token_room
+from zaya_jax.infer.static_loop import new_token_room
 from zaya_jax.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, SamplingFields
 from zaya_jax.serve.text import ResponseText
 

@@ -51,7 +51,8 @@ from zaya_jax.data import chat_template
 from zaya_jax.data.curriculum import PhaseInfo
 from zaya_jax.data.pipeline import foreign_state
 from zaya_jax.data.tokenizer import Tokenizer
-from zaya_jax.infer.generate import stop_tokens
+from zaya_jax.evaluation.answering import generate_completions
+from zaya_jax.infer.static_loop import stop_tokens
 from zaya_jax.parallel.distributed import local_batch_rows
 from zaya_jax.train.grpo_loss import group_advantages
 from zaya_jax.train.grpo_prompts import PromptSet, load_prompts
@@ -211,7 +212,6 @@ class GRPOBatches(grain.DatasetIterator):
     def evaluate(self, model) -> dict[str, float]:
         """Greedy completions of grpo.eval_prompts by `model` -> {reward: the weighted mean, NAME: each
         reward function's mean} (exact_answer's mean is the held-out accuracy)."""
-        from zaya_jax.evaluate_tasks import generate_completions
         prompts = self._eval_prompts
         texts = generate_completions(model, self._tokenizer, prompts.ids, self._grpo.max_completion_length,
                                      self.phase.global_batch_size, self._stop_ids)

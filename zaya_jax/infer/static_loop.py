@@ -1,11 +1,14 @@
-"""generate(): prompts in, new token ids out.
+"""generate_static(): prompts in, new token ids out, in one static batch (the static loop).
 
 One jitted prefill over the right-padded prompts, then one jitted `lax.while_loop` that feeds
 each sampled token back through `decode_step` with a static cache of
 T = prompt width + max_new_tokens - 1 slots. Prompt widths are rounded up to a multiple of
 PROMPT_BUCKET so that similar prompts reuse the compiled programs.
 
-    new = zaya_jax.generate(model, [[2, 17, 5], [2, 9]], max_new_tokens=32)   # [2, 32] int32
+    new = generate_static(model, [[2, 17, 5], [2, 9]], max_new_tokens=32)   # [2, 32] int32
+
+The library's `generate` (zaya_jax.engine.generate) runs this loop unless asked for the engine's
+slots; call that one.
 
 A ZAYA1-VL model (zaya_jax.model.vision.vl.ZayaVL) takes `images`, each prompt's images in the order
 of its placeholders: the prefill runs the vision tower and places its tokens (zaya_jax.data.vision.prompts
@@ -40,7 +43,7 @@ from zaya_jax.model.vision.vl import (ImageBatch, ZayaVL, check_placeholders, is
 from zaya_jax.model.zaya import ZayaLM
 
 PROMPT_BUCKET = 16
-_listeners: dict[int, Callable] = {}  # on_token hooks of running generate calls, by id
+_listeners: dict[int, Callable] = {}  # on_token hooks of running generate_static calls, by id
 _listener_ids = itertools.count()
 
 
@@ -143,12 +146,12 @@ def stop_tokens(eos_id: int, stop_ids: Sequence[int] = (), stop_at_eos: bool = T
     return tuple(sorted({int(eos_id), *map(int, stop_ids)})) if stop_at_eos else ()
 
 
-def generate(model: ZayaLM | ZayaVL, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
-             top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-             lengths: Sequence[int] | None = None, stop_at_eos: bool = True, stop_ids: Sequence[int] = (),
-             on_token: Callable[[np.ndarray, np.ndarray], None] | None = None,
-             mesh: jax.sharding.Mesh | None = None, images: Sequence[Sequence] | None = None,
-             image_processor: ImageProcessor | None = None) -> np.ndarray:
+def generate_static(model: ZayaLM | ZayaVL, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
+                    top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+                    lengths: Sequence[int] | None = None, stop_at_eos: bool = True, stop_ids: Sequence[int] = (),
+                    on_token: Callable[[np.ndarray, np.ndarray], None] | None = None,
+                    mesh: jax.sharding.Mesh | None = None, images: Sequence[Sequence] | None = None,
+                    image_processor: ImageProcessor | None = None) -> np.ndarray:
     """Generates up to `max_new_tokens` tokens after each prompt -> int32 [B, max_new_tokens].
 
     prompt_ids: a list of token-id lists (any lengths; a flat list is one prompt), or an int
@@ -160,7 +163,7 @@ def generate(model: ZayaLM | ZayaVL, prompt_ids, max_new_tokens: int, *, tempera
     stop_ids: more ids that end a sequence as eos does (a chat template's end of turn,
       chat_template.end_of_turn_ids); like eos, ignored when stop_at_eos is False.
     on_token(step, tokens [B]): called from inside the compiled loop, in order, for each new
-      column (a streaming hook); every generate call with a hook shares one compiled loop.
+      column (a streaming hook); every generate_static call with a hook shares one compiled loop.
     mesh: split the B rows over its `data` axis (B must divide by its size), weights replicated.
     images: for a ZayaVL, per prompt a list of its images (uint8 [H, W(, C)] arrays or Pillow
       images; the list may be empty), in the order of its placeholders; the prompt holds each

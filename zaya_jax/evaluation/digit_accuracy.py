@@ -2,15 +2,17 @@
 
   digit_accuracy(model, tokenizer, processor, conversations, template) -> {"accuracy", "correct", "by_digit", ...}
   score_digits(model, tokenizer, processor, template) -> the held-out digits scored as each of
-    demo_images.VARIANTS (plain, moved, drawn at another size, fainter), and with black images: what `python -m zaya_jax.evaluate_tasks --checkpoint
-    RUN` prints for a VL run and benchmarks/vl_demo.py records
+    demo_images.VARIANTS (plain, moved, drawn at another size, fainter), and with black images:
+    what benchmarks/vl_demo.py records
+  score_vision_run(run, step, model, tokenizer, template) -> score_digits with the images resized as
+    the run's config says: what `python -m zaya_jax.evaluate_tasks --checkpoint RUN` prints for a VL run
 
 Each conversation (demo_images.digit_conversations: an image and "Which digit is this?") is
 rendered as its user turn with the generation prompt (the chat template the data was prepared
 with), its image's span expanded as the processor sizes it, and answered greedily; the answer is
-right when its text, stripped, is the digit (up to eos or MAX_NEW_TOKENS, evaluate_tasks' cap). `blank=True` replaces every image by a black one of
-its size: the same prompts without what the image shows (an ablation: near chance if the model
-reads the image).
+right when its text, stripped, is the digit (up to eos or MAX_NEW_TOKENS, answering's cap).
+`blank=True` replaces every image by a black one of its size: the same prompts without what the
+image shows (an ablation: near chance if the model reads the image).
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from typing import Sequence
 import numpy as np
 
 from zaya_jax.data.chat_template import ChatTemplate, encode_prompt
+from zaya_jax.evaluation.answering import BATCH_SIZE, MAX_NEW_TOKENS, generate_completions
 from zaya_jax.data.vision.chat import flatten_content
 from zaya_jax.data.vision.demo_images import VARIANTS, digit_conversations, digit_variant
+from zaya_jax.model.vision.vl import ZayaVL
 from zaya_jax.data.vision.processor import ImageProcessor
 from zaya_jax.data.vision.prompts import expand_placeholders
-from zaya_jax.evaluate_tasks import BATCH_SIZE, MAX_NEW_TOKENS, generate_completions
-from zaya_jax.model.vision.vl import ZayaVL
 
 
 def digit_prompts(template: ChatTemplate, tokenizer, processor: ImageProcessor, model: ZayaVL,
@@ -77,3 +79,13 @@ def score_digits(model: ZayaVL, tokenizer, processor: ImageProcessor, template: 
     return {"questions": len(heldout), "accuracy": variants["plain"]["accuracy"],
             "accuracy_by_variant": {variant: result["accuracy"] for variant, result in variants.items()},
             "accuracy_with_black_images": black["accuracy"], "variants": variants, "black_images": black}
+
+
+def score_vision_run(checkpoint: str, step: int, model, tokenizer, template: ChatTemplate, *,
+                     max_new_tokens: int = MAX_NEW_TOKENS, batch_size: int = BATCH_SIZE) -> dict:
+    """A vision-language run's ZayaVL scored on the held-out digits (score_digits),
+    images resized as the run's config says."""
+    from zaya_jax.data.vision.processor import image_processor
+    from zaya_jax.checkpoints.orbax_checkpoint import checkpoint_dir, read_config
+    processor = image_processor(read_config(checkpoint_dir(checkpoint), step))
+    return score_digits(model, tokenizer, processor, template, max_new_tokens=max_new_tokens, batch_size=batch_size)
