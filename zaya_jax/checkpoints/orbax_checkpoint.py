@@ -89,7 +89,7 @@ def config_json(config: ml_collections.ConfigDict, rope_theta: float | None = No
         saved["tokenizer"] = tokenizer
     return saved
 
-def manager(directory: str, max_to_keep: int | None, async_save: bool, sealer: Sealer) -> ocp.CheckpointManager:
+def writer(directory: str, max_to_keep: int | None, async_save: bool, sealer: Sealer) -> ocp.CheckpointManager:
     """A manager that writes `directory`, each step sealed with its manifest before Orbax commits it."""
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,
                                            cleanup_tmp_directories=True, create=True,
@@ -206,7 +206,7 @@ def saved_data_state(directory: str, step: int) -> dict | None:
 def save_model(directory: str, params: dict, biases: Any, config: dict, step: int = 0) -> None:
     """Writes a model-only checkpoint (params, biases, config) at `step`, synchronously."""
     sealer = Sealer(directory, "model")
-    manager = manager(directory, None, False, sealer)
+    manager = writer(directory, None, False, sealer)
     saving = [True]
     sealer.starting(step, lambda: saving[0])
     manager.save(step, args=ocp.args.Composite(model=ocp.args.StandardSave({"params": params, "biases": biases}),

@@ -20,7 +20,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from zaya_jax.checkpoints import integrity
-from zaya_jax.checkpoints.orbax_checkpoint import manager
+from zaya_jax.checkpoints.orbax_checkpoint import writer
 from zaya_jax.checkpoints.sealing import Sealer
 from zaya_jax.errors import UserError
 from zaya_jax.parallel import distributed
@@ -125,7 +125,7 @@ class Checkpointer:
             raise UserError(f"checkpoint directory {self.directory} is not writable: {problem}; "
                             "fix its permissions (or free the file system) or choose another --workdir")
         self._sealer = Sealer(self.directory, "training")
-        self._manager = manager(self.directory, settings.max_to_keep, settings.async_save, self._sealer)
+        self._manager = writer(self.directory, settings.max_to_keep, settings.async_save, self._sealer)
         self._pending: int | None = None  # the step saved last, until its write is known to have finished
         self._in_save = False  # inside the manager's save() call (a synchronous save runs all of it there)
 
