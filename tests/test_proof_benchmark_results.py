@@ -40,7 +40,7 @@ def test_results_file_is_json_written_by_a_script_of_run_all(path):
 
 def test_every_run_all_script_exists_and_results_cited_in_docs_exist():
     for command in RUNS.values():
-        assert os.path.isfile(os.path.join(REPO, "benchmarks", command[0])), command
+        assert os.path.isfile(os.path.join(REPO, "benchmarks", *command[0].split(".")) + ".py"), command
     for doc in DOCS:
         with open(doc) as f:
             for cited in re.findall(r"benchmarks/results/([\w{},]+)\.json", f.read()):
@@ -59,7 +59,7 @@ def test_run_all_reads_the_json_after_log_lines():
 
 
 def test_train_step_measures_its_drop_rate():
-    with open(os.path.join(REPO, "benchmarks", "train_step.py")) as f:
+    with open(os.path.join(REPO, "benchmarks", "training", "train_step.py")) as f:
         assert '"drop_rate": 0.0' not in f.read()
 
 
@@ -113,7 +113,7 @@ def test_demo_run_figures_are_the_results_file(stack):
 def test_newcomer_figures_are_the_results_file(stack):
     """The README's wait for a newcomer is newcomer_run.py's measurement of the README's own line,
     run by each stack's interpreter."""
-    from benchmarks.newcomer_run import TRAIN, readme_main_job
+    from benchmarks.demos.newcomer_run import TRAIN, readme_main_job
     run = _load(f"newcomer_run_cpu_{stack}")
     assert STACKS[stack] == f"Python {run['stack']['python'].rsplit('.', 1)[0]}"
     text = _readme()
@@ -355,7 +355,7 @@ def test_harness_speed_figures_are_the_results_file():
 
 
 def test_ci_suite_reads_what_ci_run_prints():
-    from benchmarks.ci_suite import parse
+    from benchmarks.ci.ci_suite import parse
     log = ("Python 3.11 stack installed after 91 s\n"
            "============ slowest 20 durations ============\n166.21s call     tests/test_a.py::test_x[1]\n"
            "3.00s setup    tests/test_b.py::test_y\n705 passed, 2 warnings in 1751.38s (0:29:11)\n"
@@ -438,7 +438,7 @@ def test_grpo_vs_trl_figures_are_the_results_file():
 
 
 def test_serving_predictions_are_the_results_file():
-    """docs/parallel.md's --serve table and state size are benchmarks/serve_predictions.py's."""
+    """docs/parallel.md's --serve table and state size are benchmarks/planner/serve_predictions.py's."""
     result = _load("serve_predictions")
     text = _doc("parallel.md")
     state = result["plans"]["h200"]["state_bytes_per_request"]

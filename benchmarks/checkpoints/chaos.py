@@ -1,9 +1,9 @@
 """Chaos campaign on `python -m zaya_jax.train` (configs/tiny.py, CPU): kills, damaged checkpoints,
 stops of a 2-process job. Writes benchmarks/results/chaos_cpu.json.
 
-  python benchmarks/chaos.py [--kills 30] [--commit-kills 10] [--steps 60]
-  python benchmarks/chaos.py --only stops   # one phase (kills, commit_kills, damage, stops, tiers) into the existing file
-  python benchmarks/chaos.py --only tiers [--tier-kills 6]
+  python -m benchmarks.checkpoints.chaos [--kills 30] [--commit-kills 10] [--steps 60]
+  python -m benchmarks.checkpoints.chaos --only stops   # one phase (kills, commit_kills, damage, stops, tiers) into the existing file
+  python -m benchmarks.checkpoints.chaos --only tiers [--tier-kills 6]
 
 1. Kills: one workdir, restarted after each SIGKILL until the run finishes (then a new one). Most
    kills land 1 to 8 steps into a run plus a random fraction of a step (some during an
@@ -52,8 +52,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.train_helpers import (DAMAGE, REPO, WRAPPER, Job, cli_env, flip_bytes_of_item, free_port,  # noqa: E402
                                  run_train)

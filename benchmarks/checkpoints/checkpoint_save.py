@@ -1,6 +1,6 @@
 """How long a checkpoint save blocks the training loop: asynchronous against synchronous. Prints JSON.
 
-  python benchmarks/checkpoint_save.py [--config configs/bench_small.py] [--repeats 3] [--optimizer muon]
+  python -m benchmarks.checkpoints.checkpoint_save [--config configs/bench_small.py] [--repeats 3] [--optimizer muon]
 
 The state is the trainer's own (parameters, balancing biases, optimizer and controller states,
 counters) for the config's model, placed on its mesh; each save goes through
@@ -15,16 +15,14 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from benchmarks.common import REPO  # noqa: E402
 from zaya_jax.config_files import load_config_file  # noqa: E402
 from zaya_jax.model.zaya import ZayaLM  # noqa: E402
 from zaya_jax.parallel.mesh import make_mesh  # noqa: E402
@@ -75,7 +73,7 @@ def time_saves(state, data, config_json, async_save: bool, repeats: int) -> dict
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py"))
+    parser.add_argument("--config", default=os.path.join(REPO, "configs", "bench_small.py"))
     parser.add_argument("--optimizer", default="muon", choices=["muon", "adamw"])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

@@ -1,10 +1,10 @@
 """What a local-tier save costs the loop against a persistent save, and goodput at 1,024 GPUs from a
 node MTBF, with and without the local tier. Writes benchmarks/results/checkpoint_tiers_cpu.json.
 
-  python benchmarks/checkpoint_tiers.py [--configs configs/demo.py configs/bench_small.py] [--repeats 3]
+  python -m benchmarks.checkpoints.checkpoint_tiers [--configs configs/demo.py configs/bench_small.py] [--repeats 3]
 
 Per config, in one process (1 CPU device; the trainer's own state on its mesh, as
-benchmarks/checkpoint_save.py builds it): the persistent tier's asynchronous save
+benchmarks/checkpoints/checkpoint_save.py builds it): the persistent tier's asynchronous save
 (zaya_jax.train.checkpoint.Checkpointer, as the loop calls it) and the local tier's
 (zaya_jax.train.local_tier.LocalTier.save: this process's shards; with one process there is no
 peer copy, whose extra cost is one more device-to-host copy of a neighbour's shards), alternated
@@ -26,7 +26,7 @@ device-to-host copy alone at Orbax's 32 GB/s (each GPU's even share of the state
 tier). Rows of goodput against each tier's interval, for each stall case at that storage share and a
 tenth and a hundredth of it.
 
-  python benchmarks/checkpoint_tiers.py --goodput-only   recomputes the goodput part from the saves
+  python -m benchmarks.checkpoints.checkpoint_tiers --goodput-only   recomputes the goodput part from the saves
                                                          already in the results file (no saves)
 """
 
@@ -36,17 +36,14 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.checkpoint_save import build_state  # noqa: E402
-from benchmarks.planner_predictions import base_shape  # noqa: E402
+from benchmarks.checkpoints.checkpoint_save import build_state  # noqa: E402
+from benchmarks.planner.planner_predictions import base_shape  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
 from zaya_jax.parallel.mesh import make_mesh  # noqa: E402
 from zaya_jax.planner.goodput import (INTERVAL_STEPS, LLAMA3, ORBAX, against_the_interval, best_every,  # noqa: E402
@@ -57,8 +54,8 @@ from zaya_jax.train.data import SyntheticIterator, synthetic_phase  # noqa: E402
 from zaya_jax.train.local_tier import LocalTier  # noqa: E402
 from zaya_jax.train.settings import CheckpointSettings, settings_from_config  # noqa: E402
 
-RESULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "checkpoint_tiers_cpu.json")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.common import REPO, RESULTS  # noqa: E402
+RESULT = os.path.join(RESULTS, "checkpoint_tiers_cpu.json")
 ASSUMED = {"restart_s": 600.0, "restart_is": "scheduling and start-up, before reading the checkpoint back",
            "persistent_stall_s": 2.0, "nodes": 128, "every": 1000, "local_every": 100,
            "storage": "the job's GPU share of Llama 3's sustained 2 TB/s, reads as fast as writes",

@@ -1,7 +1,7 @@
 """The README's demo model exported as FP8 and MXFP4 checkpoints against bf16: held-out loss and
 exact-match accuracy. Prints JSON.
 
-  python benchmarks/quantized_checkpoints.py [--sft runs/demo_sft] [--workdir DIR]
+  python -m benchmarks.checkpoints.quantized_checkpoints [--sft runs/demo_sft] [--workdir DIR]
 
 The demo (configs/demo.py pretraining, then configs/demo_sft.py from it, as the README runs them;
 or --sft, a finished SFT run) is exported with `python -m zaya_jax.convert to_hf` three ways: float32,
@@ -23,11 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks.common import REPO  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -35,7 +33,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks.common import stack  # noqa: E402
-from benchmarks.posttrain_demo import run, sft_run  # noqa: E402
+from benchmarks.demos.posttrain_demo import run, sft_run  # noqa: E402
 from zaya_jax.config_files import load_config_file  # noqa: E402
 from zaya_jax.data import instruction_tasks  # noqa: E402
 from zaya_jax.data.tokenizer import Tokenizer  # noqa: E402

@@ -1,9 +1,9 @@
 """The whole `.ci/run` on a clean clone, timed: each stack's install and pytest wall time, its closing
 line and its 20 slowest tests, and the machine's load; prints the JSON (docs/testing.md cites it).
 
-  python benchmarks/ci_suite.py                 # clones HEAD into a temporary folder and runs .ci/run there
-  python benchmarks/ci_suite.py --log CI.LOG    # reads the output of a .ci/run that already ran
-  python benchmarks/ci_suite.py --busy 2        # with 2 processes spinning on the CPU throughout: the
+  python -m benchmarks.ci.ci_suite                 # clones HEAD into a temporary folder and runs .ci/run there
+  python -m benchmarks.ci.ci_suite --log CI.LOG    # reads the output of a .ci/run that already ran
+  python -m benchmarks.ci.ci_suite --busy 2        # with 2 processes spinning on the CPU throughout: the
                                                 # suite's 2 workers + 2 = a load of about 4
 
 The clone gets a compilation cache of its own (ZAYA_JAX_TEST_CACHE in a new temporary folder), so
@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.common import REPO  # noqa: E402
 STACK = re.compile(r"^Python (3\.\d+) stack: pytest wall time (\d+) s(?:, load average ([\d.]+))?")
 INSTALLED = re.compile(r"^Python 3\.11 stack installed after (\d+) s")
 TOTAL = re.compile(r"^whole \.ci/run: (\d+) s(?:, load average ([\d.]+))?")

@@ -4,7 +4,7 @@ still has them (< 0.11), at -O0 with the legacy loop emitters instead of the MLI
 (fake_devices.LEGACY_EMITTERS): the last is what the suite uses; prints the JSON (docs/testing.md
 cites it).
 
-  python benchmarks/suite_compile_level.py [--tests tests/test_train_step.py]
+  python -m benchmarks.ci.suite_compile_level [--tests tests/test_train_step.py]
 
 The suite's programs are tiny, so their compiles cost more than their runs; the ratio is the
 suite-wide saving to expect where compiles dominate. Each variant gets a new, empty cache folder.
@@ -22,9 +22,8 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests"))
-from fake_devices import CHEAP_COMPILE, LEGACY_EMITTERS, has_legacy_emitters, xla_flags  # noqa: E402
+from benchmarks.common import REPO  # noqa: E402
+from tests.fake_devices import CHEAP_COMPILE, LEGACY_EMITTERS, has_legacy_emitters, xla_flags  # noqa: E402
 
 PASSED = re.compile(r"(\d+) passed")
 

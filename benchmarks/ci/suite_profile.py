@@ -1,15 +1,15 @@
 """Where the Python 3.11 suite's minutes go: every test's time from pytest's JUnit XML, summed by size
 class and by module, with the multi-process jobs apart; prints the JSON (docs/testing.md cites it).
 
-  python benchmarks/suite_profile.py                    # runs `pytest -n 2 -q` here with a cold cache
-  python benchmarks/suite_profile.py --junit RUN.XML    # reads the --junitxml of a run that already ran
-  python benchmarks/suite_profile.py --timeline DIR     # also reads the per-worker timeline of that run
-  python benchmarks/suite_profile.py --before COMMIT tests/test_a.py::test_b tests/test_c.py
+  python -m benchmarks.ci.suite_profile                    # runs `pytest -n 2 -q` here with a cold cache
+  python -m benchmarks.ci.suite_profile --junit RUN.XML    # reads the --junitxml of a run that already ran
+  python -m benchmarks.ci.suite_profile --timeline DIR     # also reads the per-worker timeline of that run
+  python -m benchmarks.ci.suite_profile --before COMMIT tests/test_a.py::test_b tests/test_c.py
                                                         # a cut: those tests as COMMIT had them and as now
 
 A test's time is its setup, call and teardown (a module fixture's training lands on the first test
 that uses it). Takes as long as the suite does. The run it starts also loads this module as a pytest
-plugin (`-p suite_profile`), which writes each test phase's start, stop and xdist worker to
+plugin (`-p benchmarks.ci.suite_profile`), which writes each test phase's start, stop and xdist worker to
 ZAYA_SUITE_TIMELINE/<worker>.jsonl: the profile then shows each worker's idle time (before its first
 test, between tests, after its last while the other still runs), each xdist group's span, and the
 module-scoped setups (trained runs, exports) that cost most.
@@ -27,7 +27,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.common import REPO  # noqa: E402
 MULTIPROCESS = "multiprocess"  # the xdist_group of the two-process jobs (tests/train_helpers.py)
 
 
@@ -265,11 +265,10 @@ def main() -> None:
             tmp = args.keep or scratch
             junit, phases = os.path.join(tmp, "suite.xml"), os.path.join(tmp, "timeline")
             os.mkdir(phases)
-            here = os.path.dirname(os.path.abspath(__file__))
             env = {**os.environ, "ZAYA_JAX_TEST_CACHE": os.path.join(tmp, "cache"), TIMELINE: phases,
-                   "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+                   "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
             start = time.time()
-            subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "suite_profile", f"--junitxml={junit}"],
+            subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "benchmarks.ci.suite_profile", f"--junitxml={junit}"],
                            cwd=REPO, env=env, stdout=open(os.path.join(tmp, "pytest.log"), "w"), stderr=subprocess.STDOUT)
             profile, source = summarise(junit), "a cold-cache `pytest -n 2 -q` of this checkout"
             profile.update(from_timeline(phases, collection_order(), start))

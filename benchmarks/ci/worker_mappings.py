@@ -4,8 +4,8 @@ suite before the fix): one process runs the modules in order, as one xdist worke
 and counts the lines of /proc/self/maps after every test. Linux refuses a process more mappings than
 vm.max_map_count (65,530 by default); XLA:CPU then segfaulted loading a program (docs/testing.md).
 
-  .venv312/bin/python benchmarks/worker_mappings.py                # the default modules, below
-  .venv312/bin/python benchmarks/worker_mappings.py tests/test_grpo_training.py tests/test_serve.py
+  .venv312/bin/python -m benchmarks.ci.worker_mappings                # the default modules, below
+  .venv312/bin/python -m benchmarks.ci.worker_mappings tests/test_grpo_training.py tests/test_serve.py
 
 Both modes share one fresh compilation cache (the first fills it, as a CI run's first worker does);
 prints JSON: per mode the highest count and the test at which it was reached, the count after each
@@ -22,8 +22,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks.common import REPO  # noqa: E402
 
 from benchmarks.common import stack  # noqa: E402
 

@@ -2,7 +2,7 @@
 (`Lowered.compile(compiler_options=...)`, so all variants share one process) and timed in
 turn, round after round. Prints JSON (benchmarks/results/xla_cpu_flags_cpu.json).
 
-  python benchmarks/xla_cpu_flags.py [--repeats 5]
+  python -m benchmarks.ci.xla_cpu_flags [--repeats 5]
 
 A flag would become a launch default (zaya_jax.launch_defaults) only if its median ratio to the
 default compile stood clear of the round-to-round spread; `ratio_vs_default` < 1 is faster.
@@ -14,9 +14,7 @@ import argparse
 import json
 import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if __name__ == "__main__":  # as the train CLI starts
     from zaya_jax import launch_defaults
@@ -25,8 +23,8 @@ if __name__ == "__main__":  # as the train CLI starts
 import jax  # noqa: E402
 
 from benchmarks.common import wall_time  # noqa: E402
-from benchmarks.hf_pair import bench_small  # noqa: E402
-from benchmarks.train_step import jax_step_fn, repeated_step  # noqa: E402
+from benchmarks.training.hf_pair import bench_small  # noqa: E402
+from benchmarks.training.train_step import jax_step_fn, repeated_step  # noqa: E402
 from zaya_jax.model.zaya import ZayaLM  # noqa: E402
 from zaya_jax.train.optimizer import make_optimizer  # noqa: E402
 from zaya_jax.train.settings import settings_from_config  # noqa: E402

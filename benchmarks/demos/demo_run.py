@@ -1,6 +1,6 @@
 """The README's demo: `python -m zaya_jax.train --config configs/demo.py`, measured. Prints JSON.
 
-  python benchmarks/demo_run.py [--steps N]   (default: the config's, 260)
+  python -m benchmarks.demos.demo_run [--steps N]   (default: the config's, 260)
 
 Runs the Trainer on configs/demo.py in a temporary workdir (the demo corpus cache is the usual
 one: a first run also builds it) and reports the wall time including compilation, the first and
@@ -20,14 +20,12 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 from absl import flags  # noqa: E402
 
 if not flags.FLAGS.is_parsed():  # Grain reads absl flags
     flags.FLAGS.mark_as_parsed()
 
-from benchmarks.common import stack  # noqa: E402
+from benchmarks.common import REPO, stack  # noqa: E402
 from zaya_jax.config_files import load_config_file  # noqa: E402
 from zaya_jax.train.loop import Trainer  # noqa: E402
 from zaya_jax.train.monitor import read_metrics  # noqa: E402
@@ -55,7 +53,7 @@ def main():
     parser.add_argument("--steps", type=int, default=0, help="0: the config's train.steps")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]
-    config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py"))
+    config = load_config_file(os.path.join(REPO, "configs", "demo.py"))
     if args.steps:
         config.train.steps = args.steps
     wall, train, evals = train_demo(config)

@@ -1,7 +1,7 @@
 """The README's demo trained with FP8 matmuls against the same demo in bf16. Prints JSON; writes
 benchmarks/results/fp8_demo_cpu_py311.json (or _py312).
 
-  python benchmarks/fp8_demo.py [--steps N]   (default: the config's, 260)
+  python -m benchmarks.demos.fp8_demo [--steps N]   (default: the config's, 260)
 
 Both runs are configs/demo.py with model.dtype=bfloat16; the FP8 run adds
 model.matmul_precision=fp8 (zaya_jax.model.fp8: the expert and CCA projection matmuls in e4m3
@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.common import print_and_save, stack, stack_suffix  # noqa: E402
-from benchmarks.demo_run import train_demo  # noqa: E402
+from benchmarks.common import REPO, print_and_save, stack, stack_suffix  # noqa: E402
+from benchmarks.demos.demo_run import train_demo  # noqa: E402
 from zaya_jax.config_files import load_config_file  # noqa: E402
 
 
 def run(precision: str, steps: int) -> dict:
-    config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py"))
+    config = load_config_file(os.path.join(REPO, "configs", "demo.py"))
     config.model.update(dtype="bfloat16", matmul_precision=precision)
     if steps:
         config.train.steps = steps

@@ -1,7 +1,7 @@
 """The README's GRPO demo, measured over seeds: configs/demo_grpo.py from the SFT demo's run,
 held-out accuracy before and after. Prints JSON.
 
-  python benchmarks/grpo_demo.py [--sft runs/demo_sft] [--workdir DIR] [--seeds 0,1,2]
+  python -m benchmarks.demos.grpo_demo [--sft runs/demo_sft] [--workdir DIR] [--seeds 0,1,2]
 
 Runs the README's commands as a user would, each in its own process: the pretraining and SFT
 demos (configs/demo.py, configs/demo_sft.py; or reuses --sft, a finished run of the latter), then
@@ -27,14 +27,12 @@ import json
 import math
 import os
 import statistics
-import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks.common import REPO  # noqa: E402
 
 from benchmarks.common import stack  # noqa: E402
-from benchmarks.posttrain_demo import accuracy, sft_run, train  # noqa: E402
+from benchmarks.demos.posttrain_demo import accuracy, sft_run, train  # noqa: E402
 from zaya_jax.train.monitor import read_metrics  # noqa: E402
 
 LOGGED = ("reward", "reward_std", "frac_reward_zero_std", "completion_length", "clipped_completion_ratio", "kl",

@@ -2,7 +2,7 @@
 of the demo with one setting changed each. Prints JSON and writes
 benchmarks/results/grpo_settings_cpu.json.
 
-  python benchmarks/grpo_settings.py [--sft runs/demo_sft] [--workdir runs/grpo_settings]
+  python -m benchmarks.demos.grpo_settings [--sft runs/demo_sft] [--workdir runs/grpo_settings]
 
 Each variant is `python -m zaya_jax.train --config configs/demo_grpo.py` from --sft (a finished
 run of configs/demo_sft.py) with its overrides, a held-out evaluation every EVAL_EVERY steps
@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks.common import REPO  # noqa: E402
 
 from benchmarks.common import print_and_save  # noqa: E402
-from benchmarks.posttrain_demo import train  # noqa: E402
+from benchmarks.demos.posttrain_demo import train  # noqa: E402
 from zaya_jax.train.monitor import read_metrics  # noqa: E402
 
 EVAL_EVERY = 20

@@ -1,6 +1,6 @@
 """One GRPO step (generation + update) of zaya_jax against TRL's GRPOTrainer on this CPU. Prints JSON.
 
-  python benchmarks/grpo_vs_trl.py [--sft runs/demo_sft] [--steps 6] [--torch-threads 2] [--workdir DIR]
+  python -m benchmarks.demos.grpo_vs_trl [--sft runs/demo_sft] [--steps 6] [--torch-threads 2] [--workdir DIR]
 
 The same weights on both sides: --sft (a finished run of configs/demo_sft.py) is exported with
 `python -m zaya_jax.convert to_hf` for TRL, and zaya_jax starts from it by
@@ -40,10 +40,9 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks.common import REPO  # noqa: E402
 
-from benchmarks.posttrain_demo import run  # noqa: E402
+from benchmarks.demos.posttrain_demo import run  # noqa: E402
 from zaya_jax.config_files import load_config_file  # noqa: E402
 from zaya_jax.train.monitor import read_metrics  # noqa: E402
 

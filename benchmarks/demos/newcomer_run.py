@@ -1,7 +1,7 @@
 """The README's main-job command as a newcomer runs it, timed: a clean clone of HEAD, a new venv,
 an empty cache (the demo corpus and the compilation cache built on first use). Prints JSON.
 
-  python benchmarks/newcomer_run.py
+  python -m benchmarks.demos.newcomer_run
 
 The command is read from the README (its bash line that trains configs/demo.py) and run in two
 timed parts: everything before `python -m zaya_jax.train` (the venv and `pip install`, from the
@@ -23,8 +23,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks.common import REPO  # noqa: E402
 
 from benchmarks.common import stack  # noqa: E402
 from zaya_jax.train.monitor import read_metrics  # noqa: E402

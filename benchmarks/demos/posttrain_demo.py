@@ -1,6 +1,6 @@
 """The README's post-training demo, measured: pretrain -> SFT -> DPO, accuracy after each. Prints JSON.
 
-  python benchmarks/posttrain_demo.py [--pretrained runs/demo] [--workdir DIR]
+  python -m benchmarks.demos.posttrain_demo [--pretrained runs/demo] [--workdir DIR]
 
 Runs the README's commands as a user would, each in its own process: the pretraining demo
 (configs/demo.py; or reuses --pretrained, a finished run of it), then configs/demo_sft.py from
@@ -27,8 +27,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks.common import REPO  # noqa: E402
 
 from benchmarks.common import stack  # noqa: E402
 from benchmarks.run_all import json_output  # noqa: E402

@@ -1,7 +1,7 @@
 """The README's vision-language demo, measured over seeds: held-out digit accuracy on plain digits and
 each held-out variant (demo_images.VARIANTS), and the text model untouched. Prints JSON.
 
-  python benchmarks/vl_demo.py [--pretrained runs/demo] [--workdir DIR] [--seeds 0,1]
+  python -m benchmarks.demos.vl_demo [--pretrained runs/demo] [--workdir DIR] [--seeds 0,1]
 
 Trains configs/demo_vl.py as a user would (`python -m zaya_jax.train`, in its own process) from
 the pretraining demo's run (--pretrained, or trains configs/demo.py first) once per seed
@@ -26,16 +26,14 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 
 import jax
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks.common import REPO  # noqa: E402
 
-from benchmarks.posttrain_demo import final_metrics, train  # noqa: E402
+from benchmarks.demos.posttrain_demo import final_metrics, train  # noqa: E402
 
 
 def text_heldout_loss(model, batches: dict) -> dict:

@@ -2,12 +2,12 @@
 # Prepares, on this machine, the wheels the lent H200's image lacks (Python 3.12, manylinux x86_64)
 # into .carry/wheels (ignored by git), so the GPU self-test runs there with nothing fetched:
 #
-#   bash benchmarks/carry_wheels.sh                      # here (needs the package registry)
+#   bash benchmarks/gpu/carry_wheels.sh                      # here (needs the package registry)
 #   # then the device tool's run, with carry=[".carry"] and the command:
 #   pip install -q --no-index --no-deps --target .carry/site .carry/wheels/*.whl && \
-#     PYTHONPATH=.carry/site python3 -m benchmarks.gpu_selftest
+#     PYTHONPATH=.carry/site python3 -m benchmarks.gpu.gpu_selftest
 #
-# The image's packages (benchmarks/h200_image_packages.txt, read off the machine on 2026-11-17)
+# The image's packages (benchmarks/gpu/h200_image_packages.txt, read off the machine on 2026-11-17)
 # already hold jax 0.11.2 with its cuda13 plugin, flax, optax, orbax-checkpoint, chex, numpy,
 # tokenizers, sentencepiece, safetensors, pyarrow, matplotlib, jinja2, tqdm, absl-py, etils,
 # cloudpickle, protobuf, PyYAML. What zaya_jax needs beyond them, at the versions pyproject.toml

@@ -1,6 +1,6 @@
 """Measured GPU rates for the planner's `--calibration FILE` (format: zaya_jax.hardware).
 
-`measure()` (GPU only, a few seconds; part of benchmarks/gpu_selftest.py) times on the devices of
+`measure()` (GPU only, a few seconds; part of benchmarks/gpu/gpu_selftest.py) times on the devices of
 this process:
   matmul     one dense bf16 [8192, 8192] @ [8192, 8192] matmul -> TFLOP/s
   hbm        an elementwise op on a 1 GiB bf16 array (reads and writes it) -> GB/s
@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from benchmarks.common import device_time
-from benchmarks.gpu_kernels import guarded
+from benchmarks.gpu.gpu_kernels import guarded
 
 MATMUL_N = 8192
 HBM_ELEMENTS = 2**29            # bf16: 1 GiB
@@ -37,7 +37,7 @@ FIELDS = {"matmul": ("matmul_tflops", "tflops"), "hbm": ("hbm_gbps", "gbps"),
 
 def measure() -> dict:
     """{"device_kind", "matmul": {"tflops"}, "hbm": {"gbps"}[, "all_reduce": {"gbps", "devices"}]};
-    a failed measurement is {"error": ...} (benchmarks.gpu_kernels.guarded)."""
+    a failed measurement is {"error": ...} (benchmarks.gpu.gpu_kernels.guarded)."""
     def seconds(fn, *args) -> float:
         return device_time(fn, args, ITERS)["seconds"]
 

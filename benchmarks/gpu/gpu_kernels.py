@@ -1,7 +1,7 @@
 """Pallas kernels on one GPU: correctness against the references, then speed against XLA.
 
-    python benchmarks/gpu_kernels.py [--out benchmarks/results/gpu_kernels.json]
-    python benchmarks/gpu_kernels.py --smoke    # tiny shapes, interpret mode on CPU, < 1 minute
+    python -m benchmarks.gpu.gpu_kernels [--out benchmarks/results/gpu_kernels.json]
+    python -m benchmarks.gpu.gpu_kernels --smoke    # tiny shapes, interpret mode on CPU, < 1 minute
 
 Prints one JSON object and writes it to --out (rewritten after each section, so a run cut
 short still leaves what it measured; progress goes to stderr). Shapes are ZAYA1-base's:
@@ -31,7 +31,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import device_time  # noqa: E402
 from pallas_kernels import (attention_reference, cca_flash_attention,  # noqa: E402

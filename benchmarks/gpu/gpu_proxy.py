@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.common import REPO  # noqa: E402
 SEQ_LEN, SEQUENCES_PER_DEVICE, STEPS, LOG_EVERY = 4096, 2, 8, 4
 DEPTHS = (2, 4)
 RUNS = (("adamw", 2), ("adamw", 4), ("muon", 4))  # (optimizer, layers): the self-test's proxy sections

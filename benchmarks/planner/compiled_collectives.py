@@ -2,7 +2,7 @@
 SPMD partitioner (the one GPU builds run) over 8 fake devices, beside the planner's count. Prints
 JSON; writes benchmarks/results/compiled_collectives_cpu.json.
 
-  python benchmarks/compiled_collectives.py
+  python -m benchmarks.planner.compiled_collectives
 
 The model: configs/zaya1_base.py at its real widths, 2 layers, a 4 x 320 batch, on its own mesh
 shape (data=-1, context=2: data=4 x context=2), compiled from abstract shapes. Bytes are the
@@ -23,11 +23,9 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 from benchmarks.common import print_and_save  # noqa: E402

@@ -2,7 +2,7 @@
 train step on CPU, one device. Prints one JSON row per case; writes
 benchmarks/results/planner_flops_vs_xla_cpu.json when it runs them all.
 
-  python benchmarks/planner_flops_vs_xla.py [--case configs/tiny.py capacity dots_no_batch] [--objective grpo]
+  python -m benchmarks.planner.planner_flops_vs_xla [--case configs/tiny.py capacity dots_no_batch] [--objective grpo]
 
 The step is the one the Trainer runs (zaya_jax.train.program.build_program's, compiled for the
 first phase's batch as Trainer.compiled_step does), compiled from shapes alone: no state is
@@ -27,10 +27,8 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import ml_collections  # noqa: E402

@@ -4,22 +4,20 @@ benchmarks/results/planner_fp8_predictions.json. Paper numbers (zaya_jax.planner
 CCA projections' and experts' FLOPs at the profile's FP8 rate, assumed the same fraction of the
 FP8 peak as bf16 GEMMs reach of theirs), no timing of this machine or of a GPU.
 
-  python benchmarks/planner_fp8.py
+  python -m benchmarks.planner.planner_fp8
 
-Cases: configs/zaya1_base.py on its own mesh per phase (as benchmarks/planner_predictions.py's
+Cases: configs/zaya1_base.py on its own mesh per phase (as benchmarks/planner/planner_predictions.py's
 shipped-config cases), each hardware in bf16 and in FP8, and the FP8 step's speed-up per phase.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import print_and_save  # noqa: E402
-from benchmarks.planner_predictions import DEVICES, phase_cases  # noqa: E402
+from benchmarks.planner.planner_predictions import DEVICES, phase_cases  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
 from zaya_jax.hardware import PROFILES  # noqa: E402
 

@@ -2,7 +2,7 @@
 Prints JSON; writes benchmarks/results/planner_predictions.json. Nothing runs on a GPU: these are
 the planner's paper numbers (zaya_jax.planner.step_time), no timing of this machine.
 
-  python benchmarks/planner_predictions.py
+  python -m benchmarks.planner.planner_predictions
 
 The seed run's figure: AMD's announcement of it says the cluster "delivered over 750 PFLOPs of Max
 Achievable FLOPS in training performance". AMD's Max-Achievable FLOPs (MAF) is the rate a tuned
@@ -22,10 +22,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import print_and_save  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402

@@ -1,7 +1,7 @@
 """The planner's per-device bytes against XLA's compiled memory analysis, on meshes that
 compile here (8 fake CPU devices). Prints JSON.
 
-  python benchmarks/planner_vs_xla.py [--config configs/bench_small.py]
+  python -m benchmarks.planner.planner_vs_xla [--config configs/bench_small.py]
 
 XLA's numbers are for a jitted AdamW train step (loss, gradients, update): arguments hold the
 parameters, optimizer state and batch; temporaries hold gradients and activations.
@@ -12,11 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

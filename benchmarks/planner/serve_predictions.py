@@ -3,7 +3,7 @@ context (zaya_jax.planner.serve_plan, `python -m zaya_jax.planner --serve`). Pri
 benchmarks/results/serve_predictions.json. Paper numbers from the hardware profiles (a roofline
 on their achieved HBM and matmul rates), no timing of this machine or of a GPU.
 
-  python benchmarks/serve_predictions.py
+  python -m benchmarks.planner.serve_predictions
 
 Per GPU and weight format (bf16, int8 and int4 weight-only with group-64 scales): the weight
 bytes, the concurrent requests that fit (10% of memory reserved), and the decode step at 1, 2,
@@ -14,10 +14,8 @@ bytes, the concurrent requests that fit (10% of memory reserved), and the decode
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import print_and_save  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402

@@ -2,7 +2,7 @@
 ZayaForCausalLM.generate (PyTorch, its ZAYA cache) on the same CPU, same weights, greedy, timed
 alternately. Prints JSON.
 
-  python benchmarks/decode.py [--batch 1,8] [--prompt-len 128] [--new-tokens 64] [--repeats 3]
+  python -m benchmarks.serving.decode [--batch 1,8] [--prompt-len 128] [--new-tokens 64] [--repeats 3]
 
 For each side: prefill_s = generate(max_new_tokens=1) (the prompt pass and one token), total_s =
 generate(max_new_tokens=N) with eos ignored (HF: min_new_tokens=N), decode tokens/s =
@@ -20,16 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.common import matmul_peak_gflops, wall_time  # noqa: E402
-from benchmarks.hf_pair import bench_small, same_weights_pair  # noqa: E402
+from benchmarks.training.hf_pair import bench_small, same_weights_pair  # noqa: E402
 from zaya_jax.infer import generate  # noqa: E402
 from zaya_jax.model.accounting import model_summary  # noqa: E402
 

@@ -3,7 +3,7 @@ offline batch of many prompts whose completions stop at different lengths, again
 loop run as evaluate_tasks runs it (batches of N prompts, each decoding until its last row stops),
 on the same prompts, weights and stop ids, timed in one process. Prints JSON.
 
-  python benchmarks/generate_slots.py [--config configs/demo.py] [--prompts 48] [--slots 8]
+  python -m benchmarks.serving.generate_slots [--config configs/demo.py] [--prompts 48] [--slots 8]
       [--max-new 48] [--stop-fraction 0.0625] [--seeds 0,1,2] [--repeats 2]
 
 Weights: a random init of the config's model (the work does not depend on the values). Each seed
@@ -25,8 +25,7 @@ import os
 import statistics
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks.common import REPO  # noqa: E402
 
 import numpy as np  # noqa: E402
 

@@ -2,7 +2,7 @@
 with) against static batching (zaya_jax.generate, what GRPO sampled with before), on the same
 prompts, G, weights and seed, timed in one process. Prints JSON.
 
-  python benchmarks/grpo_rollouts.py [--checkpoint runs/demo_sft] [--slots 64,512] [--repeats 2]
+  python -m benchmarks.serving.grpo_rollouts [--checkpoint runs/demo_sft] [--slots 64,512] [--repeats 2]
 
 Weights: the checkpoint's (default the SFT demo's run, configs/demo_grpo.py's starting point), as
 the trainer's policy (grpo_batches: RoPE base 1e5, dropless MoE). Work: configs/demo_grpo.py's
@@ -29,11 +29,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks.common import REPO  # noqa: E402
 
 import numpy as np  # noqa: E402
 

@@ -2,7 +2,7 @@
 harness CLI's `--slots N`) against its static batches (`batch_size=N`), on a trained checkpoint and
 a bundled generate_until task, timed in one process. Prints JSON.
 
-  python benchmarks/harness_generation.py --checkpoint runs/posttrain_demo_py311/demo
+  python -m benchmarks.serving.harness_generation --checkpoint runs/posttrain_demo_py311/demo
       [--slots 8] [--per-kind 24] [--max-gen-toks 128] [--repeats 3]
 
 The model: the post-training demo's pretrained run (a base model, as lm-eval's few-shot generation
@@ -24,11 +24,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks.common import REPO  # noqa: E402
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -2,7 +2,7 @@
 (transformers + PyTorch) on one demo-shaped HF export and the same requests, timed alternately in one
 process. Prints JSON and writes benchmarks/results/harness_speed_cpu.json.
 
-  python benchmarks/harness_speed.py [--limit 40] [--batch-size 8] [--repeats 3]
+  python -m benchmarks.serving.harness_speed [--limit 40] [--batch-size 8] [--repeats 3]
 
 The export: configs/demo.py's model (4 layers of width 128, 8 experts, vocab 4096), randomly
 initialised, with the demo corpus's tokenizer (`convert to_hf`). The requests: the loglikelihood
@@ -20,10 +20,8 @@ import argparse
 import dataclasses
 import os
 import statistics
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -31,7 +29,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import alternate_times, print_and_save  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.common import REPO  # noqa: E402
 LOGLIKELIHOOD_TASKS = ("zaya_demo_cloze", "zaya_demo_questions_mc")
 ROLLING_TASKS = ("zaya_demo_heldout_prose",)
 # A random router is near uniform: its top-1 choice often wins by less than float32 noise (gaps of

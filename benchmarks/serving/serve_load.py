@@ -2,10 +2,10 @@
 zaya_jax.generate and with HF transformers' ZayaForCausalLM.generate, on the same requests,
 timed in one process. Prints JSON.
 
-  python benchmarks/serve_load.py [--requests 32] [--rates 1,3,12,48] [--slots 8] [--chunk 64] [--no-hf]
+  python -m benchmarks.serving.serve_load [--requests 32] [--rates 1,3,12,48] [--slots 8] [--chunk 64] [--no-hf]
 
 Model: configs/bench_small.py in float32 with random weights (Python 3.11: HF's random init, the
-same tensors on both sides, as benchmarks/decode.py; Python 3.12, without torch: zaya_jax's own
+same tensors on both sides, as benchmarks/serving/decode.py; Python 3.12, without torch: zaya_jax's own
 init, and no transformers server). The work hardly depends on the values (they set only the
 MoE routing's balance).
 
@@ -81,10 +81,7 @@ import importlib.util
 import json
 import os
 import queue
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -92,7 +89,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks.common import stack  # noqa: E402
-from benchmarks.hf_pair import bench_small  # noqa: E402
+from benchmarks.training.hf_pair import bench_small  # noqa: E402
 from zaya_jax.engine import Engine, Finished, SamplingParams  # noqa: E402
 from zaya_jax.engine.step import STOP_IDS, RowSampling, engine_chunk, engine_decode, pick  # noqa: E402
 from zaya_jax.infer.cache import empty_state  # noqa: E402
@@ -379,7 +376,7 @@ def main():
     else:
         hf_note = "skipped (--no-hf)" if args.no_hf else None
     if hf_note is None:
-        from benchmarks.hf_pair import same_weights_pair
+        from benchmarks.training.hf_pair import same_weights_pair
         hf, model = same_weights_pair(cfg, args.torch_threads)
         hf.eval()
     else:

@@ -2,7 +2,7 @@
 the server must hold no request, no slot and its prefix cache within budget, with flat memory.
 Prints JSON.
 
-  python benchmarks/serve_soak.py [--minutes 2] [--clients 6] [--seed 0]
+  python -m benchmarks.serving.serve_soak [--minutes 2] [--clients 6] [--seed 0]
 
 The server runs as a process on port 0 (a tiny random model saved as a checkpoint with a BPE
 tokenizer, 4 slots, a 64 KiB prefix cache so that it evicts). Each client thread loops until the
@@ -26,8 +26,7 @@ import tempfile
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks.common import REPO  # noqa: E402
 
 import httpx  # noqa: E402
 import openai  # noqa: E402

@@ -2,11 +2,11 @@
 against glibc's defaults, on the bench_small train step of both zaya_jax and HF transformers +
 torch AdamW. Prints JSON (benchmarks/results/allocator_cpu.json).
 
-  python benchmarks/allocator.py [--rounds 3] [--steps 4]
+  python -m benchmarks.training.allocator [--rounds 3] [--steps 4]
 
 A heap that has kept memory cannot be compared in the same process with one that has not, so
 each round starts one child per setting, back to back (the order alternates between rounds),
-and each child times both sides' steps alternately (benchmarks/train_step.py's steps), counting
+and each child times both sides' steps alternately (benchmarks/training/train_step.py's steps), counting
 page faults and kernel (sys) CPU time per step and the peak resident memory with getrusage. Both sides get the same setting
 in a child, so `speedup_vs_hf` compares like with like. Compiled programs are shared through a
 temporary JAX compilation cache, so only the first child compiles.
@@ -23,8 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from benchmarks.common import REPO  # noqa: E402
 from zaya_jax import launch_defaults  # noqa: E402
 
 SETTINGS = {"glibc_default": {"ZAYA_NO_LAUNCH_DEFAULTS": "1"}, "launch_defaults": {}}
@@ -41,7 +40,7 @@ def measured(fn) -> tuple[float, int, float]:
 
 def child(steps: int) -> dict:
     applied = launch_defaults.apply()  # before jax and torch allocate anything
-    from benchmarks.train_step import hf_and_jax_steps
+    from benchmarks.training.train_step import hf_and_jax_steps
     jax_step, torch_step, _ = hf_and_jax_steps()
     jax_step(), torch_step()  # compile / warm up
     rows = {"zaya_jax": [], "hf_torch": []}
@@ -73,10 +72,10 @@ def main():
         base = {k: v for k, v in os.environ.items()
                 if k not in ("GLIBC_TUNABLES", "ZAYA_NO_LAUNCH_DEFAULTS") and not k.startswith("MALLOC_")}
         base.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                    PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                    PYTHONPATH=REPO)
         for r in range(args.rounds):
             for name in (list(SETTINGS) if r % 2 == 0 else list(SETTINGS)[::-1]):
-                done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--steps", str(args.steps)],
+                done = subprocess.run([sys.executable, "-m", "benchmarks.training.allocator", "--child", "--steps", str(args.steps)],
                                       env={**base, **SETTINGS[name]}, capture_output=True, text=True, check=True)
                 runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
     summary = {}

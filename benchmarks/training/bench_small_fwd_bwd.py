@@ -1,7 +1,7 @@
 """Forward+backward tokens/s of configs/bench_small.py: zaya_jax against HF transformers'
 ZayaForCausalLM (PyTorch) on the same CPU, same weights, timed alternately. Prints JSON.
 
-  python benchmarks/bench_small_fwd_bwd.py [--repeats 5] [--moe-backend auto]
+  python -m benchmarks.training.bench_small_fwd_bwd [--repeats 5] [--moe-backend auto]
 """
 
 from __future__ import annotations
@@ -10,9 +10,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -21,7 +18,7 @@ import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks.common import alternate_times  # noqa: E402
-from benchmarks.hf_pair import bench_small, same_weights_pair  # noqa: E402
+from benchmarks.training.hf_pair import bench_small, same_weights_pair  # noqa: E402
 from zaya_jax.model.kernels import resolve_moe_backend  # noqa: E402
 
 

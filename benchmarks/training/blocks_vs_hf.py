@@ -5,7 +5,7 @@ the MoE block (ZayaSparseMoeBlock: router + 16 experts). Prints JSON with, per b
 largest output difference (same function, same routing) and the times; and the expert
 implementation HF used (transformers dispatches the experts to torch's grouped matmul).
 
-  python benchmarks/blocks_vs_hf.py [--repeats 9] [--layer 1] [--moe-backend auto]
+  python -m benchmarks.training.blocks_vs_hf [--repeats 9] [--layer 1] [--moe-backend auto]
 
 torch multiplies each expert's exact rows (`torch._grouped_mm` on CPU); XLA has no grouped
 matmul on CPU (`ragged_dot` computes every expert), so the `tiles` backend pads each expert's
@@ -18,9 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -30,7 +27,7 @@ from flax import nnx  # noqa: E402
 from transformers.masking_utils import create_causal_mask, create_recurrent_attention_mask  # noqa: E402
 
 from benchmarks.common import alternate_times  # noqa: E402
-from benchmarks.hf_pair import bench_small, same_weights_pair  # noqa: E402
+from benchmarks.training.hf_pair import bench_small, same_weights_pair  # noqa: E402
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn, resolve_moe_backend  # noqa: E402
 from zaya_jax.model.rope import rope_cos_sin  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Data pipeline throughput on the demo corpus: tokens/s with 0, 1 and 2 Grain workers.
 
-    python benchmarks/data_pipeline.py [--batches 300] [--seq-len 256] [--batch 8]
+    python -m benchmarks.training.data_pipeline [--batches 300] [--seq-len 256] [--batch 8]
 
 One phase (the demo's mixed phase) at L=256, global batch 8, one process. For each worker count
 it reports the start-up time (building the pipeline and its first batch, which includes
@@ -12,10 +12,7 @@ with loss_mask 1, and fill their ratio. Prints one JSON object.
 import argparse
 import json
 import os
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # noqa: E402
 

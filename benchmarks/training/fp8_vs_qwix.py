@@ -2,7 +2,7 @@
 recipe (model.matmul_precision=fp8, zaya_jax.model.fp8) and bf16. Prints JSON; writes
 benchmarks/results/fp8_vs_qwix_cpu.json.
 
-  python benchmarks/fp8_vs_qwix.py [--steps N]   (default 40; needs the bench extra's qwix)
+  python -m benchmarks.training.fp8_vs_qwix [--steps N]   (default 40; needs the bench extra's qwix)
 
 One model, configs/demo.py's (4 layers, width 128, 8 experts) in bf16, with model.moe_backend=ragged
 and moe_matmul_kernel=xla in every mode (the FP8 recipe runs the experts so; the same dispatch keeps
@@ -39,17 +39,14 @@ import json
 import os
 import re
 import statistics
-import sys
 import time
 import traceback
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.common import print_and_save, stack  # noqa: E402
+from benchmarks.common import REPO, print_and_save, stack  # noqa: E402
 from zaya_jax.config_files import load_config_file, model_config  # noqa: E402
 from zaya_jax.model.build import create_model  # noqa: E402
 from zaya_jax.train.balancing import make_controller  # noqa: E402
@@ -60,7 +57,7 @@ from zaya_jax.train.state import ModelParts, initial_state  # noqa: E402
 from zaya_jax.train.step import objective_value, train_step  # noqa: E402
 
 BATCH, SEQ, LOSS_CHUNK = 8, 128, 128
-CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "demo.py")
+CONFIG = os.path.join(REPO, "configs", "demo.py")
 # CCA's four projection einsums (zaya_jax/model/cca.py): q, k / v current / v delayed, o
 PROJECTION_SPECS = frozenset({"bsd,dnh->bsnh", "bsd,dkh->bskh", "bsnh,nhd->bsd"})
 F8 = ("f8E4M3FN", "f8E5M2")

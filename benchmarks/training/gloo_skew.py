@@ -1,6 +1,6 @@
 """How far apart the 2 processes of a CPU job (gloo collectives) may reach a collective.
 
-  python benchmarks/gloo_skew.py [--delays 25,40] [--timeout_flag 600]
+  python -m benchmarks.training.gloo_skew [--delays 25,40] [--timeout_flag 600]
 
 Each case starts 2 processes of one jax.distributed job on this machine (1 CPU device each,
 started by zaya_jax.parallel.distributed.initialize from the environment launch/local.sh sets),
@@ -68,7 +68,7 @@ def run_case(phase: str, delay: float, timeout_flag: int | None) -> dict:
     """Both processes of one case -> their exit codes, process 0's wait, their last error lines."""
     port, started = _free_port(), time.perf_counter()
     xla_flags = f"--xla_cpu_collective_timeout_seconds={timeout_flag}" if timeout_flag else ""
-    processes = [subprocess.Popen([sys.executable, __file__, "--worker", phase, "--delay", str(delay)],
+    processes = [subprocess.Popen([sys.executable, "-m", "benchmarks.training.gloo_skew", "--worker", phase, "--delay", str(delay)],
                                   env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags,
                                        "ZAYA_COORDINATOR": f"127.0.0.1:{port}", "ZAYA_NUM_PROCESSES": "2",
                                        "ZAYA_PROCESS_ID": str(i), "PYTHONPATH": os.getcwd()},

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import ml_collections
 
+from benchmarks.common import REPO
+
 from zaya_jax.config import ModelConfig
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.convert.hf_config import hf_config_from_model
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 
 def bench_small(moe_backend: str = "auto") -> tuple[ml_collections.ConfigDict, ModelConfig]:
     """-> configs/bench_small.py and its ModelConfig with `moe_backend`."""
-    config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py"))
+    config = load_config_file(os.path.join(REPO, "configs", "bench_small.py"))
     return config, model_config(config).replace(moe_backend=moe_backend)
 
 

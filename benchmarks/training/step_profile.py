@@ -10,9 +10,9 @@ with its profiler on, then reads the trace twice. Prints JSON.
       end, the time at least one thread runs an op (the union of the op intervals) and the idle
       rest (the thunk executor's scheduling between ops, waits, the host between steps)
 
-  python benchmarks/step_profile.py [--config configs/bench_small.py] [--warmup 3] [--steps 3]
+  python -m benchmarks.training.step_profile [--config configs/bench_small.py] [--warmup 3] [--steps 3]
 
-Unlike benchmarks/train_step.py's breakdown (each part compiled and timed on its own), this
+Unlike benchmarks/training/train_step.py's breakdown (each part compiled and timed on its own), this
 attributes the step as compiled whole. Op times are summed over threads: when XLA runs
 independent ops at once the sum exceeds the wall time, so compare the shares, not the sum
 with the step time. Control-flow ops (while, conditional, call) are left out: their children
@@ -34,7 +34,6 @@ import tempfile
 import time
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true").strip()
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if __name__ == "__main__":  # as the train CLI starts
     from zaya_jax import launch_defaults
@@ -42,6 +41,7 @@ if __name__ == "__main__":  # as the train CLI starts
 
 import jax  # noqa: E402
 
+from benchmarks.common import REPO  # noqa: E402
 from zaya_jax.config_files import load_config_file  # noqa: E402
 from zaya_jax.train.loop import Trainer  # noqa: E402
 from zaya_jax.train.profiling import block_of  # noqa: E402
@@ -85,7 +85,7 @@ def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str]]:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs", "bench_small.py"))
+    parser.add_argument("--config", default=os.path.join(REPO, "configs", "bench_small.py"))
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()

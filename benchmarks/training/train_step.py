@@ -1,7 +1,7 @@
 """Train-step tokens/s of configs/bench_small.py: zaya_jax against HF transformers' ZayaForCausalLM
 with torch.optim.AdamW, on the same CPU, same weights and tokens, timed alternately. Prints JSON.
 
-  python benchmarks/train_step.py [--repeats 5] [--muon] [--versus-moe-backend tiles]
+  python -m benchmarks.training.train_step [--repeats 5] [--muon] [--versus-moe-backend tiles]
 
 One train step = forward, backward and an AdamW update on a batch of 8 x 256 tokens. Ours is the
 trainer's own jitted step, its state donated as the trainer donates it (zaya_jax.train.step: chunked fused loss, router balancing controller,
@@ -26,10 +26,8 @@ import functools
 import json
 import os
 import statistics
-import sys
 from typing import Callable
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if __name__ == "__main__":  # as the train CLI starts (both sides share the process's heap settings)
     from zaya_jax import launch_defaults
@@ -43,7 +41,7 @@ import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks.common import alternate_times, matmul_peak_gflops, median_time  # noqa: E402
-from benchmarks.hf_pair import bench_small, same_weights_pair  # noqa: E402
+from benchmarks.training.hf_pair import bench_small, same_weights_pair  # noqa: E402
 from zaya_jax.model.kernels import attention_fn, moe_dispatch_fn, resolve_moe_backend  # noqa: E402
 from zaya_jax.model.rope import rope_cos_sin  # noqa: E402
 from zaya_jax.planner.step_flops import step_flops  # noqa: E402

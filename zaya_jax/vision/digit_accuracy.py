@@ -3,7 +3,7 @@
   digit_accuracy(model, tokenizer, processor, conversations, template) -> {"accuracy", "correct", "by_digit", ...}
   score_digits(model, tokenizer, processor, template) -> the held-out digits scored as each of
     demo_images.VARIANTS (plain, moved, drawn at another size, fainter), and with black images: what `python -m zaya_jax.evaluate_tasks --checkpoint
-    RUN` prints for a VL run and benchmarks/vl_demo.py records
+    RUN` prints for a VL run and benchmarks/demos/vl_demo.py records
 
 Each conversation (demo_images.digit_conversations: an image and "Which digit is this?") is
 rendered as its user turn with the generation prompt (the chat template the data was prepared
