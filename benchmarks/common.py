@@ -10,6 +10,9 @@ import statistics
 import time
 from typing import Callable
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout's root
+RESULTS = os.path.join(REPO, "benchmarks", "results")  # where every script's results file lives
+
 
 def stack() -> dict:
     """The Python and jax a result was measured with: the demos' corpus (and so their figures)
@@ -114,5 +117,5 @@ def print_and_save(result: dict, filename: str) -> None:
     """Prints `result` as JSON and writes it to benchmarks/results/<filename>."""
     text = json.dumps(result, indent=2)
     print(text)
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", filename), "w") as f:
+    with open(os.path.join(RESULTS, filename), "w") as f:
         f.write(text + "\n")

@@ -6,7 +6,7 @@ Each entry runs one benchmark script in a subprocess (a fresh JAX process, as a 
 it), reads the one JSON object it prints on stdout, checks it parses, and writes it to
 benchmarks/results/<name>.json. A script that fails or prints no JSON leaves its old file in
 place and makes the command exit non-zero. Timings are only as good as the machine is quiet:
-every script records the load average it saw. benchmarks/gpu_kernels.py (GPU only) writes its
+every script records the load average it saw. benchmarks/gpu/gpu_kernels.py (GPU only) writes its
 own file and is not run here.
 """
 
@@ -18,86 +18,85 @@ import os
 import subprocess
 import sys
 
-BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
-RESULTS = os.path.join(BENCHMARKS, "results")
+from benchmarks.common import REPO, RESULTS
 
-# results file name (without .json) -> script and arguments
+# results file name (without .json) -> module under benchmarks/ (python -m benchmarks.<module>) and arguments
 RUNS: dict[str, list[str]] = {
-    "bench_small_fwd_bwd_cpu": ["bench_small_fwd_bwd.py"],
-    "chaos_cpu": ["chaos.py"],
-    "blocks_vs_hf_cpu": ["blocks_vs_hf.py"],
-    "checkpoint_save_cpu": ["checkpoint_save.py"],
-    "checkpoint_tiers_cpu": ["checkpoint_tiers.py"],
-    "data_pipeline_cpu": ["data_pipeline.py"],
-    "demo_run_cpu_py311": ["demo_run.py"],
-    "demo_run_cpu_py312": ["demo_run.py"],
-    "newcomer_run_cpu_py311": ["newcomer_run.py"],  # the README's install-and-train line on a clean clone
-    "newcomer_run_cpu_py312": ["newcomer_run.py"],
-    "decode_cpu_torch2threads": ["decode.py", "--torch-threads", "2"],
-    "decode_cpu_torch1thread": ["decode.py", "--torch-threads", "1"],
-    "moe_layer_cpu": ["moe_layer.py"],
-    "planner_vs_xla_cpu": ["planner_vs_xla.py"],
-    "quantization_cpu": ["quantization.py"],
-    "step_profile_cpu": ["step_profile.py"],
-    "train_step_cpu": ["train_step.py", "--muon"],
-    "compiled_collectives_cpu": ["compiled_collectives.py"],
-    "planner_flops_vs_xla_cpu": ["planner_flops_vs_xla.py"],
-    "planner_predictions": ["planner_predictions.py"],
-    "planner_fp8_predictions": ["planner_fp8.py"],  # ZAYA1-base bf16 vs model.matmul_precision=fp8
-    "fp8_demo_cpu_py311": ["fp8_demo.py"],  # the demo in bf16 and in FP8 (docs/fp8.md)
-    "fp8_demo_cpu_py312": ["fp8_demo.py"],
-    "fp8_vs_qwix_cpu": ["fp8_vs_qwix.py"],  # FP8 training through Qwix 0.1.8 against ours and bf16 (docs/fp8.md)
-    "serve_predictions": ["serve_predictions.py"],  # the planner's --serve for ZAYA1-8B on one H200 / MI300X
+    "bench_small_fwd_bwd_cpu": ["training.bench_small_fwd_bwd"],
+    "chaos_cpu": ["checkpoints.chaos"],
+    "blocks_vs_hf_cpu": ["training.blocks_vs_hf"],
+    "checkpoint_save_cpu": ["checkpoints.checkpoint_save"],
+    "checkpoint_tiers_cpu": ["checkpoints.checkpoint_tiers"],
+    "data_pipeline_cpu": ["training.data_pipeline"],
+    "demo_run_cpu_py311": ["demos.demo_run"],
+    "demo_run_cpu_py312": ["demos.demo_run"],
+    "newcomer_run_cpu_py311": ["demos.newcomer_run"],  # the README's install-and-train line on a clean clone
+    "newcomer_run_cpu_py312": ["demos.newcomer_run"],
+    "decode_cpu_torch2threads": ["serving.decode", "--torch-threads", "2"],
+    "decode_cpu_torch1thread": ["serving.decode", "--torch-threads", "1"],
+    "moe_layer_cpu": ["kernels.moe_layer"],
+    "planner_vs_xla_cpu": ["planner.planner_vs_xla"],
+    "quantization_cpu": ["kernels.quantization"],
+    "step_profile_cpu": ["training.step_profile"],
+    "train_step_cpu": ["training.train_step", "--muon"],
+    "compiled_collectives_cpu": ["planner.compiled_collectives"],
+    "planner_flops_vs_xla_cpu": ["planner.planner_flops_vs_xla"],
+    "planner_predictions": ["planner.planner_predictions"],
+    "planner_fp8_predictions": ["planner.planner_fp8"],  # ZAYA1-base bf16 vs model.matmul_precision=fp8
+    "fp8_demo_cpu_py311": ["demos.fp8_demo"],  # the demo in bf16 and in FP8 (docs/fp8.md)
+    "fp8_demo_cpu_py312": ["demos.fp8_demo"],
+    "fp8_vs_qwix_cpu": ["training.fp8_vs_qwix"],  # FP8 training through Qwix 0.1.8 against ours and bf16 (docs/fp8.md)
+    "serve_predictions": ["planner.serve_predictions"],  # the planner's --serve for ZAYA1-8B on one H200 / MI300X
     # the demos' figures differ by stack (the demo corpus holds that Python's standard library): each
     # runs under its own interpreter (STACK_SUFFIXES); GRPO starts from the SFT run of the same stack's
     # post-training demo, so the README's two tables share their baseline
-    "posttrain_demo_cpu_py311": ["posttrain_demo.py", "--workdir", "runs/posttrain_demo_py311"],
-    "posttrain_demo_cpu_py312": ["posttrain_demo.py", "--workdir", "runs/posttrain_demo_py312"],
-    "grpo_demo_cpu_py311": ["grpo_demo.py", "--sft", "runs/posttrain_demo_py311/demo_sft", "--seeds", "0,1,2"],
-    "grpo_demo_cpu_py312": ["grpo_demo.py", "--sft", "runs/posttrain_demo_py312/demo_sft", "--seeds", "0,1,2"],
+    "posttrain_demo_cpu_py311": ["demos.posttrain_demo", "--workdir", "runs/posttrain_demo_py311"],
+    "posttrain_demo_cpu_py312": ["demos.posttrain_demo", "--workdir", "runs/posttrain_demo_py312"],
+    "grpo_demo_cpu_py311": ["demos.grpo_demo", "--sft", "runs/posttrain_demo_py311/demo_sft", "--seeds", "0,1,2"],
+    "grpo_demo_cpu_py312": ["demos.grpo_demo", "--sft", "runs/posttrain_demo_py312/demo_sft", "--seeds", "0,1,2"],
     # the demo's SFT run exported as bf16, FP8 and MXFP4 checkpoints: held-out loss and exact match
-    "quantized_checkpoints_cpu_py311": ["quantized_checkpoints.py", "--sft", "runs/posttrain_demo_py311/demo_sft"],
-    "quantized_checkpoints_cpu_py312": ["quantized_checkpoints.py", "--sft", "runs/posttrain_demo_py312/demo_sft"],
+    "quantized_checkpoints_cpu_py311": ["checkpoints.quantized_checkpoints", "--sft", "runs/posttrain_demo_py311/demo_sft"],
+    "quantized_checkpoints_cpu_py312": ["checkpoints.quantized_checkpoints", "--sft", "runs/posttrain_demo_py312/demo_sft"],
     # GRPO's sampling, the engine against static generate, on that stack's SFT run (the GRPO demo's start)
-    "grpo_rollouts_cpu_py311": ["grpo_rollouts.py", "--checkpoint", "runs/posttrain_demo_py311/demo_sft"],
-    "grpo_rollouts_cpu_py312": ["grpo_rollouts.py", "--checkpoint", "runs/posttrain_demo_py312/demo_sft"],
+    "grpo_rollouts_cpu_py311": ["serving.grpo_rollouts", "--checkpoint", "runs/posttrain_demo_py311/demo_sft"],
+    "grpo_rollouts_cpu_py312": ["serving.grpo_rollouts", "--checkpoint", "runs/posttrain_demo_py312/demo_sft"],
     # lm-eval's generate_until through the engine (--slots) against its static batches
-    "harness_generation_cpu_py311": ["harness_generation.py", "--checkpoint", "runs/posttrain_demo_py311/demo"],
-    "harness_generation_cpu_py312": ["harness_generation.py", "--checkpoint", "runs/posttrain_demo_py312/demo"],
+    "harness_generation_cpu_py311": ["serving.harness_generation", "--checkpoint", "runs/posttrain_demo_py311/demo"],
+    "harness_generation_cpu_py312": ["serving.harness_generation", "--checkpoint", "runs/posttrain_demo_py312/demo"],
     # zaya_jax.generate(..., slots=8) against the static loop in batches of 8 (evaluate_tasks' way)
-    "generate_slots_cpu_py311": ["generate_slots.py"],
-    "generate_slots_cpu_py312": ["generate_slots.py"],
-    "grpo_settings_cpu": ["grpo_settings.py"],  # runs/demo_sft's GRPO variants (reuses runs/grpo_settings/*)
-    "grpo_vs_trl_cpu": ["grpo_vs_trl.py"],  # needs the bench extra (TRL) and runs/demo_sft (configs/demo_sft.py)
-    "vl_demo_cpu_py311": ["vl_demo.py"],
-    "vl_demo_cpu_py312": ["vl_demo.py"],
-    "vl_demo_cpu_no_augmentation_py311": ["vl_demo.py", *(f"--override=train.{o}" for o in (  # the demo as it was
+    "generate_slots_cpu_py311": ["serving.generate_slots"],
+    "generate_slots_cpu_py312": ["serving.generate_slots"],
+    "grpo_settings_cpu": ["demos.grpo_settings"],  # runs/demo_sft's GRPO variants (reuses runs/grpo_settings/*)
+    "grpo_vs_trl_cpu": ["demos.grpo_vs_trl"],  # needs the bench extra (TRL) and runs/demo_sft (configs/demo_sft.py)
+    "vl_demo_cpu_py311": ["demos.vl_demo"],
+    "vl_demo_cpu_py312": ["demos.vl_demo"],
+    "vl_demo_cpu_no_augmentation_py311": ["demos.vl_demo", *(f"--override=train.{o}" for o in (  # the demo as it was
         "steps=150", "augment_shift=0", "augment_scale=0", "augment_contrast=0"))],
     # the demo's narrower augmentation before issue #64 (shift 0.15, scale 0.25, contrast 0.3), 300 steps
-    "vl_demo_cpu_previous_augmentation_py311": ["vl_demo.py", *(f"--override=train.{o}" for o in (
+    "vl_demo_cpu_previous_augmentation_py311": ["demos.vl_demo", *(f"--override=train.{o}" for o in (
         "steps=300", "augment_shift=0.15", "augment_scale=0.25", "augment_contrast=0.3"))],
-    "xla_cpu_flags_cpu": ["xla_cpu_flags.py"],
-    "serve_soak_cpu_py311": ["serve_soak.py", "--minutes", "2"],  # a server process under random load and disconnects
+    "xla_cpu_flags_cpu": ["ci.xla_cpu_flags"],
+    "serve_soak_cpu_py311": ["serving.serve_soak", "--minutes", "2"],  # a server process under random load and disconnects
     # 2 CPU processes, one late at a collective; each file from its stack's interpreter (the script checks)
-    "gloo_skew_cpu_py311": ["gloo_skew.py"],
-    "gloo_skew_cpu_py312": ["gloo_skew.py"],
+    "gloo_skew_cpu_py311": ["training.gloo_skew"],
+    "gloo_skew_cpu_py312": ["training.gloo_skew"],
     # the engine against static batching (zaya_jax.generate; transformers on 3.11 only) at 3 arrival rates
-    "serve_load_cpu_py311": ["serve_load.py"],
-    "serve_load_cpu_py312": ["serve_load.py"],
+    "serve_load_cpu_py311": ["serving.serve_load"],
+    "serve_load_cpu_py312": ["serving.serve_load"],
     # model.moe_backend=auto picks the native CPU grouped matmul where the install built it
     # (zaya_jax.native); these files hold such runs and are only regenerated there
-    "decode_cpu_torch1thread_native": ["decode.py", "--torch-threads", "1"],
-    "decode_cpu_torch2threads_native": ["decode.py", "--torch-threads", "2"],
-    "train_step_cpu_native": ["train_step.py", "--muon"],
-    "allocator_cpu": ["allocator.py"],
-    "harness_speed_cpu": ["harness_speed.py"],
-    "ci_suite_cpu": ["ci_suite.py"],  # the whole .ci/run on a clean clone: as long as CI takes
-    "ci_suite_cpu_loaded": ["ci_suite.py", "--busy", "2"],  # the same at a load of about 4
-    "suite_compile_level_cpu": ["suite_compile_level.py"],  # the suite's -O0 compiles against the default
-    "suite_profile_cpu": ["suite_profile.py"],  # every test's time, by size and module
+    "decode_cpu_torch1thread_native": ["serving.decode", "--torch-threads", "1"],
+    "decode_cpu_torch2threads_native": ["serving.decode", "--torch-threads", "2"],
+    "train_step_cpu_native": ["training.train_step", "--muon"],
+    "allocator_cpu": ["training.allocator"],
+    "harness_speed_cpu": ["serving.harness_speed"],
+    "ci_suite_cpu": ["ci.ci_suite"],  # the whole .ci/run on a clean clone: as long as CI takes
+    "ci_suite_cpu_loaded": ["ci.ci_suite", "--busy", "2"],  # the same at a load of about 4
+    "suite_compile_level_cpu": ["ci.suite_compile_level"],  # the suite's -O0 compiles against the default
+    "suite_profile_cpu": ["ci.suite_profile"],  # every test's time, by size and module
     # a test worker's memory mappings over the modules a 3.12 worker ran before it segfaulted,
     # with conftest's jax.clear_caches() after each module and without
-    "worker_mappings_cpu_py312": ["worker_mappings.py"],
+    "worker_mappings_cpu_py312": ["ci.worker_mappings"],
 }
 NEEDS_NATIVE = {name for name in RUNS if name.endswith("_native")}
 STACK_SUFFIXES = ("_py311", "_py312")  # a results name ending so is measured by that Python only
@@ -131,12 +130,12 @@ def run(name: str) -> dict:
         from zaya_jax.native import grouped_matmul
         if not grouped_matmul.available():
             raise RuntimeError("needs the native CPU grouped matmul, which this install did not build")
-    script, *args = RUNS[name]
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(BENCHMARKS)}
-    done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *args], env=env,
-                          cwd=os.path.dirname(BENCHMARKS), capture_output=True, text=True)
+    module, *args = RUNS[name]
+    env = {**os.environ, "PYTHONPATH": REPO}
+    done = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], env=env,
+                          cwd=REPO, capture_output=True, text=True)
     if done.returncode:
-        raise RuntimeError(f"{script} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"benchmarks.{module} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
     result = json_output(done.stdout)
     if name in WRITES_ITS_OWN_FILE:
         with open(os.path.join(RESULTS, name + ".json")) as f:
@@ -154,7 +153,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.list:
         for name, command in RUNS.items():
-            print(f"{name}: python benchmarks/{' '.join(command)}")
+            print(f"{name}: python -m benchmarks.{' '.join(command)}")
         return 0
     names = [n for n in args.only.split(",") if n] or list(RUNS)
     unknown = sorted(set(names) - set(RUNS))

@@ -11,7 +11,7 @@ holds, never a held-out one) from the current weights, rewards each by exact mat
 (grpo_rewards.exact_answer), and takes one optimizer step on the clipped policy-ratio loss with
 group-normalised advantages (TRL's defaults: dapo normalisation, epsilon 0.2, no KL). AdamW at a
 constant 6e-4 for every parameter, 120 steps, chosen by the trainer's held-out evaluations
-(benchmarks/grpo_settings.py: 49.2% by step 120): at 3e-4 48.2%; at 3e-4 and temperature 0.7
+(benchmarks/demos/grpo_settings.py: 49.2% by step 120): at 3e-4 48.2%; at 3e-4 and temperature 0.7
 47.4%; at 3e-4 sampling 3 x 64 questions to train on the 64 whose rewards differ
 (grpo.oversample_prompts = 3) 46.6% by step 60 (45.2% without) while sampling three times as
 much; 240 steps 50.2%. Muon at 1e-3 and AdamW at 1e-4 left the sampled reward flat, AdamW at
@@ -19,7 +19,7 @@ much; 240 steps 50.2%. Muon at 1e-3 and AdamW at 1e-4 left the sampled reward fl
 Each evaluation (halfway and at the end) scores the held-out questions (demo:tasks_heldout) by
 greedy generation as evaluate_tasks does: eval/prompts/exact_answer is the held-out accuracy.
 Same model, mesh and checkpoints as configs/demo.py at RoPE base 1e5, the SFT checkpoint's;
-minutes on 2 CPU cores (benchmarks/grpo_demo.py measures it).
+minutes on 2 CPU cores (benchmarks/demos/grpo_demo.py measures it).
 """
 
 import dataclasses

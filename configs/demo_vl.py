@@ -17,7 +17,7 @@ The training digits are augmented (train.augment_*: moved, resized, their contra
 anew each epoch, zaya_jax.data.vision.augment), so that a digit drawn elsewhere in the frame or at
 another size or fainter is read too. The 359 held-out digits are the evaluation set; `evaluate_tasks`
 scores them by generation as they are, moved by one pixel and by two along each axis, drawn at
-0.75x / 1.25x and all at 0.75x, and at 60% contrast (benchmarks/vl_demo.py: over seeds, per Python).
+0.75x / 1.25x and all at 0.75x, and at 60% contrast (benchmarks/demos/vl_demo.py: over seeds, per Python).
 """
 
 import os
@@ -31,7 +31,7 @@ PATCHES = 80  # a row of 128 positions holds about 4 conversations of ~28 tokens
 # each training digit moved by up to 30% of its side along each axis, resized by 0.7x-1.3x and its contrast
 # by 0.55x-1.45x (zaya_jax.data.vision.augment), drawn anew each epoch: past the held-out variants (a move of 2 of
 # 8 pixels along each axis, 25%; drawn at 6 or 10 of 8 pixels, 0.75x / 1.25x; contrast 0.6;
-# benchmarks/vl_demo.py). The ranges were 0.15, 0.25, 0.3 (300 steps), which reach none of the three
+# benchmarks/demos/vl_demo.py). The ranges were 0.15, 0.25, 0.3 (300 steps), which reach none of the three
 AUGMENT_SHIFT, AUGMENT_SCALE, AUGMENT_CONTRAST = 0.3, 0.3, 0.45
 
 

@@ -39,7 +39,7 @@ def _release_compiled_programs():
     """jax.clear_caches() after each module. Every program XLA:CPU compiles or loads keeps about
     three memory mappings while jax's caches hold it; without this a 3.12 worker (jax 0.11.2) reached
     Linux's default vm.max_map_count (65,530) some 160 tests into the run and segfaulted in the next
-    program's load (docs/testing.md, benchmarks/worker_mappings.py)."""
+    program's load (docs/testing.md, benchmarks/ci/worker_mappings.py)."""
     yield
     jax.clear_caches()
 

@@ -126,7 +126,7 @@ def test_rows_in_two_groups_match_the_full_forward(model):
 def test_padding_reaches_no_expert(model, sequences, monkeypatch):
     """prefill's padding past each length and extend's past each count (a short last chunk, a row
     sitting the call out) go to the skip slot: the dispatch is handed choice E there, so a dropless
-    backend computes only the real tokens (benchmarks/serve_load.py's step split times it)."""
+    backend computes only the real tokens (benchmarks/serving/serve_load.py's step split times it)."""
     import zaya_jax.model.moe as moe_module
     seen = []
     real_dispatch = moe_module.dispatch_on_mesh

@@ -16,7 +16,7 @@ import jax
 import pytest
 from packaging.requirements import Requirement
 
-from benchmarks import gpu_calibration, gpu_proxy, gpu_selftest
+from benchmarks.gpu import gpu_calibration, gpu_proxy, gpu_selftest
 from zaya_jax.config import ConfigError
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.hardware import PROFILES, calibrated
@@ -30,7 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_selftest_without_a_gpu_prints_its_plan(tmp_path):
     out = tmp_path / "result.json"
-    run = subprocess.run([sys.executable, "-m", "benchmarks.gpu_selftest", "--out", str(out)], cwd=REPO,
+    run = subprocess.run([sys.executable, "-m", "benchmarks.gpu.gpu_selftest", "--out", str(out)], cwd=REPO,
                          capture_output=True, text=True, timeout=120,
                          env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO})
     assert run.returncode == 0, run.stderr
@@ -98,11 +98,11 @@ def test_a_section_runs_alone_and_a_hung_one_is_killed_on_time(monkeypatch, tmp_
 
 
 def test_the_carried_wheels_and_the_image_cover_every_dependency():
-    """benchmarks/carry_wheels.sh's list plus the lent image's packages hold every run-time dependency
+    """benchmarks/gpu/carry_wheels.sh's list plus the lent image's packages hold every run-time dependency
     pyproject.toml names for Python 3.12, each carried one at its pinned version."""
-    script = open(os.path.join(REPO, "benchmarks/carry_wheels.sh")).read()
+    script = open(os.path.join(REPO, "benchmarks/gpu/carry_wheels.sh")).read()
     carried = dict(re.findall(r"([A-Za-z][\w.-]*)==([\w.]+)", re.search(r"CARRY=\((.*?)\)", script, re.S).group(1)))
-    image = {ln.strip().lower() for ln in open(os.path.join(REPO, "benchmarks/h200_image_packages.txt"))
+    image = {ln.strip().lower() for ln in open(os.path.join(REPO, "benchmarks/gpu/h200_image_packages.txt"))
              if ln.strip() and not ln.startswith("#")}
     carried_lower = {name.lower(): version for name, version in carried.items()}
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
@@ -147,7 +147,7 @@ def test_fp8_section_measures_the_chips_formats_beside_bf16():
     """The fp8 section's function at a small size on this CPU: the formats zaya_jax.model.fp8 picks
     for the chip (OCP here), a rate for bf16, the raw FP8 dot and the training product, each
     beside bf16's."""
-    from benchmarks.gpu_selftest import bench_fp8
+    from benchmarks.gpu.gpu_selftest import bench_fp8
     out = bench_fp8(64, 1)
     assert out["chip"] == "cpu" and out["formats"] == {"forward": "float8_e4m3fn", "backward": "float8_e5m2"}
     for name in ("fp8_dot", "fp8_training_product_fwd_bwd"):

@@ -6,7 +6,7 @@ the sbatch's srun line, at nodes x GPUs per node devices, for every phase, and m
 (MI300X) or 141 GB (H200). The phase's batch must also pass the trainer's own layout check, and
 the job's mesh must be the one the planner's search (`plan --search`) picks for all phases on that
 GPU, searched again by the test (and recorded in benchmarks/results/planner_predictions.json,
-written by benchmarks/planner_predictions.py).
+written by benchmarks/planner/planner_predictions.py).
 """
 
 import json
@@ -72,10 +72,10 @@ def test_every_phase_fits_at_full_scale(name):
 @pytest.mark.parametrize("name,case", [("mi300x", "search_pick_xla_attention"), ("h200", "search_h200_xla_attention")])
 def test_job_mesh_is_the_planner_search_pick(name, case):
     """The planner's search, run here on the job's config, device count and GPU profile with the step
-    shape benchmarks/planner_predictions.py searches with (over every candidate mesh, as it does),
+    shape benchmarks/planner/planner_predictions.py searches with (over every candidate mesh, as it does),
     picks the job's mesh for the whole run; and the recorded results hold that pick. The search ran
     on the XLA attention path, which the job's kernels.attention=auto runs on GPU."""
-    from benchmarks.planner_predictions import base_shape
+    from benchmarks.planner.planner_predictions import base_shape
     from zaya_jax.hardware import PROFILES
     from zaya_jax.planner.mesh_search import search
     from zaya_jax.planner.phase_plan import config_phases
@@ -94,7 +94,7 @@ def test_job_mesh_is_the_planner_search_pick(name, case):
             (name, phase.name, found["whole_run"][:3])
     recorded = json.load(open(os.path.join(REPO, "benchmarks/results/planner_predictions.json")))[case]
     assert (recorded["mesh"] if "mesh" in recorded else recorded["whole_run_top5"][0]["mesh"]) == pick, \
-        "benchmarks/results/planner_predictions.json is stale: rerun python benchmarks/planner_predictions.py"
+        "benchmarks/results/planner_predictions.json is stale: rerun python -m benchmarks.planner.planner_predictions"
 
 
 def test_the_old_mesh_did_not_split_the_32k_phase():

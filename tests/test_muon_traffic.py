@@ -1,5 +1,5 @@
 """What Muon's Newton-Schulz sends, with and without optimizer.muon_distributed, in the compiled step
-of the launch config's model (benchmarks/compiled_collectives.py: configs/zaya1_base.py at its
+of the launch config's model (benchmarks/planner/compiled_collectives.py: configs/zaya1_base.py at its
 real widths, 2 layers, on its own mesh shape data=4 x context=2, ZeRO-1 over both), against the
 planner's collective model (planner.step_plan.collectives).
 
@@ -13,7 +13,7 @@ gone.
 
 import pytest
 
-from benchmarks.compiled_collectives import compiled_step, launch_config, optimizer_moves, planned_muon, stacked_dots
+from benchmarks.planner.compiled_collectives import compiled_step, launch_config, optimizer_moves, planned_muon, stacked_dots
 
 
 def test_newton_schulz_gathers_every_operand_unless_distributed():

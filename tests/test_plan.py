@@ -99,7 +99,7 @@ def test_planner_state_bytes_equal_xla_arguments():
     import importlib.util
     import pathlib
 
-    spec = importlib.util.spec_from_file_location("planner_vs_xla", pathlib.Path("benchmarks/planner_vs_xla.py"))
+    spec = importlib.util.spec_from_file_location("planner_vs_xla", pathlib.Path("benchmarks/planner/planner_vs_xla.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     from zaya_jax.parallel.mesh import make_mesh, parse_mesh_flag, resolve_mesh_shape

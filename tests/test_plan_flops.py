@@ -1,7 +1,7 @@
 """The planner's FLOPs per step against XLA's cost_analysis() of the Trainer's compiled train step
 on one CPU device, as tests/test_plan.py checks its memory against XLA's memory analysis.
 
-Runs benchmarks/planner_flops_vs_xla.py in a fresh process (one device, not the suite's 8 fake
+Runs benchmarks/planner/planner_flops_vs_xla.py in a fresh process (one device, not the suite's 8 fake
 ones): layers unrolled and one loss chunk, since XLA's cost analysis counts a loop body once.
 The tiny case with `dots_no_batch` remat and Muon covers the recomputed scores, convolution and
 experts and the Newton-Schulz FLOPs; dpo adds the reference model's forward, grpo (beta > 0) too,
@@ -21,7 +21,7 @@ def test_step_flops_within_ten_percent_of_xla(objective):
     """Within 10% and not above: the planner counts matmuls alone, XLA the elementwise FLOPs too.
     GRPO's loss head computes T of each row's S positions (the completion columns), a T / S share
     of the count over every position (counting all S would put the planner 6% above XLA)."""
-    out = subprocess.run([sys.executable, "benchmarks/planner_flops_vs_xla.py", "--case", "configs/tiny.py",
+    out = subprocess.run([sys.executable, "-m", "benchmarks.planner.planner_flops_vs_xla", "--case", "configs/tiny.py",
                           "capacity", "dots_no_batch", "--objective", objective], capture_output=True, text=True,
                          check=True, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "PYTHONPATH": os.getcwd()})
     row, = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"config"')]

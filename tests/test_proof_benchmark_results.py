@@ -40,7 +40,7 @@ def test_results_file_is_json_written_by_a_script_of_run_all(path):
 
 def test_every_run_all_script_exists_and_results_cited_in_docs_exist():
     for command in RUNS.values():
-        assert os.path.isfile(os.path.join(REPO, "benchmarks", command[0])), command
+        assert os.path.isfile(os.path.join(REPO, "benchmarks", *command[0].split(".")) + ".py"), command
     for doc in DOCS:
         with open(doc) as f:
             for cited in re.findall(r"benchmarks/results/([\w{},]+)\.json", f.read()):
@@ -59,7 +59,7 @@ def test_run_all_reads_the_json_after_log_lines():
 
 
 def test_train_step_measures_its_drop_rate():
-    with open(os.path.join(REPO, "benchmarks", "train_step.py")) as f:
+    with open(os.path.join(REPO, "benchmarks", "training", "train_step.py")) as f:
         assert '"drop_rate": 0.0' not in f.read()
 
 
@@ -105,24 +105,22 @@ def test_demo_run_figures_are_the_results_file(stack):
             f"{run['load_average_1m_start_end'][0]:.1f}-{run['load_average_1m_start_end'][1]:.1f}, logged loss "
             f"{first['loss']:.2f} at step {first['step']} -> {last['loss']:.2f} at step {last['step']}") in text
     assert f"code {evals['code']:.2f} / math {evals['math']:.2f} / prose {evals['prose']:.2f}" in text
-    readme = _flat(_readme())
-    assert f"to {last['loss']:.1f} on {STACKS[stack]}" in readme and f"from about {first['loss']:.1f}" in readme
+    assert f"to {last['loss']:.1f} on {STACKS[stack]}" in text and f"from about {first['loss']:.1f}" in text
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_newcomer_figures_are_the_results_file(stack):
-    """The README's wait for a newcomer is newcomer_run.py's measurement of the README's own line,
-    run by each stack's interpreter."""
-    from benchmarks.newcomer_run import TRAIN, readme_main_job
+    """The wait for a newcomer (docs/training.md) is newcomer_run.py's measurement of the README's own
+    line, run by each stack's interpreter."""
+    from benchmarks.demos.newcomer_run import TRAIN, readme_main_job
     run = _load(f"newcomer_run_cpu_{stack}")
     assert STACKS[stack] == f"Python {run['stack']['python'].rsplit('.', 1)[0]}"
-    text = _readme()
-    install, train = readme_main_job(text).split(TRAIN)
+    install, train = readme_main_job(_readme()).split(TRAIN)
     assert run["readme_line"] == install and run["train"]["command"].endswith(train)
     low, high = run["install"]["load_average_1m_start_end"][0], run["train"]["load_average_1m_start_end"][1]
     assert (f"{STACKS[stack]}: {run['install']['wall_s']:.0f} s for the venv and install, then "
             f"{run['train']['wall_s']:.0f} s for the train command, at a 1-minute load of {low:.1f} to {high:.1f}"
-            ) in _flat(text)
+            ) in _flat(_doc("training.md"))
 
 
 def _posttrain_row(label, steps, seconds, accuracy, by_kind=None):
@@ -150,7 +148,7 @@ def test_posttrain_demo_figures_are_the_results_file(stack):
     header = "| model | steps | wall time | exact match | " + " | ".join(run["accuracy_by_kind"]["before_sft"]) + " |"
     rows = [_posttrain_row(f"{label}: {name}", *rest) for name, *rest in _posttrain_stages(run)]
     assert header in doc and all(row in doc for row in rows), rows
-    assert f"{run['heldout_questions']} held-out" in _readme() and f"{run['heldout_questions']} held-out" in doc
+    assert f"{run['heldout_questions']} held-out" in doc
     reported = lambda m: (f"preference accuracy {100 * m['eval/preference/reward_accuracy']:.1f}%, reward margin "  # noqa: E731
                           f"{m['eval/preference/reward_margin']:.3f} (chosen reward "
                           f"{m['eval/preference/chosen_reward']:.3f}, rejected reward "
@@ -165,19 +163,19 @@ def test_posttrain_demo_figures_are_the_results_file(stack):
             f"{reported(run['dpo_without_rpo']['dpo_final']['eval'])}.") in flat
 
 
-def test_posttrain_demo_readme_table_and_changes_are_both_stacks_files():
+def test_posttrain_demo_summary_table_and_changes_are_both_stacks_files():
     runs = {stack: _load(f"posttrain_demo_cpu_{stack}") for stack in STACKS}
-    readme, flat_doc = _readme(), _flat(_doc("posttraining.md"))
+    summary, flat_doc = _doc("posttraining.md"), _flat(_doc("posttraining.md"))
     header = "| model | steps | " + " | ".join(f"{label}: wall time | exact match" for label in STACKS.values()) + " |"
-    assert header in readme
+    assert header in summary
     for stages in zip(*(_posttrain_stages(run) for run in runs.values())):
         (name, steps, *_), cells = stages[0], [f"{seconds:.0f} s | {100 * accuracy:.1f}%" for *_, seconds, accuracy, _
                                                in stages]
-        assert f"| {name} | {steps} | " + " | ".join(cells) + " |" in readme, name
+        assert f"| {name} | {steps} | " + " | ".join(cells) + " |" in summary, name
     moved = " and ".join(f"{100 * (r['accuracy']['after_dpo'] - r['accuracy']['after_sft']):+.1f}" for r in runs.values())
     alone = " and ".join(f"{100 * (r['dpo_without_rpo']['accuracy'] - r['accuracy']['after_sft']):+.1f}"
                          for r in runs.values())
-    assert f"{moved} points" in _flat(readme) and f"moved exact match by {moved} points" in flat_doc
+    assert f"{moved} points" in _flat(summary) and f"moved exact match by {moved} points" in flat_doc
     assert f"DPO's loss alone moved it by {alone} points" in flat_doc
 
 
@@ -190,13 +188,13 @@ def _grpo_seed_row(label, seed):
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_grpo_demo_figures_are_the_results_file(stack):
-    """The README's and docs' GRPO figures, per stack and over seeds, from the same SFT run as the
+    """docs/posttraining.md's GRPO figures, per stack and over seeds, from the same SFT run as the
     post-training table's (its accuracy equals that table's)."""
     run, posttrain = _load(f"grpo_demo_cpu_{stack}"), _load(f"posttrain_demo_cpu_{stack}")
     label = STACKS[stack]
     assert run["stack"] == posttrain["stack"] and run["sft"]["accuracy"] == posttrain["accuracy"]["after_sft"]
     assert run["sft"]["accuracy_by_kind"] == posttrain["accuracy_by_kind"]["after_sft"]
-    doc, readme = _doc("posttraining.md"), _flat(_readme())
+    doc, summary = _doc("posttraining.md"), _flat(_doc("posttraining.md"))
     sft = (f"| {label}: the SFT run it starts from | {run['sft']['steps']} | {100 * run['sft']['accuracy']:.1f}% | "
            + " | ".join(f"{100 * v:.0f}%" for v in run["sft"]["accuracy_by_kind"].values()) + " | | |")
     rows = [sft] + [_grpo_seed_row(label, seed) for seed in run["seeds"]]
@@ -212,7 +210,7 @@ def test_grpo_demo_figures_are_the_results_file(stack):
     assert (f"| {label}, jax {run['stack']['jax']} | {100 * run['sft']['accuracy']:.1f}% | {after['mean']:.1f}% +- "
             f"{after['std']:.1f} ({after['min']:.1f}% to {after['max']:.1f}%) | {gain['mean']:+.1f} +- {gain['std']:.1f} | "
             f"{paired} | {run['wall_s_including_compile']['mean']:.0f} s ({min(loads):.1f} to {max(loads):.1f}) |"
-            ) in readme
+            ) in summary
     assert f"{gain['mean']:.1f} +- {gain['std']:.1f}" in _flat(doc)
 
 
@@ -355,7 +353,7 @@ def test_harness_speed_figures_are_the_results_file():
 
 
 def test_ci_suite_reads_what_ci_run_prints():
-    from benchmarks.ci_suite import parse
+    from benchmarks.ci.ci_suite import parse
     log = ("Python 3.11 stack installed after 91 s\n"
            "============ slowest 20 durations ============\n166.21s call     tests/test_a.py::test_x[1]\n"
            "3.00s setup    tests/test_b.py::test_y\n705 passed, 2 warnings in 1751.38s (0:29:11)\n"
@@ -380,7 +378,7 @@ VL_DEMO_VARIANTS = ("plain", "shifted", "shifted_2px_diagonal", "rescaled", "res
 
 
 def vl_demo_row(label: str, run: dict) -> str:
-    """The README's row of a vl_demo results file: steps, mean wall time and the load around it, each
+    """docs/vision.md's summary row of a vl_demo results file: steps, mean wall time and the load around it, each
     variant's accuracy as the mean over seeds (range), and the mean with black images."""
     over = run["accuracy_over_seeds"]
     loads = [load for r in run["runs"] for load in r["load_average_1m_start_end"]]
@@ -392,22 +390,21 @@ def vl_demo_row(label: str, run: dict) -> str:
 
 
 def test_vl_demo_figures_are_the_results_files():
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    summary = _flat(_doc("vision.md"))  # its summary table (once the README's)
     runs = {name: _load(name) for name in VL_DEMO_ROWS}
     for name, label in VL_DEMO_ROWS.items():
         run = runs[name]
         assert len(run["seeds"]) >= 2 and run["python"].startswith(label[:4]), name
-        assert vl_demo_row(label, run) in readme, vl_demo_row(label, run)
+        assert vl_demo_row(label, run) in summary, vl_demo_row(label, run)
         for r in run["runs"]:
             text = r["text_model"]
             assert text["heldout_loss_before"] == text["heldout_loss_after"] and text["max_abs_weight_change"] == 0
     first = runs["vl_demo_cpu_py311"]["runs"][0]
     after = first["text_model"]["heldout_loss_after"]
-    assert (f"on the {runs['vl_demo_cpu_py311']['heldout_digits']} held-out digits" in readme
-            and f"(prose {after['prose']:.4f}, code {after['code']:.4f}, math {after['math']:.4f})" in readme
+    assert (f"on the {runs['vl_demo_cpu_py311']['heldout_digits']} held-out digits" in summary
+            and f"(prose {after['prose']:.4f}, code {after['code']:.4f}, math {after['math']:.4f})" in summary
             and f"`image_token_share`: {100 * first['vl_final']['train']['image_token_share']:.1f}% of the positions"
-            in readme)
+            in summary)
 
 
 def test_grpo_settings_figures_are_the_results_file():
@@ -426,11 +423,9 @@ def test_grpo_settings_figures_are_the_results_file():
 
 def test_grpo_vs_trl_figures_are_the_results_file():
     run = _load("grpo_vs_trl_cpu")
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = " ".join(f.read().split())
-    doc = " ".join(_doc("posttraining.md").split())
+    doc = summary = " ".join(_doc("posttraining.md").split())
     ours, theirs = run["zaya_jax"], run["trl"]
-    assert f"took {run['ratio_zaya_jax_over_trl']} of TRL's `GRPOTrainer` time" in readme
+    assert f"took {run['ratio_zaya_jax_over_trl']} of TRL's `GRPOTrainer` time" in summary
     assert (f"a zaya_jax step took {ours['step_s']} s (median of {run['steps_measured']['zaya_jax']}: generation "
             f"{ours['generation_s']} s, update {ours['update_s']} s) and a TRL step {theirs['step_s']} s" in doc)
     assert (f"{run['ratio_zaya_jax_over_trl']} of TRL's time, {run['speedup_of_zaya_jax']:.2f}x faster, generation "
@@ -438,7 +433,7 @@ def test_grpo_vs_trl_figures_are_the_results_file():
 
 
 def test_serving_predictions_are_the_results_file():
-    """docs/parallel.md's --serve table and state size are benchmarks/serve_predictions.py's."""
+    """docs/parallel.md's --serve table and state size are benchmarks/planner/serve_predictions.py's."""
     result = _load("serve_predictions")
     text = _doc("parallel.md")
     state = result["plans"]["h200"]["state_bytes_per_request"]
@@ -527,10 +522,10 @@ def serve_load_goals(stack):
             f"{said(goals['cached_1k_prefix_ttft_at_most_0.2x_uncached'])}.")
 
 
-def test_readme_serving_figures_are_the_results_file():
+def test_serving_summary_figures_are_the_results_file():
     run = _load("serve_load_cpu_py311")
     top, prefix = run["by_rate"][-1], run["prefix_cache"]
-    text = _flat(_readme())
+    text = _flat(_doc("serving.md"))
     assert (f"arriving at {top['rate_per_s']:g} per second, Python 3.11, load {top['engine']['load_average_1m'][0]:.1f}):"
             f" the engine serves {top['engine']['tokens_per_s']:.1f} output tokens/s, static batches through "
             f"`generate` {top['static']['tokens_per_s']:.1f} and transformers {top['transformers']['tokens_per_s']:.1f}"
@@ -551,13 +546,13 @@ def _quantized_rows(stack: str) -> list[str]:
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_quantized_checkpoint_figures_are_the_results_file(stack):
-    """docs/inference.md's table of the demo exported as bf16 / FP8 / MXFP4 and the README's line."""
+    """docs/inference.md's table of the demo exported as bf16 / FP8 / MXFP4 and its summary line."""
     rows, run = _quantized_rows(stack), _load(f"quantized_checkpoints_cpu_{stack}")
     assert all(row in _doc("inference.md") for row in rows), rows
     r = run["results"]
     assert (f"{STACKS[stack]}: held-out loss {r['bf16']['heldout_loss']:.4f} in bf16, {r['fp8']['heldout_loss']:.4f} "
             f"in FP8, {r['mxfp4']['heldout_loss']:.4f} in MXFP4; exact match {100 * r['bf16']['accuracy']:.1f}%, "
-            f"{100 * r['fp8']['accuracy']:.1f}%, {100 * r['mxfp4']['accuracy']:.1f}%") in _flat(_readme())
+            f"{100 * r['fp8']['accuracy']:.1f}%, {100 * r['mxfp4']['accuracy']:.1f}%") in _flat(_doc("inference.md"))
 
 
 def _rollout_figures(run):
@@ -591,28 +586,26 @@ def test_harness_generation_figures_are_the_results_file(stack):
 
 def test_fp8_planner_figures_are_the_results_file():
     r = _load("planner_fp8_predictions")
-    fp8_doc = _doc("fp8.md")
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    fp8_doc, summary = _doc("fp8.md"), _flat(_doc("model.md"))  # model.md's summary (once the README's)
     for hw, name in (("mi300x", "MI300X"), ("h200", "H200")):
         bf16, fp8 = r[hw]["bf16"][0], r[hw]["fp8"][0]
         assert (f"| {name} | {bf16['step_s']:.3f} s | {fp8['step_s']:.3f} s | {100 * bf16['mfu']:.1f}% | "
                 f"{100 * fp8['mfu']:.1f}% | {r[hw]['fp8_speedup_per_phase'][0]:.2f}x |") in fp8_doc, hw
-        assert f"{fp8['step_s']:.3f} s in FP8 against {bf16['step_s']:.3f} s" in readme or (
-            f"{fp8['step_s']:.3f} s against {bf16['step_s']:.3f} s" in readme), hw
+        assert f"{fp8['step_s']:.3f} s in FP8 against {bf16['step_s']:.3f} s" in summary or (
+            f"{fp8['step_s']:.3f} s against {bf16['step_s']:.3f} s" in summary), hw
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_fp8_demo_figures_are_the_results_file(stack):
     r = _load(f"fp8_demo_cpu_{stack}")
-    fp8_doc, flat_doc, readme = _doc("fp8.md"), _flat(_doc("fp8.md")), _flat(_readme())
+    fp8_doc, flat_doc, summary = _doc("fp8.md"), _flat(_doc("fp8.md")), _flat(_doc("model.md"))
     assert STACKS[stack] == f"Python {r['stack']['python'].rsplit('.', 1)[0]}"
     for name, run in (("bf16", r["bf16"]), ("FP8", r["fp8"])):
         e = run["final_eval_loss"]
         assert (f"| {STACKS[stack]}: {name} | {run['last_logged_loss']} | {e['code']} | {e['math']} | "
                 f"{e['prose']} |") in fp8_doc
     share = f"{100 * r['last_logged_loss_rel_diff']:.2f}% above"
-    assert share in flat_doc and share in readme
+    assert share in flat_doc and share in summary
     assert abs(r["last_logged_loss_rel_diff"]) < 0.02
 
 

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import pytest
 
-from benchmarks.compiled_collectives import compiled_step
+from benchmarks.planner.compiled_collectives import compiled_step
 from zaya_jax.config_files import load_config_file, model_config
 from zaya_jax.model.build import create_model
 from zaya_jax.parallel.mesh import parse_mesh_flag

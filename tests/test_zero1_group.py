@@ -2,7 +2,7 @@
 (zaya_jax.parallel.rules.zero1_axes, as Megatron-Core's distributed optimizer shards over DP x
 CP), so XLA's partitioner sums each gradient in one collective over every replica.
 
-The evidence is the compiled step of the launch config's model (benchmarks/compiled_collectives.py:
+The evidence is the compiled step of the launch config's model (benchmarks/planner/compiled_collectives.py:
 configs/zaya1_base.py at its real widths, 2 layers, on its own mesh shape data=4 x context=2):
 the bytes of the gradient all-reduces by the size of their replica groups. With the optimizer
 state sliced over data alone, the control, the partitioner instead sums most gradients over data
@@ -15,7 +15,7 @@ with ZeRO-1 equal to one device) and test_gradient_reduce's (data=4,context=2 su
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from benchmarks.compiled_collectives import compiled_step, gradient_bytes_by_group_size, launch_config
+from benchmarks.planner.compiled_collectives import compiled_step, gradient_bytes_by_group_size, launch_config
 from zaya_jax.parallel import rules
 from zaya_jax.planner.step_time import link_of
 

@@ -6,7 +6,7 @@ Peaks (per GPU; `sources` below name the datasheets):
   fp8_matmul_tflops dense FP8 matrix peak, twice bf16's (0: no FP8 matmuls); the FP8 matmuls
                   (model.matmul_precision, zaya_jax.model.fp8) are assumed to reach the same
                   fraction of it as bf16 GEMMs of theirs (an assumption until a GPU measures it:
-                  benchmarks/gpu_selftest.py's fp8 section)
+                  benchmarks/gpu/gpu_selftest.py's fp8 section)
   hbm_gbps        HBM bandwidth, GB/s
   memory_gb       HBM capacity, GB
   intra_node_gbps one direction of the GPU's scale-up links (xGMI / NVLink), GB/s

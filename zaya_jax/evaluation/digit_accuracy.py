@@ -3,7 +3,7 @@
   digit_accuracy(model, tokenizer, processor, conversations, template) -> {"accuracy", "correct", "by_digit", ...}
   score_digits(model, tokenizer, processor, template) -> the held-out digits scored as each of
     demo_images.VARIANTS (plain, moved, drawn at another size, fainter), and with black images:
-    what benchmarks/vl_demo.py records
+    what benchmarks/demos/vl_demo.py records
   score_vision_run(run, step, model, tokenizer, template) -> score_digits with the images resized as
     the run's config says: what `python -m zaya_jax.evaluate_tasks --checkpoint RUN` prints for a VL run
 

@@ -5,7 +5,7 @@ the platform. `auto` resolves by the platform the program is built for (`platfor
 process's backend, or the one `pallas_kernels.building_for` names while lowering for a GPU):
   attention     cpu: xla; gpu: xla (the Pallas kernel is opt-in until GPU numbers favour it)
   moe backend   cpu: native (the FFI grouped matmul, zaya_jax.native.grouped_matmul; fastest
-                dropless backend measured on CPU, benchmarks/moe_layer.py; where it was not
+                dropless backend measured on CPU, benchmarks/kernels/moe_layer.py; where it was not
                 built, tiles, warned once);
                 gpu: ragged (dropless, each expert multiplies only its own rows)
   moe matmul    cpu: xla ragged_dot;
@@ -18,7 +18,7 @@ process's backend, or the one `pallas_kernels.building_for` names while lowering
                 lowering is checked in CI for both platforms (tests/test_gpu_lowering.py), and its
                 block sizes are per platform (pallas_kernels.platform_blocks). ragged_dot with
                 the flags stays selectable (model.moe_matmul_kernel=xla) and is timed against it
-                by benchmarks/gpu_selftest.py.
+                by benchmarks/gpu/gpu_selftest.py.
   fp8 recipes  (model.matmul_precision, zaya_jax.model.fp8) the formats the chip computes in;
                 the experts run `ragged` with the FP8 ragged_dot on every platform (the Pallas
                 kernel and the native CPU matmul have no FP8 path), CCA's projections the FP8
@@ -45,7 +45,7 @@ from zaya_jax.parallel.attention_sharding import attention_on_mesh
 
 
 def _cpu_moe_backend() -> str:
-    """The native grouped matmul where the install built it (fastest on CPU, benchmarks/moe_layer.py),
+    """The native grouped matmul where the install built it (fastest on CPU, benchmarks/kernels/moe_layer.py),
     else `tiles` (the fastest XLA-only dropless backend; `available()` warns once)."""
     return "native" if native_grouped_matmul.available() else "tiles"
 

@@ -95,7 +95,7 @@ _RESTART = flags.DEFINE_float("restart_minutes", 10.0, "--node_mtbf_hours: minut
 _STORAGE = flags.DEFINE_float("storage_gbps", None, "--node_mtbf_hours: GB/s the job writes and reads the persistent "
                               "tier at (default: its GPUs' share of Llama 3's sustained 2 TB/s for 16,384 GPUs).")
 _LOCAL_DISK = flags.DEFINE_float("local_disk_gbps", 0.5, "--node_mtbf_hours: GB/s each node writes and reads its local "
-                                 "tier at (default: about benchmarks/checkpoint_tiers.py's measured local write on a "
+                                 "tier at (default: about benchmarks/checkpoints/checkpoint_tiers.py's measured local write on a "
                                  "CPU machine's disk; pass your nodes').")
 _STALL = flags.DEFINE_float("save_stall_s", 2.0, "--node_mtbf_hours: seconds a persistent save blocks the loop.")
 _LOCAL_STALL = flags.DEFINE_float("local_stall_s", None, "--node_mtbf_hours: seconds a local save blocks the loop "

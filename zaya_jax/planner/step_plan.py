@@ -21,7 +21,7 @@ text weights but the vision LoRA (train.optimizer.text_weight) have no gradient,
 and no gradient collectives (their parameters are still gathered by FSDP); `vision` in the plan
 gives the tower's share. A vision run needs mesh.context = 1 (train.settings.check_vision_run).
 Activation counts are estimates (numbers saved per token per layer, listed below);
-benchmarks/planner_vs_xla.py compares them with XLA's compiled memory analysis.
+benchmarks/planner/planner_vs_xla.py compares them with XLA's compiled memory analysis.
 """
 
 from __future__ import annotations

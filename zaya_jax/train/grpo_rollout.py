@@ -18,7 +18,7 @@ completion budget). The eos (or a stop id) stays in the completion; later slots 
 The engine (`rollout_engine`): built once per run from the policy and given each generation's
 weights in place (`Engine.set_weights`: same graph, same placement, so nothing recompiles);
 `slots` decode rows (grpo.rollout_slots, default 64, at most a generation's rows: 64 sampled the
-demo's 512 rows faster than 512 slots, benchmarks/grpo_rollouts.py), each of Q + T - 1
+demo's 512 rows faster than 512 slots, benchmarks/serving/grpo_rollouts.py), each of Q + T - 1
 positions; a prompt prefilled in one chunk of Q tokens; no prefix cache (a prompt's G copies are
 admitted together, before any could reuse another's blocks), no top log-probs. With the
 trainer's mesh its weights are placed by the trainer's rules and its slots split over `data`

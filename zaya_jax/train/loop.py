@@ -336,7 +336,7 @@ class Trainer:
 
     def compiled_step(self, phase=None) -> jax.stages.Compiled:
         """The train step compiled for `phase`'s batch shape and RoPE base (default: the first
-        phase; benchmarks/planner_flops_vs_xla.py compiles the same program from shapes alone for
+        phase; benchmarks/planner/planner_flops_vs_xla.py compiles the same program from shapes alone for
         the planner's FLOP check). A later run of that phase reuses the compilation."""
         phase = phase or self.phases[0]
         batch = abstract_batch(phase.global_batch_size, phase.seq_len, image_shape(self.settings),
@@ -391,7 +391,7 @@ class Trainer:
 
     def compiled_step_text(self) -> str:
         """The compiled HLO of the train step for the first phase's batch shape: the op names a
-        profile's events refer to (benchmarks/step_profile.py maps them to blocks)."""
+        profile's events refer to (benchmarks/training/step_profile.py maps them to blocks)."""
         return self.compiled_step().as_text()
 
     def _log_profile(self, directory: str | None) -> None:

@@ -5,7 +5,7 @@ trace starts after step N returns (compilation and warm-up are over) and stops o
 traced step's results are ready. The directory holds, per process, an XPlane file for
 TensorBoard's profile plugin / xprof and a Perfetto trace (`perfetto_trace.json.gz`, opens in
 ui.perfetto.dev). Ops carry the model's scopes in their names (BLOCK_SCOPES), so time can be
-summed per block (`block_of`; benchmarks/step_profile.py does it). On CPU, XLA records
+summed per block (`block_of`; benchmarks/training/step_profile.py does it). On CPU, XLA records
 each op only with XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true (set before the run starts).
 """
 

@@ -1,0 +1,1 @@
+"""Benchmarks of planner: each module runs as `python -m benchmarks.planner.<name>` from the checkout root."""
