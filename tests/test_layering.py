@@ -26,22 +26,11 @@ LAYERS = (  # bottom first; a module may import only modules of its own layer or
     ("infer", ("infer",)),
     ("engine", ("engine",)),
     ("serve", ("serve",)),
-    ("top", ("train", "harness", "convert", "planner", "generate", "evaluate", "evaluate_tasks",
+    ("top", ("train", "harness", "convert", "planner", "evaluation", "generate", "evaluate", "evaluate_tasks",
              "preference_pairs", "__init__")),
 )
 # Files whose layer is not their folder's: a CLI that keeps its `python -m` name inside a lower folder.
 FILE_LAYERS = {"parallel/check.py": "top"}  # python -m zaya_jax.parallel.check: builds a model from a config file
-# vision/ until its move into model/vision/ and data/vision/ (the vision part of issue #65): each
-# file at the layer it moves to. Once zaya_jax/vision/ is gone this table is unused: delete it.
-VISION = {"config": "model", "layout": "model", "tower": "model", "model": "model", "accounting": "model",
-          "processor": "data", "chat": "data", "image_rows": "data", "augment": "data", "demo_images": "data",
-          "demo_source": "data", "prompts": "data", "__init__": "data", "digit_accuracy": "top"}
-# Arrows that run up today and that another part of issue #65 removes; each must still exist
-# (test_known_exceptions_are_still_there), so that the entry goes when its arrow does.
-KNOWN = {
-    ("vision/accounting.py", "vision/processor.py"),  # the vision move gives the tower its own image sizes
-}
-KNOWN_CIRCLES = {("evaluate_tasks", "vision/digit_accuracy")}  # the names part splits evaluate_tasks' library
 TOP_FORBIDDEN = {"train": ("planner",)}  # within the top: the planner reads the trainer, not the reverse
 # parallel/ sits beside model/ as one node of the folder graph: model's layers take parallel's rules and
 # mesh context, and parallel's sharded MoE kernels call model's dispatch. config_files.py (run config
@@ -52,22 +41,17 @@ UNIT_LAYER = {unit: layer for layer, units in LAYERS for unit in units}
 
 
 def unit_of(rel: str) -> str:
-    """'model/zaya.py' -> 'model', 'generate.py' -> 'generate', 'vision/x.py' -> 'vision/x'."""
+    """'model/zaya.py' -> 'model', 'generate.py' -> 'generate'."""
     parts = rel.split("/")
-    if parts[0] == "vision":
-        return f"vision/{parts[1][:-3]}"
     return parts[0] if len(parts) > 1 else parts[0][:-3]
 
 
 def node_of(rel: str) -> str:
     """The node of the folder graph: the folder (or top-level module), a FILE_LAYERS file by itself,
-    a vision/ file in the folder it moves to (digit_accuracy by itself), BESIDE's as their neighbour."""
+    BESIDE's as their neighbour."""
     if rel in FILE_LAYERS:
         return rel
     unit = unit_of(rel)
-    if unit.startswith("vision/"):
-        layer = VISION[unit.split("/")[1]]
-        return unit if layer == "top" else layer
     return BESIDE.get(unit, unit)
 
 
@@ -75,8 +59,6 @@ def layer_of(rel: str) -> str:
     if rel in FILE_LAYERS:
         return FILE_LAYERS[rel]
     unit = unit_of(rel)
-    if unit.startswith("vision/"):
-        return VISION[unit.split("/")[1]]
     assert unit in UNIT_LAYER, f"zaya_jax/{rel}: its folder is in no layer; add it to LAYERS"
     return UNIT_LAYER[unit]
 
@@ -123,8 +105,6 @@ def arrows() -> set[tuple[str, str, str]]:
 def upward(found) -> set[str]:
     bad = set()
     for rel, name, target in found:
-        if (rel, target) in KNOWN:
-            continue
         here, there = layer_of(rel), layer_of(target)
         if RANK[there] > RANK[here] or unit_of(target) in TOP_FORBIDDEN.get(unit_of(rel), ()):
             bad.add(f"zaya_jax/{rel} ({here}) imports zaya_jax/{target} ({there})")
@@ -136,7 +116,7 @@ def circles(found) -> list[list[str]]:
     graph = {}
     for rel, _, target in found:
         a, b = node_of(rel), node_of(target)
-        if a != b and (rel, target) not in KNOWN:
+        if a != b:
             graph.setdefault(a, set()).add(b)
     index, low, stack, on, out = {}, {}, [], set(), []
 
@@ -173,29 +153,15 @@ def test_every_layer_imports_only_itself_and_below():
 
 
 def test_the_folders_import_no_circle():
-    found = [c for c in circles(arrows()) if tuple(c) not in KNOWN_CIRCLES]
+    found = circles(arrows())
     assert not found, [" <-> ".join(c) for c in found]
-
-
-def test_known_exceptions_are_still_there():
-    """An entry of KNOWN or KNOWN_CIRCLES whose arrow is gone: delete the entry."""
-    found = arrows()
-    stale = {k for k in KNOWN if not any((rel, target) == k for rel, _, target in found)}
-    stale |= {c for c in KNOWN_CIRCLES if list(c) not in circles(found)}
-    assert not stale, sorted(stale)
-
-
-def test_every_vision_file_has_a_layer():
-    vision = PACKAGE / "vision"
-    missing = {p.stem for p in vision.glob("*.py")} - set(VISION) if vision.is_dir() else set()
-    assert not missing, sorted(missing)
 
 
 @pytest.mark.parametrize("source, imported", [
     ("model/x.py", "zaya_jax.data.tokenizer"), ("data/x.py", "zaya_jax.checkpoints.orbax_checkpoint"),
     ("infer/x.py", "zaya_jax.convert.conversions"), ("infer/x.py", "zaya_jax.train.checkpoint"),
     ("parallel/x.py", "zaya_jax.data.packing"), ("checkpoints/x.py", "zaya_jax.infer.loading"),
-    ("model/x.py", "zaya_jax.vision.processor"), ("data/x.py", "zaya_jax.vision.digit_accuracy"),
+    ("model/x.py", "zaya_jax.data.vision.processor"), ("data/x.py", "zaya_jax.evaluation.digit_accuracy"),
     ("engine/x.py", "zaya_jax.serve.service"), ("train/x.py", "zaya_jax.planner.step_plan"),
 ])
 def test_an_upward_arrow_is_refused(source, imported):

@@ -29,7 +29,6 @@ import os
 import statistics
 import tempfile
 
-from benchmarks.common import REPO  # noqa: E402
 
 from benchmarks.common import stack  # noqa: E402
 from benchmarks.demos.posttrain_demo import accuracy, sft_run, train  # noqa: E402

@@ -22,7 +22,6 @@ import argparse
 import os
 import time
 
-from benchmarks.common import REPO  # noqa: E402
 
 from benchmarks.common import print_and_save  # noqa: E402
 from benchmarks.demos.posttrain_demo import train  # noqa: E402

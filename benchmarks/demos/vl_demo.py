@@ -31,7 +31,6 @@ import tempfile
 import jax
 import numpy as np
 
-from benchmarks.common import REPO  # noqa: E402
 
 from benchmarks.demos.posttrain_demo import final_metrics, train  # noqa: E402
 

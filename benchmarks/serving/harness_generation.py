@@ -26,7 +26,6 @@ import os
 import statistics
 import tempfile
 
-from benchmarks.common import REPO  # noqa: E402
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

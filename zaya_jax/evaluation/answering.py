@@ -17,10 +17,14 @@ import sys
 import numpy as np
 from absl import flags
 
+from zaya_jax.checkpoints.carried_tokenizer import checkpoint_tokenizer
+from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model
 from zaya_jax.data import chat_template
+from zaya_jax.data.tokenizer import Tokenizer
 from zaya_jax.errors import UserError
+from zaya_jax.infer.chat import checkpoint_chat_template
 from zaya_jax.infer.static_loop import generate_static, stop_tokens
-from zaya_jax.model.vision.vl import text_model
+from zaya_jax.model.vision.vl import is_vision_language, text_model
 
 MAX_NEW_TOKENS = 8
 BATCH_SIZE = 100
@@ -48,17 +52,12 @@ def load_checkpoint(checkpoint: str, step: int | None, tokenizer_path: str | Non
     carries (the file its run was trained with; a `tokenizer_path` that is another file is refused).
     A vision-language run's ZayaVL only with `vision` (what this command scores on the digits); else
     refused naming that command."""
-    from zaya_jax.data.tokenizer import Tokenizer
-    from zaya_jax.train.carried_tokenizer import checkpoint_tokenizer
-    from zaya_jax.checkpoints.orbax_checkpoint import load_checkpoint_model
-
-    from zaya_jax.model.vision.vl import ZayaVL
     model, step = load_checkpoint_model(checkpoint, step)
-    if isinstance(model, ZayaVL) and not vision:
+    if is_vision_language(model) and not vision:
         raise UserError(f"--checkpoint {checkpoint} holds a vision-language model: this command answers text "
                         f"questions with a text model (python -m zaya_jax.evaluate_tasks --checkpoint {checkpoint} "
                         "scores it on the held-out digits)")
-    cfg = model.config if not isinstance(model, ZayaVL) else model.text.config
+    cfg = text_model(model).config
     path, told = checkpoint_tokenizer(checkpoint, step, tokenizer_path)
     print(told, file=sys.stderr)
     tokenizer = Tokenizer(path, bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id)
@@ -67,7 +66,6 @@ def load_checkpoint(checkpoint: str, step: int | None, tokenizer_path: str | Non
 
 def run_template(checkpoint: str, path: str | None) -> chat_template.ChatTemplate:
     """`path` (--chat_template), else the template the run recorded, else plain.jinja."""
-    from zaya_jax.infer.chat import checkpoint_chat_template
     if path is not None:
         return chat_template.ChatTemplate.load(path)
     return checkpoint_chat_template(checkpoint) or chat_template.ChatTemplate.load(chat_template.PLAIN)
