@@ -103,11 +103,16 @@ def test_quantize_and_dtype_options_reach_the_loader(checkpoint):
 
 
 @pytest.mark.torch_reference
-def test_checkpoint_without_the_trainer_names_the_missing_module(checkpoint, monkeypatch):
+def test_a_checkpoint_loads_without_the_trainer(checkpoint, tmp_path, monkeypatch):
+    """The checkpoint reader is its own layer (zaya_jax.checkpoints): loading a run's checkpoint
+    for generation imports nothing of zaya_jax.train."""
+    from zaya_jax.checkpoints.model_parts import ModelParts
+    from zaya_jax.checkpoints.orbax_checkpoint import save_model
+    model = zaya_jax.load_hf(str(checkpoint))
+    save_model(str(tmp_path / "run"), *ModelParts.arrays(model), {"model": dataclasses.asdict(model.config)})
     monkeypatch.setitem(sys.modules, "zaya_jax.train", None)  # as if zaya_jax.train were not installed
-    parse(["--checkpoint", str(checkpoint), "--prompt-ids", "5", "--max-new-tokens", "2"])
-    with pytest.raises(UserError, match=r"needs zaya_jax\.train\.checkpoint"):
-        cli.load_model()
+    parse(["--checkpoint", str(tmp_path / "run"), "--prompt-ids", "5", "--max-new-tokens", "2"])
+    assert cli.load_model().config == model.config
 
 
 @pytest.mark.torch_reference
