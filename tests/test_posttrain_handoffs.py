@@ -208,7 +208,7 @@ def test_task_answering_renders_with_the_recorded_template(pipeline, tmp_path, m
     record = read_config(checkpoint_dir(str(pipeline["dpo"]))).chat_template.to_dict()
     record["path"] = str(moved / "tokenizer_config.json")  # a run whose template file changed since
     from zaya_jax.data.chat_template import ChatTemplate
-    monkeypatch.setattr("zaya_jax.infer.chat.checkpoint_chat_template", lambda _: ChatTemplate.from_record(record))
+    monkeypatch.setattr("zaya_jax.evaluation.answering.checkpoint_chat_template", lambda _: ChatTemplate.from_record(record))
     with pytest.raises(UserError, match="is gone or changed since; pass --chat_template FILE"):
         template_file(str(pipeline["dpo"]), None)
 
