@@ -233,11 +233,10 @@ def extend_rows(model: ZayaLM, state: DecodeState, groups: Sequence[Rows]
         streams, router_state, caches = carry
         layer_state, index, prev, sliding, slot = xs
         layer = nnx.merge(graphdef, layer_state)
-        row_groups, prevs = [], []
+        row_groups = []
         for group, geo, stream in zip(groups, geometry, streams):
             cos, sin = geo.kinds.rope(sliding)
             prev_rows = jax.tree.map(lambda x: _rows_of(x, group.slots), prev)
-            prevs.append(prev_rows)
 
             def attend(q, k, v, caches, windowed: bool, geo=geo, group=group):
                 keys, values = caches[2:] if windowed else caches[:2]
@@ -264,11 +263,11 @@ def extend_rows(model: ZayaLM, state: DecodeState, groups: Sequence[Rows]
         out = layer.step(row_groups, router_state, caches, token_mask=valid, dispatch=moe_dispatch_now, dtype=dtype,
                          stream_dtype=stream_dtype, rows=batch_rows, skip_masked=True)
         carry_out = jax.tree.map(jnp.asarray, prev)
-        for geo, count, qkv, prev_rows in zip(geometry, counts, out.qkv, prevs):
-            took = (count > 0).reshape(-1, *([1] * (prev_rows[0].ndim - 1)))
+        for geo, count, qkv, row_group in zip(geometry, counts, out.qkv, row_groups):
+            took = (count > 0).reshape(-1, *([1] * (row_group.prev[0].ndim - 1)))
             carry_out = jax.tree.map(
                 lambda out, n, p: out.at[geo.rows[:, 0]].set(jnp.where(took, at_last(n, p, count), out[geo.rows[:, 0]])),
-                carry_out, qkv.carry, prev_rows)
+                carry_out, qkv.carry, row_group.prev)
         return (tuple(out.streams), out.router_state, out.cache), carry_out
 
     init = (tuple(_embed(model, g.ids) for g in groups),
